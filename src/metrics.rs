@@ -1,0 +1,166 @@
+//! Prometheus metrics of the webhook, served on the admin port.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReviewLabels {
+    decision: &'static str,
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FindingLabels {
+    rule: &'static str,
+    action: &'static str,
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// All metrics of one process. Cheap to share behind an `Arc`.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    reviews: Family<ReviewLabels, Counter>,
+    findings: Family<FindingLabels, Counter>,
+    bad_requests: Family<ReasonLabels, Counter>,
+    latency: Histogram,
+    cert_expiry: Gauge<i64>,
+    cert_reloads: Family<ResultLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("gpu_deploy_guard");
+        let reviews = Family::<ReviewLabels, Counter>::default();
+        registry.register(
+            "admission_reviews",
+            "Admission reviews answered, by decision (allowed, denied, exempt) and operation",
+            reviews.clone(),
+        );
+        let findings = Family::<FindingLabels, Counter>::default();
+        registry.register(
+            "admission_findings",
+            "Rule findings in admission reviews, by rule, action taken and operation",
+            findings.clone(),
+        );
+        let bad_requests = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "admission_bad_requests",
+            "Requests to the webhook that could not be read as a Node AdmissionReview, by reason",
+            bad_requests.clone(),
+        );
+        // 50 µs .. ~0.8 s: a review should cost well under a millisecond.
+        let latency = Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+            0.000_05, 2.0, 15,
+        ));
+        registry.register(
+            "admission_review_duration_seconds",
+            "Time to read, decide and answer one admission review",
+            latency.clone(),
+        );
+        let cert_expiry = Gauge::<i64>::default();
+        registry.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "Unix time at which the serving certificate in use expires",
+            cert_expiry.clone(),
+        );
+        let cert_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "tls_certificate_reloads",
+            "Attempts to load a changed serving certificate, by result (success, failure)",
+            cert_reloads.clone(),
+        );
+        Self {
+            registry: Mutex::new(registry),
+            reviews,
+            findings,
+            bad_requests,
+            latency,
+            cert_expiry,
+            cert_reloads,
+        }
+    }
+
+    /// Records one answered review.
+    pub fn observe_review(
+        &self,
+        decision: &'static str,
+        operation: &'static str,
+        findings: impl IntoIterator<Item = (&'static str, &'static str)>,
+        seconds: f64,
+    ) {
+        self.reviews
+            .get_or_create(&ReviewLabels {
+                decision,
+                operation,
+            })
+            .inc();
+        for (rule, action) in findings {
+            self.findings
+                .get_or_create(&FindingLabels {
+                    rule,
+                    action,
+                    operation,
+                })
+                .inc();
+        }
+        self.latency.observe(seconds);
+    }
+
+    /// Records a request that was refused before any decision (HTTP 4xx).
+    pub fn observe_bad_request(&self, reason: &'static str) {
+        self.bad_requests
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Records an attempt to load a rotated certificate.
+    pub fn observe_cert_reload(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.cert_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Sets the expiry time of the certificate now being served.
+    pub fn set_cert_expiry(&self, unix_seconds: i64) {
+        self.cert_expiry.set(unix_seconds);
+    }
+
+    /// Lets other parts of the process (the cluster audit) register metrics.
+    pub fn with_registry<R>(&self, f: impl FnOnce(&mut Registry) -> R) -> R {
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut registry)
+    }
+
+    /// The OpenMetrics text exposition of every registered metric.
+    pub fn encode(&self) -> String {
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        // Encoding into a String cannot fail: fmt::Write for String is infallible.
+        let _ = encode(&mut out, &registry);
+        out
+    }
+}
