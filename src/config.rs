@@ -1,1 +1,193 @@
-//! TODO module
+//! The YAML configuration file: rule actions, mode, exemptions.
+//!
+//! Every key is checked: an unknown key, an unknown rule id or a bad action is
+//! an error naming it, so a typo never silently leaves a rule at its default.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::policy::{Action, DEFAULT_OPERATOR_NAMESPACE, Exemptions, Mode, Policy, RULES, Rule};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config file {path}: unknown rule {id:?} under `rules` (known rules: {known})")]
+    UnknownRule {
+        path: PathBuf,
+        id: String,
+        known: String,
+    },
+}
+
+/// The file as written. Field names follow Kubernetes' camelCase.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct File {
+    #[serde(default)]
+    mode: Mode,
+    operator_namespace: Option<String>,
+    #[serde(default)]
+    enforce_on_create: bool,
+    #[serde(default)]
+    rules: BTreeMap<String, Action>,
+    #[serde(default)]
+    exemptions: ExemptionsFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ExemptionsFile {
+    #[serde(default)]
+    usernames: Vec<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+    /// Defaults to the operator namespace when not given.
+    service_account_namespaces: Option<Vec<String>>,
+}
+
+/// The loaded configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub policy: Policy,
+    /// Where the GPU Operator runs: its DaemonSets, pods and service accounts live there.
+    pub operator_namespace: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            policy: Policy::default(),
+            operator_namespace: DEFAULT_OPERATOR_NAMESPACE.to_owned(),
+        }
+    }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses YAML (or JSON, a subset); `path` only names the source in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let file: File = if text.trim().is_empty() {
+            File::default()
+        } else {
+            serde_norway::from_str(text).map_err(|e| ConfigError::Parse {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?
+        };
+        let mut policy = Policy {
+            mode: file.mode,
+            enforce_on_create: file.enforce_on_create,
+            ..Policy::default()
+        };
+        for (id, action) in file.rules {
+            let rule = Rule::from_id(&id).ok_or_else(|| ConfigError::UnknownRule {
+                path: path.to_owned(),
+                id: id.clone(),
+                known: RULES.iter().map(|s| s.id).collect::<Vec<_>>().join(", "),
+            })?;
+            policy.actions[rule as usize] = action;
+        }
+        let operator_namespace = file
+            .operator_namespace
+            .unwrap_or_else(|| DEFAULT_OPERATOR_NAMESPACE.to_owned());
+        policy.exemptions = Exemptions {
+            usernames: file.exemptions.usernames,
+            groups: file.exemptions.groups,
+            service_account_namespaces: file
+                .exemptions
+                .service_account_namespaces
+                .unwrap_or_else(|| vec![operator_namespace.clone()]),
+        };
+        Ok(Config {
+            policy,
+            operator_namespace,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("test.yaml"))
+    }
+
+    #[test]
+    fn empty_file_gives_the_defaults() {
+        assert_eq!(parse("").unwrap(), Config::default());
+        assert_eq!(parse("{}").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn rule_actions_mode_and_exemptions_are_read() {
+        let cfg = parse(
+            "mode: warn\noperatorNamespace: nvidia\nenforceOnCreate: true\n\
+             rules:\n  operand-without-toolkit: deny\n  value-not-true: off\n\
+             exemptions:\n  usernames: [alice]\n  groups: [gpu-admins]\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.policy.mode, Mode::Warn);
+        assert!(cfg.policy.enforce_on_create);
+        assert_eq!(cfg.policy.action(Rule::OperandWithoutToolkit), Action::Deny);
+        assert_eq!(cfg.policy.action(Rule::ValueNotTrue), Action::Off);
+        assert_eq!(cfg.policy.action(Rule::DevicePluginWithoutToolkit), Action::Deny);
+        assert_eq!(cfg.operator_namespace, "nvidia");
+        assert_eq!(cfg.policy.exemptions.usernames, ["alice"]);
+        assert_eq!(cfg.policy.exemptions.groups, ["gpu-admins"]);
+        // The operator's own service accounts follow the operator namespace.
+        assert_eq!(cfg.policy.exemptions.service_account_namespaces, ["nvidia"]);
+    }
+
+    #[test]
+    fn service_account_namespaces_can_be_emptied() {
+        let cfg = parse("exemptions:\n  serviceAccountNamespaces: []\n").unwrap();
+        assert!(cfg.policy.exemptions.service_account_namespaces.is_empty());
+    }
+
+    #[test]
+    fn unknown_rule_is_an_error_naming_it() {
+        let err = parse("rules:\n  device-plugin-without-tookit: warn\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("test.yaml"), "{msg}");
+        assert!(msg.contains("\"device-plugin-without-tookit\""), "{msg}");
+        assert!(msg.contains("device-plugin-without-toolkit"), "{msg}");
+    }
+
+    #[test]
+    fn bad_action_unknown_key_and_bad_mode_are_errors() {
+        for (text, needle) in [
+            ("rules:\n  value-not-true: block\n", "block"),
+            ("exemptions:\n  user: [x]\n", "user"),
+            ("mode: strict\n", "strict"),
+            ("opratorNamespace: x\n", "opratorNamespace"),
+        ] {
+            let msg = parse(text).unwrap_err().to_string();
+            assert!(msg.contains(needle), "{text:?} gave {msg}");
+            assert!(msg.starts_with("config file test.yaml"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn missing_file_names_the_path() {
+        let msg = Config::load(Path::new("/nonexistent/gdg.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("/nonexistent/gdg.yaml"), "{msg}");
+    }
+}

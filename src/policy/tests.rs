@@ -1,0 +1,804 @@
+//! One test per behaviour; the lab of GPU-OPERATOR.md step by step first.
+
+use super::*;
+
+const P: &str = "nvidia.com/gpu.deploy.";
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let key = if k.contains('/') {
+                (*k).to_owned()
+            } else {
+                format!("{P}{k}")
+            };
+            (key, (*v).to_owned())
+        })
+        .collect()
+}
+
+/// `lab-node-0`: GPU, no host driver, the five lab operands on.
+fn lab_node_0() -> Labels {
+    labels(&[
+        ("nvidia.com/gpu.present", "true"),
+        ("driver", "true"),
+        ("container-toolkit", "true"),
+        ("device-plugin", "true"),
+        ("gpu-feature-discovery", "true"),
+        ("dcgm-exporter", "true"),
+    ])
+}
+
+/// `lab-node-1`: GPU with a host driver.
+fn lab_node_1() -> Labels {
+    let mut l = lab_node_0();
+    l.insert(format!("{P}driver"), "false".into());
+    l
+}
+
+/// `lab-node-2`: no GPU, no deploy labels.
+fn lab_node_2() -> Labels {
+    labels(&[("kubernetes.io/hostname", "lab-node-2")])
+}
+
+/// Applies kubectl-style changes: `("key", Some(v))` sets, `("key", None)` removes.
+fn with(base: &Labels, changes: &[(&str, Option<&str>)]) -> Labels {
+    let mut out = base.clone();
+    for (k, v) in changes {
+        let key = if k.contains('/') {
+            (*k).to_owned()
+        } else {
+            format!("{P}{k}")
+        };
+        match v {
+            Some(v) => out.insert(key, (*v).to_owned()),
+            None => out.remove(&key),
+        };
+    }
+    out
+}
+
+const PERSON: &str = "alice@example.com";
+
+fn update(node: &str, old: &Labels, new: &Labels) -> Verdict {
+    update_with(node, old, new, &ClusterFacts::default(), &Policy::default())
+}
+
+fn update_with(
+    node: &str,
+    old: &Labels,
+    new: &Labels,
+    facts: &ClusterFacts,
+    policy: &Policy,
+) -> Verdict {
+    let review = Review {
+        node,
+        operation: Operation::Update,
+        old_labels: Some(old),
+        labels: new,
+        username: PERSON,
+        groups: &[],
+        dry_run: false,
+    };
+    decide(&review, facts, policy)
+}
+
+fn create(node: &str, new: &Labels, policy: &Policy) -> Verdict {
+    let review = Review {
+        node,
+        operation: Operation::Create,
+        old_labels: None,
+        labels: new,
+        username: "system:node:x",
+        groups: &[],
+        dry_run: false,
+    };
+    decide(&review, &ClusterFacts::default(), policy)
+}
+
+fn rules(v: &Verdict) -> Vec<(Rule, Action, Change)> {
+    v.findings.iter().map(|f| (f.rule, f.action, f.change)).collect()
+}
+
+fn ops(list: &[Operand]) -> OperandSet {
+    list.iter().copied().collect()
+}
+
+// ---- the lab -------------------------------------------------------------------------------
+
+#[test]
+fn lab_nodes_simulate_like_the_daemonset_controller() {
+    let facts = ClusterFacts::default();
+    use Operand::*;
+    assert_eq!(
+        simulate(&lab_node_0(), &facts),
+        ops(&[Driver, ContainerToolkit, DevicePlugin, GpuFeatureDiscovery, DcgmExporter])
+    );
+    assert_eq!(
+        simulate(&lab_node_1(), &facts),
+        ops(&[ContainerToolkit, DevicePlugin, GpuFeatureDiscovery, DcgmExporter])
+    );
+    assert!(simulate(&lab_node_2(), &facts).is_empty());
+}
+
+#[test]
+fn labelling_lab_node_2_with_only_device_plugin_is_denied() {
+    let old = lab_node_2();
+    let new = with(&old, &[("device-plugin", Some("true"))]);
+    let v = update("lab-node-2", &old, &new);
+    assert_eq!(v.decision, Decision::Denied);
+    assert!(!v.allowed());
+    assert_eq!(
+        v.message.as_deref(),
+        Some(
+            "node lab-node-2: nvidia.com/gpu.deploy.device-plugin=true would run the NVIDIA device plugin \
+             without the container toolkit (nvidia.com/gpu.deploy.container-toolkit is not set), so GPU pods \
+             would be scheduled there and fail to start; set nvidia.com/gpu.deploy.container-toolkit=true in \
+             the same command, or leave the device plugin off (nvidia.com/gpu.deploy.device-plugin=false)."
+        )
+    );
+    assert_eq!(
+        rules(&v),
+        [
+            (Rule::DevicePluginWithoutToolkit, Action::Deny, Change::New),
+            (Rule::DevicePluginOnNonGpuNode, Action::Warn, Change::New),
+        ]
+    );
+    assert_eq!(
+        v.warnings,
+        ["lab-node-2: device-plugin runs on a node with no NVIDIA GPU label"]
+    );
+    assert_eq!(v.before, OperandSet::EMPTY);
+    assert_eq!(v.after, ops(&[Operand::DevicePlugin]));
+}
+
+#[test]
+fn lab_node_1_dcgm_exporter_off_is_allowed_without_findings() {
+    let old = lab_node_1();
+    let new = with(&old, &[("dcgm-exporter", Some("false"))]);
+    let v = update("lab-node-1", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+    assert!(v.warnings.is_empty());
+    assert!(v.before.contains(Operand::DcgmExporter));
+    assert!(!v.after.contains(Operand::DcgmExporter));
+}
+
+#[test]
+fn removing_the_toolkit_label_of_lab_node_0_is_denied() {
+    let old = lab_node_0();
+    let new = with(&old, &[("container-toolkit", None)]);
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(v.decision, Decision::Denied);
+    let msg = v.message.clone().unwrap();
+    assert!(
+        msg.contains("(this request removes nvidia.com/gpu.deploy.container-toolkit)"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("keep nvidia.com/gpu.deploy.container-toolkit=true, or turn the device plugin off"),
+        "{msg}"
+    );
+    assert_eq!(
+        rules(&v),
+        [
+            (Rule::DevicePluginWithoutToolkit, Action::Deny, Change::New),
+            (Rule::OperandWithoutToolkit, Action::Warn, Change::New),
+            (Rule::OperatorWillRestore, Action::Warn, Change::New),
+        ]
+    );
+    assert_eq!(
+        v.warnings,
+        [
+            "lab-node-0: gpu-feature-discovery, dcgm-exporter would hang without container-toolkit",
+            "nvidia.com/gpu.deploy.container-toolkit removed: the GPU Operator will set it back to true; use =false to keep it off",
+        ]
+    );
+}
+
+#[test]
+fn setting_the_toolkit_false_under_a_running_device_plugin_is_denied() {
+    let old = lab_node_1();
+    let new = with(&old, &[("container-toolkit", Some("false"))]);
+    let v = update("lab-node-1", &old, &new);
+    assert_eq!(v.decision, Decision::Denied);
+    assert!(
+        v.message
+            .unwrap()
+            .contains("(this request sets nvidia.com/gpu.deploy.container-toolkit=\"false\")")
+    );
+}
+
+#[test]
+fn turning_device_plugin_and_toolkit_off_together_is_allowed() {
+    let old = lab_node_0();
+    let new = with(
+        &old,
+        &[("device-plugin", Some("false")), ("container-toolkit", Some("false"))],
+    );
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed);
+    // GFD and the exporter still wait for the toolkit: worth a warning, not a refusal.
+    assert_eq!(
+        rules(&v),
+        [(Rule::OperandWithoutToolkit, Action::Warn, Change::New)]
+    );
+}
+
+#[test]
+fn turning_everything_off_is_allowed_silently() {
+    let old = lab_node_0();
+    let new = with(
+        &old,
+        &[
+            ("driver", Some("false")),
+            ("container-toolkit", Some("false")),
+            ("device-plugin", Some("false")),
+            ("gpu-feature-discovery", Some("false")),
+            ("dcgm-exporter", Some("false")),
+        ],
+    );
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+    assert!(v.after.is_empty());
+}
+
+// ---- transitions ---------------------------------------------------------------------------
+
+#[test]
+fn already_broken_node_accepts_an_unrelated_edit_with_a_warning() {
+    let old = with(&lab_node_2(), &[("device-plugin", Some("true"))]);
+    let new = with(&old, &[("example.com/team", Some("ml"))]);
+    let v = update("lab-node-2", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(
+        rules(&v),
+        [
+            (Rule::DevicePluginWithoutToolkit, Action::Warn, Change::Existing),
+            (Rule::DevicePluginOnNonGpuNode, Action::Warn, Change::Existing),
+        ]
+    );
+    assert_eq!(
+        v.warnings[0],
+        "lab-node-2 is already broken: device-plugin runs without container-toolkit"
+    );
+}
+
+#[test]
+fn a_request_that_fixes_the_violation_is_allowed() {
+    let old = with(&lab_node_2(), &[("device-plugin", Some("true"))]);
+    let new = with(&old, &[("device-plugin", Some("false"))]);
+    let v = update("lab-node-2", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+}
+
+#[test]
+fn a_request_that_adds_the_toolkit_fixes_it_too() {
+    let old = with(&lab_node_1(), &[("container-toolkit", Some("false"))]);
+    let new = with(&old, &[("container-toolkit", Some("true"))]);
+    let v = update("lab-node-1", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+}
+
+#[test]
+fn a_request_that_reduces_a_violation_keeps_only_the_existing_part() {
+    let old = with(&lab_node_1(), &[("container-toolkit", Some("false")), ("device-plugin", Some("false"))]);
+    let new = with(&old, &[("gpu-feature-discovery", Some("false"))]);
+    let v = update("lab-node-1", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(
+        rules(&v),
+        [(Rule::OperandWithoutToolkit, Action::Warn, Change::Existing)]
+    );
+    assert!(v.findings[0].message.contains("already runs dcgm-exporter without"));
+}
+
+#[test]
+fn adding_an_operand_to_an_existing_violation_reports_only_the_new_one_as_new() {
+    let old = with(&lab_node_1(), &[("container-toolkit", Some("false")), ("device-plugin", Some("false"))]);
+    let new = with(&old, &[("dcgm", Some("true"))]);
+    let v = update("lab-node-1", &old, &new);
+    let f: Vec<_> = v.findings.iter().map(|f| (f.change, f.warning.as_str())).collect();
+    assert_eq!(
+        f,
+        [
+            (Change::New, "lab-node-1: dcgm would hang without container-toolkit"),
+            (Change::Existing, "lab-node-1: gpu-feature-discovery, dcgm-exporter already wait for container-toolkit"),
+        ]
+    );
+}
+
+#[test]
+fn create_is_never_denied_by_default() {
+    let new = with(&lab_node_2(), &[("device-plugin", Some("true"))]);
+    let v = create("lab-node-2", &new, &Policy::default());
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(
+        rules(&v)[0],
+        (Rule::DevicePluginWithoutToolkit, Action::Warn, Change::New)
+    );
+    assert_eq!(
+        v.warnings[0],
+        "lab-node-2: device-plugin would run without container-toolkit; GPU pods would fail to start"
+    );
+}
+
+#[test]
+fn create_is_denied_when_enforce_on_create_is_set() {
+    let new = with(&lab_node_2(), &[("device-plugin", Some("true"))]);
+    let policy = Policy {
+        enforce_on_create: true,
+        ..Policy::default()
+    };
+    let v = create("lab-node-2", &new, &policy);
+    assert_eq!(v.decision, Decision::Denied);
+}
+
+#[test]
+fn warn_mode_turns_a_denial_into_a_warning() {
+    let old = lab_node_2();
+    let new = with(&old, &[("device-plugin", Some("true"))]);
+    let policy = Policy {
+        mode: Mode::Warn,
+        ..Policy::default()
+    };
+    let v = update_with("lab-node-2", &old, &new, &ClusterFacts::default(), &policy);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(
+        rules(&v)[0],
+        (Rule::DevicePluginWithoutToolkit, Action::Warn, Change::New)
+    );
+}
+
+#[test]
+fn dry_run_is_decided_like_a_real_request() {
+    let old = lab_node_2();
+    let new = with(&old, &[("device-plugin", Some("true"))]);
+    let review = |dry_run| Review {
+        node: "lab-node-2",
+        operation: Operation::Update,
+        old_labels: Some(&old),
+        labels: &new,
+        username: PERSON,
+        groups: &[],
+        dry_run,
+    };
+    let facts = ClusterFacts::default();
+    let policy = Policy::default();
+    assert_eq!(decide(&review(true), &facts, &policy), decide(&review(false), &facts, &policy));
+    assert_eq!(decide(&review(true), &facts, &policy).decision, Decision::Denied);
+}
+
+#[test]
+fn delete_is_allowed_without_judgement() {
+    let old = with(&lab_node_2(), &[("device-plugin", Some("true"))]);
+    let review = Review {
+        node: "lab-node-2",
+        operation: Operation::Delete,
+        old_labels: Some(&old),
+        labels: &old,
+        username: PERSON,
+        groups: &[],
+        dry_run: false,
+    };
+    let v = decide(&review, &ClusterFacts::default(), &Policy::default());
+    assert_eq!(v.decision, Decision::Allowed);
+    assert!(v.findings.is_empty());
+}
+
+// ---- exemptions ----------------------------------------------------------------------------
+
+fn exempt_check(username: &str, groups: &[String], policy: &Policy) -> Verdict {
+    let old = lab_node_2();
+    let new = with(&old, &[("device-plugin", Some("true"))]);
+    let review = Review {
+        node: "lab-node-2",
+        operation: Operation::Update,
+        old_labels: Some(&old),
+        labels: &new,
+        username,
+        groups,
+        dry_run: false,
+    };
+    decide(&review, &ClusterFacts::default(), policy)
+}
+
+#[test]
+fn operator_service_accounts_are_exempt_and_recorded() {
+    let v = exempt_check("system:serviceaccount:gpu-operator:gpu-operator", &[], &Policy::default());
+    assert_eq!(v.decision, Decision::Exempt);
+    assert!(v.allowed());
+    assert!(v.warnings.is_empty());
+    assert!(v.findings.iter().all(|f| f.action == Action::Audit));
+    assert!(v.would_deny.as_deref().unwrap().starts_with("node lab-node-2: nvidia.com/gpu.deploy.device-plugin=true"));
+    let ann = v.audit_annotations();
+    assert!(ann.contains(&("decision", "exempt".to_owned())));
+    assert!(ann.contains(&(
+        "exempt",
+        "service account system:serviceaccount:gpu-operator:gpu-operator of namespace gpu-operator is exempt".to_owned()
+    )));
+    assert!(ann.iter().any(|(k, _)| *k == "would-deny"));
+}
+
+#[test]
+fn service_accounts_of_other_namespaces_are_not_exempt() {
+    let v = exempt_check("system:serviceaccount:default:builder", &[], &Policy::default());
+    assert_eq!(v.decision, Decision::Denied);
+    // A namespace whose name merely starts like the operator's is not the operator's.
+    let v = exempt_check("system:serviceaccount:gpu-operator-evil:x", &[], &Policy::default());
+    assert_eq!(v.decision, Decision::Denied);
+}
+
+#[test]
+fn configured_users_and_groups_are_exempt() {
+    let policy = Policy {
+        exemptions: Exemptions {
+            usernames: vec!["break-glass".into()],
+            groups: vec!["gpu-admins".into()],
+            service_account_namespaces: vec![],
+        },
+        ..Policy::default()
+    };
+    assert_eq!(exempt_check("break-glass", &[], &policy).decision, Decision::Exempt);
+    let v = exempt_check("bob", &["system:authenticated".into(), "gpu-admins".into()], &policy);
+    assert_eq!(v.decision, Decision::Exempt);
+    assert_eq!(v.exempt.as_deref(), Some("group gpu-admins is exempt"));
+    assert_eq!(exempt_check("bob", &[], &policy).decision, Decision::Denied);
+    // With the namespace list emptied, the operator is judged like anyone else.
+    assert_eq!(
+        exempt_check("system:serviceaccount:gpu-operator:gpu-operator", &[], &policy).decision,
+        Decision::Denied
+    );
+}
+
+// ---- cluster facts -------------------------------------------------------------------------
+
+#[test]
+fn host_provided_toolkit_allows_device_plugin_alone() {
+    let facts = ClusterFacts {
+        toolkit_managed: false,
+        ..ClusterFacts::default()
+    };
+    let old = labels(&[("nvidia.com/gpu.present", "true")]);
+    let new = with(&old, &[("device-plugin", Some("true")), ("dcgm-exporter", Some("true"))]);
+    let v = update_with("gpu-1", &old, &new, &facts, &Policy::default());
+    assert_eq!(v.decision, Decision::Allowed);
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+}
+
+#[test]
+fn operands_disabled_in_the_cluster_policy_run_nowhere() {
+    let facts = ClusterFacts {
+        disabled: ops(&[Operand::DevicePlugin]),
+        ..ClusterFacts::default()
+    };
+    let old = lab_node_2();
+    let new = with(&old, &[("device-plugin", Some("true"))]);
+    let v = update_with("lab-node-2", &old, &new, &facts, &Policy::default());
+    assert_eq!(v.decision, Decision::Allowed);
+    assert!(!v.after.contains(Operand::DevicePlugin));
+}
+
+#[test]
+fn a_custom_daemonset_selector_replaces_the_default_one() {
+    let mut selectors = BTreeMap::new();
+    selectors.insert(
+        Operand::DevicePlugin,
+        labels(&[("device-plugin", "true"), ("example.com/pool", "gpu")]),
+    );
+    let facts = ClusterFacts {
+        selectors,
+        ..ClusterFacts::default()
+    };
+    let old = lab_node_2();
+    let new = with(&old, &[("device-plugin", Some("true"))]);
+    let v = update_with("lab-node-2", &old, &new, &facts, &Policy::default());
+    assert_eq!(v.decision, Decision::Allowed, "the selector does not match yet");
+    let new = with(&new, &[("example.com/pool", Some("gpu"))]);
+    let v = update_with("lab-node-2", &old, &new, &facts, &Policy::default());
+    assert_eq!(v.decision, Decision::Denied);
+    assert!(v.message.unwrap().contains(
+        "the device-plugin DaemonSet's nodeSelector example.com/pool=gpu,nvidia.com/gpu.deploy.device-plugin=true"
+    ));
+}
+
+// ---- the other rules -----------------------------------------------------------------------
+
+#[test]
+fn validator_labelled_off_under_waiting_operands_warns() {
+    let old = lab_node_0();
+    let new = with(&old, &[("operator-validator", Some("false"))]);
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(
+        rules(&v),
+        [(Rule::OperandWithoutValidator, Action::Warn, Change::New)]
+    );
+    assert_eq!(
+        v.warnings[0],
+        "lab-node-0: device-plugin, gpu-feature-discovery, dcgm-exporter wait forever: operator-validator=\"false\""
+    );
+}
+
+#[test]
+fn a_missing_validator_label_is_not_a_finding() {
+    // The operator adds it as `true` on its next pass.
+    let old = lab_node_1();
+    let new = with(&old, &[("dcgm", Some("true"))]);
+    let v = update("lab-node-1", &old, &new);
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+}
+
+#[test]
+fn device_plugin_on_a_node_known_to_nfd_is_fine() {
+    let old = labels(&[("feature.node.kubernetes.io/pci-10de.present", "true")]);
+    let new = with(&old, &[("container-toolkit", Some("true")), ("device-plugin", Some("true"))]);
+    let v = update("gpu-2", &old, &new);
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+}
+
+#[test]
+fn unknown_deploy_label_gets_a_did_you_mean() {
+    let old = lab_node_0();
+    let new = with(&old, &[("container-tookit", Some("true"))]);
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(
+        v.warnings,
+        ["nvidia.com/gpu.deploy.container-tookit is not a known deploy label; did you mean nvidia.com/gpu.deploy.container-toolkit?"]
+    );
+    let new = with(&old, &[("frobnicator", Some("true"))]);
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(
+        v.warnings,
+        ["nvidia.com/gpu.deploy.frobnicator is not a known deploy label; no GPU Operator component reads it"]
+    );
+}
+
+#[test]
+fn legitimate_keys_outside_the_operand_daemonsets_are_not_unknown() {
+    let old = lab_node_0();
+    for key in ["nvsm", "client", "dra-driver", "dcgm-exporter-dra", "sandbox-validator", "operands"] {
+        let new = with(&old, &[(key, Some("true"))]);
+        let v = update("lab-node-0", &old, &new);
+        assert!(
+            !v.findings.iter().any(|f| f.rule == Rule::UnknownDeployLabel),
+            "{key}: {:?}",
+            v.findings
+        );
+    }
+}
+
+#[test]
+fn an_unknown_label_the_request_does_not_touch_is_not_reported() {
+    let old = with(&lab_node_0(), &[("container-tookit", Some("true"))]);
+    let new = with(&old, &[("dcgm-exporter", Some("false"))]);
+    let v = update("lab-node-0", &old, &new);
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+}
+
+#[test]
+fn values_a_person_meant_as_on_are_flagged() {
+    let old = lab_node_0();
+    for value in ["True", "TRUE", "yes", "1", "enabled", " true", "on"] {
+        let new = with(&old, &[("dcgm", Some(value))]);
+        let v = update("lab-node-0", &old, &new);
+        assert_eq!(
+            rules(&v),
+            [(Rule::ValueNotTrue, Action::Warn, Change::New)],
+            "{value:?}"
+        );
+        assert_eq!(
+            v.warnings[0],
+            format!("nvidia.com/gpu.deploy.dcgm={value:?} schedules nothing: only the exact value true does")
+        );
+        assert!(!v.after.contains(Operand::Dcgm));
+    }
+}
+
+#[test]
+fn values_the_operator_components_write_are_not_findings() {
+    let old = lab_node_0();
+    for value in ["false", "", "pre-installed", "paused-for-driver-upgrade", "paused-for-mig-change", "pre-installed_paused-for-driver-upgrade", "False", "off"] {
+        let new = with(&old, &[("driver", Some(value))]);
+        let v = update("lab-node-0", &old, &new);
+        assert!(
+            !v.findings.iter().any(|f| f.rule == Rule::ValueNotTrue),
+            "{value:?}: {:?}",
+            v.findings
+        );
+    }
+}
+
+#[test]
+fn a_value_that_is_neither_true_nor_false_is_flagged() {
+    let old = lab_node_0();
+    let new = with(&old, &[("dcgm", Some("maybe"))]);
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(
+        v.warnings,
+        ["nvidia.com/gpu.deploy.dcgm=\"maybe\" is neither true nor false: dcgm will not run here"]
+    );
+}
+
+#[test]
+fn operands_switch_only_reacts_to_exact_false() {
+    let old = lab_node_0();
+    let new = with(&old, &[("operands", Some("False"))]);
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(
+        v.warnings,
+        ["nvidia.com/gpu.deploy.operands=\"False\" does not disable operands: only the exact value false does"]
+    );
+    let new = with(&old, &[("operands", Some("false"))]);
+    assert!(update("lab-node-0", &old, &new).findings.is_empty());
+}
+
+#[test]
+fn removing_a_label_on_a_gpu_node_warns_that_the_operator_restores_it() {
+    let old = lab_node_1();
+    let new = with(&old, &[("dcgm-exporter", None)]);
+    let v = update("lab-node-1", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(
+        v.warnings,
+        ["nvidia.com/gpu.deploy.dcgm-exporter removed: the GPU Operator will set it back to true; use =false to keep it off"]
+    );
+}
+
+#[test]
+fn emptying_a_label_on_a_gpu_node_warns_too() {
+    let old = lab_node_1();
+    let new = with(&old, &[("dcgm-exporter", Some(""))]);
+    let v = update("lab-node-1", &old, &new);
+    assert_eq!(
+        rules(&v),
+        [(Rule::OperatorWillRestore, Action::Warn, Change::New)]
+    );
+    assert!(v.findings[0].message.contains("empties"));
+}
+
+#[test]
+fn no_restore_warning_off_gpu_nodes_under_operands_false_or_for_unmanaged_keys() {
+    let old = with(&lab_node_2(), &[("dcgm-exporter", Some("false"))]);
+    let new = with(&old, &[("dcgm-exporter", None)]);
+    assert!(update("lab-node-2", &old, &new).findings.is_empty());
+
+    let old = with(&lab_node_1(), &[("operands", Some("false"))]);
+    let new = with(&old, &[("dcgm-exporter", None)]);
+    assert!(update("lab-node-1", &old, &new).findings.is_empty());
+
+    let old = with(&lab_node_1(), &[("nvsm", Some(""))]);
+    let new = with(&old, &[("nvsm", None)]);
+    assert!(update("lab-node-1", &old, &new).findings.is_empty());
+}
+
+// ---- actions -------------------------------------------------------------------------------
+
+#[test]
+fn rule_set_to_off_is_not_reported() {
+    let mut policy = Policy::default();
+    policy.actions[Rule::DevicePluginWithoutToolkit as usize] = Action::Off;
+    policy.actions[Rule::DevicePluginOnNonGpuNode as usize] = Action::Off;
+    let old = lab_node_2();
+    let new = with(&old, &[("device-plugin", Some("true"))]);
+    let v = update_with("lab-node-2", &old, &new, &ClusterFacts::default(), &policy);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert!(v.findings.is_empty());
+}
+
+#[test]
+fn rule_set_to_audit_is_recorded_without_a_warning() {
+    let mut policy = Policy::default();
+    policy.actions[Rule::DevicePluginWithoutToolkit as usize] = Action::Audit;
+    let old = lab_node_2();
+    let new = with(&old, &[("device-plugin", Some("true"))]);
+    let v = update_with("lab-node-2", &old, &new, &ClusterFacts::default(), &policy);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(rules(&v)[0], (Rule::DevicePluginWithoutToolkit, Action::Audit, Change::New));
+    assert_eq!(v.warnings.len(), 1, "only the non-GPU-node warning: {:?}", v.warnings);
+    let ann = v.audit_annotations();
+    assert!(ann.contains(&(
+        "findings",
+        "device-plugin-without-toolkit=audit,device-plugin-on-non-gpu-node=warn".to_owned()
+    )));
+}
+
+#[test]
+fn a_warn_rule_raised_to_deny_refuses() {
+    let mut policy = Policy::default();
+    policy.actions[Rule::UnknownDeployLabel as usize] = Action::Deny;
+    let old = lab_node_0();
+    let new = with(&old, &[("device-plugins", Some("true"))]);
+    let v = update_with("lab-node-0", &old, &new, &ClusterFacts::default(), &policy);
+    assert_eq!(v.decision, Decision::Denied);
+    assert!(v.message.unwrap().contains("did you mean nvidia.com/gpu.deploy.device-plugin?"));
+}
+
+#[test]
+fn audit_annotations_name_the_decision_and_the_operand_changes() {
+    let old = lab_node_1();
+    let new = with(&old, &[("dcgm-exporter", Some("false")), ("dcgm", Some("true"))]);
+    let v = update("lab-node-1", &old, &new);
+    assert_eq!(
+        v.audit_annotations(),
+        [
+            ("decision", "allowed".to_owned()),
+            ("operands", "+dcgm,-dcgm-exporter".to_owned())
+        ]
+    );
+}
+
+#[test]
+fn every_warning_fits_a_kubectl_line() {
+    // The worst cases of each rule, on a node name of a realistic length.
+    let node = "gpu-a100-pool-7f9c6d-x2kq9";
+    let old = labels(&[("operator-validator", "true")]);
+    let new = with(
+        &old,
+        &[
+            ("device-plugin", Some("true")),
+            ("gpu-feature-discovery", Some("true")),
+            ("dcgm", Some("true")),
+            ("dcgm-exporter", Some("true")),
+            ("mig-manager", Some("true")),
+            ("operator-validator", Some("false")),
+            ("kata-sandbox-device-plugn", Some("true")),
+            ("node-status-exporter", Some("enabled")),
+        ],
+    );
+    let v = create(node, &new, &Policy::default());
+    assert_eq!(v.findings.len(), 6, "{:?}", v.findings);
+    for w in &v.warnings {
+        assert!(w.chars().count() <= 122, "{} chars: {w}", w.chars().count());
+    }
+}
+
+// ---- real nodes ----------------------------------------------------------------------------
+
+fn real_node(file: &str) -> Labels {
+    let path = format!("{}/tests/fixtures/real-nodes/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let node: serde_json::Value = serde_json::from_str(&text).unwrap();
+    serde_json::from_value(node["metadata"]["labels"].clone()).unwrap_or_default()
+}
+
+#[test]
+fn real_nodes_register_and_accept_unrelated_edits_without_findings() {
+    for file in [
+        "aks-ndmv4-a100x8-nvsm-empty.json",
+        "deepnotes-dgx-station-a100-before-operator.json",
+        "deepnotes-dgx-station-a100-driver-disabled.json",
+        "lambda-k3s-h100x8-driver-preinstalled.json",
+        "lambda-k3s-v100x8-driver-preinstalled.json",
+    ] {
+        let l = real_node(file);
+        let v = create("n", &l, &Policy::default());
+        assert!(v.findings.is_empty(), "{file}: {:?}", v.findings);
+        let edited = with(&l, &[("example.com/owner", Some("ml"))]);
+        let v = update("n", &l, &edited);
+        assert_eq!(v.decision, Decision::Allowed);
+        assert!(v.findings.is_empty(), "{file}: {:?}", v.findings);
+    }
+}
+
+#[test]
+fn a_preinstalled_driver_is_not_run_by_the_operator() {
+    let l = real_node("lambda-k3s-h100x8-driver-preinstalled.json");
+    let set = simulate(&l, &ClusterFacts::default());
+    assert!(!set.contains(Operand::Driver));
+    assert!(set.contains(Operand::DevicePlugin) && set.contains(Operand::MigManager));
+}
+
+#[test]
+fn removing_the_toolkit_on_a_real_aks_node_is_denied() {
+    let l = real_node("aks-ndmv4-a100x8-nvsm-empty.json");
+    let new = with(&l, &[("container-toolkit", Some("false"))]);
+    let v = update("aks-jzndmv4-29195301-vmss000000", &l, &new);
+    assert_eq!(v.decision, Decision::Denied);
+    // dcgm, dcgm-exporter, GFD and the MIG manager all lose the toolkit too.
+    assert!(v.warnings[0].contains("gpu-feature-discovery, dcgm, dcgm-exporter, mig-manager"));
+}
