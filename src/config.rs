@@ -146,7 +146,10 @@ mod tests {
         assert!(cfg.policy.enforce_on_create);
         assert_eq!(cfg.policy.action(Rule::OperandWithoutToolkit), Action::Deny);
         assert_eq!(cfg.policy.action(Rule::ValueNotTrue), Action::Off);
-        assert_eq!(cfg.policy.action(Rule::DevicePluginWithoutToolkit), Action::Deny);
+        assert_eq!(
+            cfg.policy.action(Rule::DevicePluginWithoutToolkit),
+            Action::Deny
+        );
         assert_eq!(cfg.operator_namespace, "nvidia");
         assert_eq!(cfg.policy.exemptions.usernames, ["alice"]);
         assert_eq!(cfg.policy.exemptions.groups, ["gpu-admins"]);

@@ -86,29 +86,140 @@ macro_rules! info {
 /// Every known deploy label, in the order the operator starts its operands.
 pub const OPERANDS: [OperandInfo; 23] = [
     //    operand                    suffix                        DaemonSet                                      waits  needs  labelled
-    info!(Driver, "driver", Some("nvidia-driver-daemonset"), false, false, true),
-    info!(ContainerToolkit, "container-toolkit", Some("nvidia-container-toolkit-daemonset"), false, false, true),
-    info!(OperatorValidator, "operator-validator", Some("nvidia-operator-validator"), false, false, true),
-    info!(DevicePlugin, "device-plugin", Some("nvidia-device-plugin-daemonset"), true, true, true),
-    info!(GpuFeatureDiscovery, "gpu-feature-discovery", Some("gpu-feature-discovery"), true, true, true),
+    info!(
+        Driver,
+        "driver",
+        Some("nvidia-driver-daemonset"),
+        false,
+        false,
+        true
+    ),
+    info!(
+        ContainerToolkit,
+        "container-toolkit",
+        Some("nvidia-container-toolkit-daemonset"),
+        false,
+        false,
+        true
+    ),
+    info!(
+        OperatorValidator,
+        "operator-validator",
+        Some("nvidia-operator-validator"),
+        false,
+        false,
+        true
+    ),
+    info!(
+        DevicePlugin,
+        "device-plugin",
+        Some("nvidia-device-plugin-daemonset"),
+        true,
+        true,
+        true
+    ),
+    info!(
+        GpuFeatureDiscovery,
+        "gpu-feature-discovery",
+        Some("gpu-feature-discovery"),
+        true,
+        true,
+        true
+    ),
     info!(Dcgm, "dcgm", Some("nvidia-dcgm"), true, true, true),
-    info!(DcgmExporter, "dcgm-exporter", Some("nvidia-dcgm-exporter"), true, true, true),
-    info!(NodeStatusExporter, "node-status-exporter", Some("nvidia-node-status-exporter"), false, false, true),
-    info!(MigManager, "mig-manager", Some("nvidia-mig-manager"), false, true, true),
-    info!(SandboxDevicePlugin, "sandbox-device-plugin", Some("nvidia-sandbox-device-plugin-daemonset"), false, false, false),
-    info!(KataSandboxDevicePlugin, "kata-sandbox-device-plugin", None, false, false, false),
-    info!(SandboxValidator, "sandbox-validator", Some("nvidia-sandbox-validator"), false, false, false),
-    info!(VfioManager, "vfio-manager", Some("nvidia-vfio-manager"), false, false, false),
-    info!(VgpuManager, "vgpu-manager", Some("nvidia-vgpu-manager-daemonset"), false, false, false),
-    info!(VgpuDeviceManager, "vgpu-device-manager", Some("nvidia-vgpu-device-manager"), false, false, false),
-    info!(CcManager, "cc-manager", Some("nvidia-cc-manager"), false, false, false),
-    info!(KataManager, "kata-manager", Some("nvidia-kata-manager"), false, false, false),
+    info!(
+        DcgmExporter,
+        "dcgm-exporter",
+        Some("nvidia-dcgm-exporter"),
+        true,
+        true,
+        true
+    ),
+    info!(
+        NodeStatusExporter,
+        "node-status-exporter",
+        Some("nvidia-node-status-exporter"),
+        false,
+        false,
+        true
+    ),
+    info!(
+        MigManager,
+        "mig-manager",
+        Some("nvidia-mig-manager"),
+        false,
+        true,
+        true
+    ),
+    info!(
+        SandboxDevicePlugin,
+        "sandbox-device-plugin",
+        Some("nvidia-sandbox-device-plugin-daemonset"),
+        false,
+        false,
+        false
+    ),
+    info!(
+        KataSandboxDevicePlugin,
+        "kata-sandbox-device-plugin", None, false, false, false
+    ),
+    info!(
+        SandboxValidator,
+        "sandbox-validator",
+        Some("nvidia-sandbox-validator"),
+        false,
+        false,
+        false
+    ),
+    info!(
+        VfioManager,
+        "vfio-manager",
+        Some("nvidia-vfio-manager"),
+        false,
+        false,
+        false
+    ),
+    info!(
+        VgpuManager,
+        "vgpu-manager",
+        Some("nvidia-vgpu-manager-daemonset"),
+        false,
+        false,
+        false
+    ),
+    info!(
+        VgpuDeviceManager,
+        "vgpu-device-manager",
+        Some("nvidia-vgpu-device-manager"),
+        false,
+        false,
+        false
+    ),
+    info!(
+        CcManager,
+        "cc-manager",
+        Some("nvidia-cc-manager"),
+        false,
+        false,
+        false
+    ),
+    info!(
+        KataManager,
+        "kata-manager",
+        Some("nvidia-kata-manager"),
+        false,
+        false,
+        false
+    ),
     info!(Nvsm, "nvsm", None, false, false, false),
     info!(Client, "client", None, false, false, false),
     info!(DraDriver, "dra-driver", None, false, false, false),
     info!(DraValidator, "dra-validator", None, false, false, false),
     info!(DcgmDra, "dcgm-dra", None, false, false, false),
-    info!(DcgmExporterDra, "dcgm-exporter-dra", None, false, false, false),
+    info!(
+        DcgmExporterDra,
+        "dcgm-exporter-dra", None, false, false, false
+    ),
 ];
 
 impl Operand {
@@ -134,7 +245,10 @@ impl Operand {
 
     /// The operand a short name (`device-plugin`) stands for.
     pub fn from_name(name: &str) -> Option<Operand> {
-        OPERANDS.iter().find(|i| &i.key[DEPLOY_PREFIX.len()..] == name).map(|i| i.operand)
+        OPERANDS
+            .iter()
+            .find(|i| &i.key[DEPLOY_PREFIX.len()..] == name)
+            .map(|i| i.operand)
     }
 
     pub fn all() -> impl Iterator<Item = Operand> {
@@ -179,7 +293,9 @@ impl OperandSet {
 
     /// Every known operand mapped to whether it runs: the JSON form used by `check`.
     pub fn to_map(self) -> BTreeMap<&'static str, bool> {
-        Operand::all().map(|op| (op.name(), self.contains(op))).collect()
+        Operand::all()
+            .map(|op| (op.name(), self.contains(op)))
+            .collect()
     }
 }
 
@@ -271,7 +387,11 @@ mod tests {
     #[test]
     fn table_matches_enum_order() {
         for (i, info) in OPERANDS.iter().enumerate() {
-            assert_eq!(info.operand as usize, i, "{:?} is out of order", info.operand);
+            assert_eq!(
+                info.operand as usize, i,
+                "{:?} is out of order",
+                info.operand
+            );
             assert!(info.key.starts_with(DEPLOY_PREFIX));
         }
     }
@@ -282,7 +402,10 @@ mod tests {
             assert_eq!(Operand::from_key(op.key()), Some(op));
             assert_eq!(Operand::from_name(op.name()), Some(op));
         }
-        assert_eq!(Operand::DevicePlugin.key(), "nvidia.com/gpu.deploy.device-plugin");
+        assert_eq!(
+            Operand::DevicePlugin.key(),
+            "nvidia.com/gpu.deploy.device-plugin"
+        );
         assert_eq!(Operand::from_key(OPERANDS_KEY), None);
     }
 

@@ -533,9 +533,8 @@ impl Ctx<'_, '_> {
     }
 
     fn device_plugin_without_toolkit(&self, out: &mut Vec<Finding>) {
-        let broken = |set: OperandSet| {
-            set.contains(Operand::DevicePlugin) && !self.toolkit_provided(set)
-        };
+        let broken =
+            |set: OperandSet| set.contains(Operand::DevicePlugin) && !self.toolkit_provided(set);
         if !broken(self.after) {
             return;
         }
@@ -555,9 +554,13 @@ impl Ctx<'_, '_> {
             Change::New => {
                 let toolkit_was_on = self.old_value(toolkit) == Some("true");
                 let fix = if toolkit_was_on {
-                    format!("keep {toolkit}=true, or turn the device plugin off in the same command with {plugin}=false")
+                    format!(
+                        "keep {toolkit}=true, or turn the device plugin off in the same command with {plugin}=false"
+                    )
                 } else {
-                    format!("set {toolkit}=true in the same command, or leave the device plugin off ({plugin}=false)")
+                    format!(
+                        "set {toolkit}=true in the same command, or leave the device plugin off ({plugin}=false)"
+                    )
                 };
                 (
                     format!(
@@ -566,7 +569,9 @@ impl Ctx<'_, '_> {
                         self.selector_words(Operand::DevicePlugin),
                         self.label_state(toolkit)
                     ),
-                    format!("{node}: device-plugin would run without container-toolkit; GPU pods would fail to start"),
+                    format!(
+                        "{node}: device-plugin would run without container-toolkit; GPU pods would fail to start"
+                    ),
                 )
             }
         };
@@ -641,14 +646,15 @@ impl Ctx<'_, '_> {
                     "node {node}: {key}={value:?} keeps the operator validator off, so {names} {already}wait forever \
                      for its toolkit-ready check; set {key}=true."
                 ),
-                format!("{node}: {names} {already}wait forever: operator-validator={value:?}"),
+                format!("{node}: {names} {already}hang: operator-validator={value:?}"),
             )
         });
     }
 
     fn device_plugin_on_non_gpu_node(&self, out: &mut Vec<Finding>) {
-        let misplaced =
-            |labels: &Labels, set: OperandSet| set.contains(Operand::DevicePlugin) && !is_gpu_node(labels);
+        let misplaced = |labels: &Labels, set: OperandSet| {
+            set.contains(Operand::DevicePlugin) && !is_gpu_node(labels)
+        };
         if !misplaced(self.review.labels, self.after) {
             return;
         }
@@ -658,7 +664,11 @@ impl Ctx<'_, '_> {
             .is_some_and(|old| misplaced(old, self.before));
         let change = self.change(before);
         let node = self.node();
-        let already = if change == Change::Existing { "already " } else { "" };
+        let already = if change == Change::Existing {
+            "already "
+        } else {
+            ""
+        };
         out.push(Finding {
             rule: Rule::DevicePluginOnNonGpuNode,
             action: Action::Off,
@@ -682,7 +692,11 @@ impl Ctx<'_, '_> {
         text: impl Fn(&str, Change) -> (String, String),
     ) {
         let names = |pred: &dyn Fn(Operand) -> bool| -> Vec<&'static str> {
-            after.iter().filter(|op| pred(*op)).map(Operand::name).collect()
+            after
+                .iter()
+                .filter(|op| pred(*op))
+                .map(Operand::name)
+                .collect()
         };
         let is_existing = |op: Operand| self.review.old_labels.is_some() && before.contains(op);
         let new = names(&|op| !is_existing(op));
@@ -718,8 +732,12 @@ impl Ctx<'_, '_> {
                 continue;
             }
             let suffix = &key[DEPLOY_PREFIX.len()..];
-            let hint = closest_known(suffix)
+            let suggestion = closest_known(suffix);
+            let hint = suggestion
                 .map(|s| format!("; did you mean {DEPLOY_PREFIX}{s}?"))
+                .unwrap_or_else(|| "; no GPU Operator component reads it".to_owned());
+            let short_hint = suggestion
+                .map(|s| format!("; did you mean {s}?"))
                 .unwrap_or_else(|| "; no GPU Operator component reads it".to_owned());
             let node = self.node();
             out.push(Finding {
@@ -729,7 +747,7 @@ impl Ctx<'_, '_> {
                 message: format!(
                     "node {node}: {key}={value:?} is not a deploy label of any GPU Operator operand{hint}"
                 ),
-                warning: format!("{key} is not a known deploy label{hint}"),
+                warning: format!("{key} is not a known deploy label{short_hint}"),
             });
         }
     }
@@ -756,13 +774,17 @@ impl Ctx<'_, '_> {
                             "node {node}: {key}={value:?} does not schedule {op}: DaemonSets select exactly \
                              \"true\"; write {key}=true."
                         ),
-                        format!("{key}={value:?} schedules nothing: only the exact value true does"),
+                        format!(
+                            "{key}={value:?} schedules nothing: only the exact value true does"
+                        ),
                     )),
                     Value::Other => Some((
                         format!(
                             "node {node}: {key}={value:?} is neither \"true\" nor \"false\", so {op} will not run here."
                         ),
-                        format!("{key}={value:?} is neither true nor false: {op} will not run here"),
+                        format!(
+                            "{key}={value:?} is neither true nor false: {op} will not run here"
+                        ),
                     )),
                     _ => None,
                 }
@@ -800,9 +822,10 @@ impl Ctx<'_, '_> {
             }
             let (what, when) = match labels.get(key) {
                 None => ("removes", "on its next labelling pass"),
-                Some(v) if v.is_empty() && !old_value.is_empty() => {
-                    ("empties", "(v26.7 and later; older versions leave it empty and run nothing)")
-                }
+                Some(v) if v.is_empty() && !old_value.is_empty() => (
+                    "empties",
+                    "(v26.7 and later; older versions leave it empty and run nothing)",
+                ),
                 _ => continue,
             };
             out.push(Finding {

@@ -98,7 +98,10 @@ fn create(node: &str, new: &Labels, policy: &Policy) -> Verdict {
 }
 
 fn rules(v: &Verdict) -> Vec<(Rule, Action, Change)> {
-    v.findings.iter().map(|f| (f.rule, f.action, f.change)).collect()
+    v.findings
+        .iter()
+        .map(|f| (f.rule, f.action, f.change))
+        .collect()
 }
 
 fn ops(list: &[Operand]) -> OperandSet {
@@ -113,11 +116,22 @@ fn lab_nodes_simulate_like_the_daemonset_controller() {
     use Operand::*;
     assert_eq!(
         simulate(&lab_node_0(), &facts),
-        ops(&[Driver, ContainerToolkit, DevicePlugin, GpuFeatureDiscovery, DcgmExporter])
+        ops(&[
+            Driver,
+            ContainerToolkit,
+            DevicePlugin,
+            GpuFeatureDiscovery,
+            DcgmExporter
+        ])
     );
     assert_eq!(
         simulate(&lab_node_1(), &facts),
-        ops(&[ContainerToolkit, DevicePlugin, GpuFeatureDiscovery, DcgmExporter])
+        ops(&[
+            ContainerToolkit,
+            DevicePlugin,
+            GpuFeatureDiscovery,
+            DcgmExporter
+        ])
     );
     assert!(simulate(&lab_node_2(), &facts).is_empty());
 }
@@ -177,7 +191,9 @@ fn removing_the_toolkit_label_of_lab_node_0_is_denied() {
         "{msg}"
     );
     assert!(
-        msg.contains("keep nvidia.com/gpu.deploy.container-toolkit=true, or turn the device plugin off"),
+        msg.contains(
+            "keep nvidia.com/gpu.deploy.container-toolkit=true, or turn the device plugin off"
+        ),
         "{msg}"
     );
     assert_eq!(
@@ -215,7 +231,10 @@ fn turning_device_plugin_and_toolkit_off_together_is_allowed() {
     let old = lab_node_0();
     let new = with(
         &old,
-        &[("device-plugin", Some("false")), ("container-toolkit", Some("false"))],
+        &[
+            ("device-plugin", Some("false")),
+            ("container-toolkit", Some("false")),
+        ],
     );
     let v = update("lab-node-0", &old, &new);
     assert_eq!(v.decision, Decision::Allowed);
@@ -256,8 +275,16 @@ fn already_broken_node_accepts_an_unrelated_edit_with_a_warning() {
     assert_eq!(
         rules(&v),
         [
-            (Rule::DevicePluginWithoutToolkit, Action::Warn, Change::Existing),
-            (Rule::DevicePluginOnNonGpuNode, Action::Warn, Change::Existing),
+            (
+                Rule::DevicePluginWithoutToolkit,
+                Action::Warn,
+                Change::Existing
+            ),
+            (
+                Rule::DevicePluginOnNonGpuNode,
+                Action::Warn,
+                Change::Existing
+            ),
         ]
     );
     assert_eq!(
@@ -286,7 +313,13 @@ fn a_request_that_adds_the_toolkit_fixes_it_too() {
 
 #[test]
 fn a_request_that_reduces_a_violation_keeps_only_the_existing_part() {
-    let old = with(&lab_node_1(), &[("container-toolkit", Some("false")), ("device-plugin", Some("false"))]);
+    let old = with(
+        &lab_node_1(),
+        &[
+            ("container-toolkit", Some("false")),
+            ("device-plugin", Some("false")),
+        ],
+    );
     let new = with(&old, &[("gpu-feature-discovery", Some("false"))]);
     let v = update("lab-node-1", &old, &new);
     assert_eq!(v.decision, Decision::Allowed);
@@ -294,20 +327,40 @@ fn a_request_that_reduces_a_violation_keeps_only_the_existing_part() {
         rules(&v),
         [(Rule::OperandWithoutToolkit, Action::Warn, Change::Existing)]
     );
-    assert!(v.findings[0].message.contains("already runs dcgm-exporter without"));
+    assert!(
+        v.findings[0]
+            .message
+            .contains("already runs dcgm-exporter without")
+    );
 }
 
 #[test]
 fn adding_an_operand_to_an_existing_violation_reports_only_the_new_one_as_new() {
-    let old = with(&lab_node_1(), &[("container-toolkit", Some("false")), ("device-plugin", Some("false"))]);
+    let old = with(
+        &lab_node_1(),
+        &[
+            ("container-toolkit", Some("false")),
+            ("device-plugin", Some("false")),
+        ],
+    );
     let new = with(&old, &[("dcgm", Some("true"))]);
     let v = update("lab-node-1", &old, &new);
-    let f: Vec<_> = v.findings.iter().map(|f| (f.change, f.warning.as_str())).collect();
+    let f: Vec<_> = v
+        .findings
+        .iter()
+        .map(|f| (f.change, f.warning.as_str()))
+        .collect();
     assert_eq!(
         f,
         [
-            (Change::New, "lab-node-1: dcgm would hang without container-toolkit"),
-            (Change::Existing, "lab-node-1: gpu-feature-discovery, dcgm-exporter already wait for container-toolkit"),
+            (
+                Change::New,
+                "lab-node-1: dcgm would hang without container-toolkit"
+            ),
+            (
+                Change::Existing,
+                "lab-node-1: gpu-feature-discovery, dcgm-exporter already wait for container-toolkit"
+            ),
         ]
     );
 }
@@ -369,8 +422,14 @@ fn dry_run_is_decided_like_a_real_request() {
     };
     let facts = ClusterFacts::default();
     let policy = Policy::default();
-    assert_eq!(decide(&review(true), &facts, &policy), decide(&review(false), &facts, &policy));
-    assert_eq!(decide(&review(true), &facts, &policy).decision, Decision::Denied);
+    assert_eq!(
+        decide(&review(true), &facts, &policy),
+        decide(&review(false), &facts, &policy)
+    );
+    assert_eq!(
+        decide(&review(true), &facts, &policy).decision,
+        Decision::Denied
+    );
 }
 
 #[test]
@@ -409,12 +468,21 @@ fn exempt_check(username: &str, groups: &[String], policy: &Policy) -> Verdict {
 
 #[test]
 fn operator_service_accounts_are_exempt_and_recorded() {
-    let v = exempt_check("system:serviceaccount:gpu-operator:gpu-operator", &[], &Policy::default());
+    let v = exempt_check(
+        "system:serviceaccount:gpu-operator:gpu-operator",
+        &[],
+        &Policy::default(),
+    );
     assert_eq!(v.decision, Decision::Exempt);
     assert!(v.allowed());
     assert!(v.warnings.is_empty());
     assert!(v.findings.iter().all(|f| f.action == Action::Audit));
-    assert!(v.would_deny.as_deref().unwrap().starts_with("node lab-node-2: nvidia.com/gpu.deploy.device-plugin=true"));
+    assert!(
+        v.would_deny
+            .as_deref()
+            .unwrap()
+            .starts_with("node lab-node-2: nvidia.com/gpu.deploy.device-plugin=true")
+    );
     let ann = v.audit_annotations();
     assert!(ann.contains(&("decision", "exempt".to_owned())));
     assert!(ann.contains(&(
@@ -426,10 +494,18 @@ fn operator_service_accounts_are_exempt_and_recorded() {
 
 #[test]
 fn service_accounts_of_other_namespaces_are_not_exempt() {
-    let v = exempt_check("system:serviceaccount:default:builder", &[], &Policy::default());
+    let v = exempt_check(
+        "system:serviceaccount:default:builder",
+        &[],
+        &Policy::default(),
+    );
     assert_eq!(v.decision, Decision::Denied);
     // A namespace whose name merely starts like the operator's is not the operator's.
-    let v = exempt_check("system:serviceaccount:gpu-operator-evil:x", &[], &Policy::default());
+    let v = exempt_check(
+        "system:serviceaccount:gpu-operator-evil:x",
+        &[],
+        &Policy::default(),
+    );
     assert_eq!(v.decision, Decision::Denied);
 }
 
@@ -443,14 +519,26 @@ fn configured_users_and_groups_are_exempt() {
         },
         ..Policy::default()
     };
-    assert_eq!(exempt_check("break-glass", &[], &policy).decision, Decision::Exempt);
-    let v = exempt_check("bob", &["system:authenticated".into(), "gpu-admins".into()], &policy);
+    assert_eq!(
+        exempt_check("break-glass", &[], &policy).decision,
+        Decision::Exempt
+    );
+    let v = exempt_check(
+        "bob",
+        &["system:authenticated".into(), "gpu-admins".into()],
+        &policy,
+    );
     assert_eq!(v.decision, Decision::Exempt);
     assert_eq!(v.exempt.as_deref(), Some("group gpu-admins is exempt"));
     assert_eq!(exempt_check("bob", &[], &policy).decision, Decision::Denied);
     // With the namespace list emptied, the operator is judged like anyone else.
     assert_eq!(
-        exempt_check("system:serviceaccount:gpu-operator:gpu-operator", &[], &policy).decision,
+        exempt_check(
+            "system:serviceaccount:gpu-operator:gpu-operator",
+            &[],
+            &policy
+        )
+        .decision,
         Decision::Denied
     );
 }
@@ -464,7 +552,13 @@ fn host_provided_toolkit_allows_device_plugin_alone() {
         ..ClusterFacts::default()
     };
     let old = labels(&[("nvidia.com/gpu.present", "true")]);
-    let new = with(&old, &[("device-plugin", Some("true")), ("dcgm-exporter", Some("true"))]);
+    let new = with(
+        &old,
+        &[
+            ("device-plugin", Some("true")),
+            ("dcgm-exporter", Some("true")),
+        ],
+    );
     let v = update_with("gpu-1", &old, &new, &facts, &Policy::default());
     assert_eq!(v.decision, Decision::Allowed);
     assert!(v.findings.is_empty(), "{:?}", v.findings);
@@ -497,7 +591,11 @@ fn a_custom_daemonset_selector_replaces_the_default_one() {
     let old = lab_node_2();
     let new = with(&old, &[("device-plugin", Some("true"))]);
     let v = update_with("lab-node-2", &old, &new, &facts, &Policy::default());
-    assert_eq!(v.decision, Decision::Allowed, "the selector does not match yet");
+    assert_eq!(
+        v.decision,
+        Decision::Allowed,
+        "the selector does not match yet"
+    );
     let new = with(&new, &[("example.com/pool", Some("gpu"))]);
     let v = update_with("lab-node-2", &old, &new, &facts, &Policy::default());
     assert_eq!(v.decision, Decision::Denied);
@@ -520,7 +618,7 @@ fn validator_labelled_off_under_waiting_operands_warns() {
     );
     assert_eq!(
         v.warnings[0],
-        "lab-node-0: device-plugin, gpu-feature-discovery, dcgm-exporter wait forever: operator-validator=\"false\""
+        "lab-node-0: device-plugin, gpu-feature-discovery, dcgm-exporter hang: operator-validator=\"false\""
     );
 }
 
@@ -536,7 +634,13 @@ fn a_missing_validator_label_is_not_a_finding() {
 #[test]
 fn device_plugin_on_a_node_known_to_nfd_is_fine() {
     let old = labels(&[("feature.node.kubernetes.io/pci-10de.present", "true")]);
-    let new = with(&old, &[("container-toolkit", Some("true")), ("device-plugin", Some("true"))]);
+    let new = with(
+        &old,
+        &[
+            ("container-toolkit", Some("true")),
+            ("device-plugin", Some("true")),
+        ],
+    );
     let v = update("gpu-2", &old, &new);
     assert!(v.findings.is_empty(), "{:?}", v.findings);
 }
@@ -548,24 +652,37 @@ fn unknown_deploy_label_gets_a_did_you_mean() {
     let v = update("lab-node-0", &old, &new);
     assert_eq!(
         v.warnings,
-        ["nvidia.com/gpu.deploy.container-tookit is not a known deploy label; did you mean nvidia.com/gpu.deploy.container-toolkit?"]
+        [
+            "nvidia.com/gpu.deploy.container-tookit is not a known deploy label; did you mean container-toolkit?"
+        ]
     );
     let new = with(&old, &[("frobnicator", Some("true"))]);
     let v = update("lab-node-0", &old, &new);
     assert_eq!(
         v.warnings,
-        ["nvidia.com/gpu.deploy.frobnicator is not a known deploy label; no GPU Operator component reads it"]
+        [
+            "nvidia.com/gpu.deploy.frobnicator is not a known deploy label; no GPU Operator component reads it"
+        ]
     );
 }
 
 #[test]
 fn legitimate_keys_outside_the_operand_daemonsets_are_not_unknown() {
     let old = lab_node_0();
-    for key in ["nvsm", "client", "dra-driver", "dcgm-exporter-dra", "sandbox-validator", "operands"] {
+    for key in [
+        "nvsm",
+        "client",
+        "dra-driver",
+        "dcgm-exporter-dra",
+        "sandbox-validator",
+        "operands",
+    ] {
         let new = with(&old, &[(key, Some("true"))]);
         let v = update("lab-node-0", &old, &new);
         assert!(
-            !v.findings.iter().any(|f| f.rule == Rule::UnknownDeployLabel),
+            !v.findings
+                .iter()
+                .any(|f| f.rule == Rule::UnknownDeployLabel),
             "{key}: {:?}",
             v.findings
         );
@@ -593,7 +710,9 @@ fn values_a_person_meant_as_on_are_flagged() {
         );
         assert_eq!(
             v.warnings[0],
-            format!("nvidia.com/gpu.deploy.dcgm={value:?} schedules nothing: only the exact value true does")
+            format!(
+                "nvidia.com/gpu.deploy.dcgm={value:?} schedules nothing: only the exact value true does"
+            )
         );
         assert!(!v.after.contains(Operand::Dcgm));
     }
@@ -602,7 +721,16 @@ fn values_a_person_meant_as_on_are_flagged() {
 #[test]
 fn values_the_operator_components_write_are_not_findings() {
     let old = lab_node_0();
-    for value in ["false", "", "pre-installed", "paused-for-driver-upgrade", "paused-for-mig-change", "pre-installed_paused-for-driver-upgrade", "False", "off"] {
+    for value in [
+        "false",
+        "",
+        "pre-installed",
+        "paused-for-driver-upgrade",
+        "paused-for-mig-change",
+        "pre-installed_paused-for-driver-upgrade",
+        "False",
+        "off",
+    ] {
         let new = with(&old, &[("driver", Some(value))]);
         let v = update("lab-node-0", &old, &new);
         assert!(
@@ -631,7 +759,9 @@ fn operands_switch_only_reacts_to_exact_false() {
     let v = update("lab-node-0", &old, &new);
     assert_eq!(
         v.warnings,
-        ["nvidia.com/gpu.deploy.operands=\"False\" does not disable operands: only the exact value false does"]
+        [
+            "nvidia.com/gpu.deploy.operands=\"False\" does not disable operands: only the exact value false does"
+        ]
     );
     let new = with(&old, &[("operands", Some("false"))]);
     assert!(update("lab-node-0", &old, &new).findings.is_empty());
@@ -645,7 +775,9 @@ fn removing_a_label_on_a_gpu_node_warns_that_the_operator_restores_it() {
     assert_eq!(v.decision, Decision::Allowed);
     assert_eq!(
         v.warnings,
-        ["nvidia.com/gpu.deploy.dcgm-exporter removed: the GPU Operator will set it back to true; use =false to keep it off"]
+        [
+            "nvidia.com/gpu.deploy.dcgm-exporter removed: the GPU Operator will set it back to true; use =false to keep it off"
+        ]
     );
 }
 
@@ -698,8 +830,16 @@ fn rule_set_to_audit_is_recorded_without_a_warning() {
     let new = with(&old, &[("device-plugin", Some("true"))]);
     let v = update_with("lab-node-2", &old, &new, &ClusterFacts::default(), &policy);
     assert_eq!(v.decision, Decision::Allowed);
-    assert_eq!(rules(&v)[0], (Rule::DevicePluginWithoutToolkit, Action::Audit, Change::New));
-    assert_eq!(v.warnings.len(), 1, "only the non-GPU-node warning: {:?}", v.warnings);
+    assert_eq!(
+        rules(&v)[0],
+        (Rule::DevicePluginWithoutToolkit, Action::Audit, Change::New)
+    );
+    assert_eq!(
+        v.warnings.len(),
+        1,
+        "only the non-GPU-node warning: {:?}",
+        v.warnings
+    );
     let ann = v.audit_annotations();
     assert!(ann.contains(&(
         "findings",
@@ -715,13 +855,20 @@ fn a_warn_rule_raised_to_deny_refuses() {
     let new = with(&old, &[("device-plugins", Some("true"))]);
     let v = update_with("lab-node-0", &old, &new, &ClusterFacts::default(), &policy);
     assert_eq!(v.decision, Decision::Denied);
-    assert!(v.message.unwrap().contains("did you mean nvidia.com/gpu.deploy.device-plugin?"));
+    assert!(
+        v.message
+            .unwrap()
+            .contains("did you mean nvidia.com/gpu.deploy.device-plugin?")
+    );
 }
 
 #[test]
 fn audit_annotations_name_the_decision_and_the_operand_changes() {
     let old = lab_node_1();
-    let new = with(&old, &[("dcgm-exporter", Some("false")), ("dcgm", Some("true"))]);
+    let new = with(
+        &old,
+        &[("dcgm-exporter", Some("false")), ("dcgm", Some("true"))],
+    );
     let v = update("lab-node-1", &old, &new);
     assert_eq!(
         v.audit_annotations(),
@@ -760,7 +907,10 @@ fn every_warning_fits_a_kubectl_line() {
 // ---- real nodes ----------------------------------------------------------------------------
 
 fn real_node(file: &str) -> Labels {
-    let path = format!("{}/tests/fixtures/real-nodes/{file}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/fixtures/real-nodes/{file}",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let text = std::fs::read_to_string(&path).unwrap();
     let node: serde_json::Value = serde_json::from_str(&text).unwrap();
     serde_json::from_value(node["metadata"]["labels"].clone()).unwrap_or_default()
