@@ -1,1 +1,387 @@
-//! TODO module
+//! `gpu-deploy-guard check`: the webhook's decision, offline, on Node files.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::node::{NodeFileError, read_node};
+use crate::operands::{Labels, Operand, OperandSet};
+use crate::policy::{self, ClusterFacts, Decision, Finding, Operation, Review, Verdict};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error(transparent)]
+    Node(#[from] NodeFileError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("change {change:?}: {problem}")]
+    Change { change: String, problem: String },
+    #[error("--operation create judges a new node: it takes no --old-node")]
+    CreateWithOldNode,
+}
+
+/// One label change in kubectl syntax.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Set(String, String),
+    Remove(String),
+}
+
+impl Change {
+    /// Parses `key=value` or `key-`, checking the key and value like the API server does.
+    pub fn parse(text: &str) -> Result<Change, CheckError> {
+        let bad = |problem: String| CheckError::Change {
+            change: text.to_owned(),
+            problem,
+        };
+        if let Some((key, value)) = text.split_once('=') {
+            validate_key(key).map_err(bad)?;
+            validate_value(value).map_err(bad)?;
+            Ok(Change::Set(key.to_owned(), value.to_owned()))
+        } else if let Some(key) = text.strip_suffix('-') {
+            validate_key(key).map_err(bad)?;
+            Ok(Change::Remove(key.to_owned()))
+        } else {
+            Err(bad(
+                "expected key=value to set a label or key- to remove it".to_owned(),
+            ))
+        }
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(|part| {
+            let b = part.as_bytes();
+            !b.is_empty()
+                && b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        })
+}
+
+/// A label key: `[prefix/]name`, prefix a DNS subdomain, name at most 63 characters.
+pub fn validate_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix
+        && !is_dns_subdomain(prefix)
+    {
+        return Err(format!(
+            "label key prefix {prefix:?} is not a DNS subdomain"
+        ));
+    }
+    if !is_name(name) {
+        return Err(format!(
+            "label name {name:?} must be 1-63 characters of letters, digits, '-', '_' or '.', \
+             starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// A label value: empty, or at most 63 characters like a name.
+pub fn validate_value(value: &str) -> Result<(), String> {
+    if value.is_empty() || is_name(value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "label value {value:?} must be empty or 1-63 characters of letters, digits, '-', '_' or '.', \
+             starting and ending with a letter or digit"
+        ))
+    }
+}
+
+/// Everything `check` needs, already parsed from the command line.
+#[derive(Clone, Debug, Default)]
+pub struct CheckInput {
+    pub node: PathBuf,
+    pub old_node: Option<PathBuf>,
+    pub changes: Vec<String>,
+    pub create: bool,
+    pub user: Option<String>,
+    pub groups: Vec<String>,
+    pub config: Option<PathBuf>,
+    pub facts: ClusterFacts,
+}
+
+/// The outcome of one check, ready to print.
+#[derive(Debug)]
+pub struct CheckOutcome {
+    pub node: String,
+    pub operation: Operation,
+    pub verdict: Verdict,
+    pub before_labels: Option<Labels>,
+    pub after_labels: Labels,
+    /// Notes about the input that did not stop the check (a removed label that was not there).
+    pub notes: Vec<String>,
+}
+
+pub fn run(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
+    let config = match &input.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let changes = input
+        .changes
+        .iter()
+        .map(|c| Change::parse(c))
+        .collect::<Result<Vec<_>, _>>()?;
+    if input.create && input.old_node.is_some() {
+        return Err(CheckError::CreateWithOldNode);
+    }
+    let node = read_node(&input.node)?;
+    let mut notes = Vec::new();
+    let (before, mut after) = match &input.old_node {
+        Some(old) => (
+            Some(read_node(old)?.labels().clone()),
+            node.labels().clone(),
+        ),
+        None if input.create => (None, node.labels().clone()),
+        None => (Some(node.labels().clone()), node.labels().clone()),
+    };
+    for change in changes {
+        match change {
+            Change::Set(k, v) => {
+                after.insert(k, v);
+            }
+            Change::Remove(k) => {
+                if after.remove(&k).is_none() {
+                    notes.push(format!("label {k:?} is not on the node; nothing to remove"));
+                }
+            }
+        }
+    }
+    let operation = if input.create {
+        Operation::Create
+    } else {
+        Operation::Update
+    };
+    let review = Review {
+        node: node.name(),
+        operation,
+        old_labels: before.as_ref(),
+        labels: &after,
+        username: input.user.as_deref().unwrap_or_default(),
+        groups: &input.groups,
+        dry_run: false,
+    };
+    let verdict = policy::decide(&review, &input.facts, &config.policy);
+    Ok(CheckOutcome {
+        node: node.name().to_owned(),
+        operation,
+        verdict,
+        before_labels: before,
+        after_labels: after,
+        notes,
+    })
+}
+
+impl CheckOutcome {
+    /// 0 allowed (with or without warnings), 1 denied.
+    pub fn exit_code(&self) -> i32 {
+        if self.verdict.allowed() { 0 } else { 1 }
+    }
+
+    pub fn to_json(&self) -> String {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Out<'a> {
+            node: &'a str,
+            operation: Operation,
+            allowed: bool,
+            decision: Decision,
+            message: Option<&'a str>,
+            findings: &'a [Finding],
+            warnings: &'a [String],
+            operands: Operands,
+            audit_annotations: BTreeMap<&'static str, String>,
+            notes: &'a [String],
+        }
+        #[derive(Serialize)]
+        struct Operands {
+            before: BTreeMap<&'static str, bool>,
+            after: BTreeMap<&'static str, bool>,
+        }
+        let v = &self.verdict;
+        let out = Out {
+            node: &self.node,
+            operation: self.operation,
+            allowed: v.allowed(),
+            decision: v.decision,
+            message: v.message.as_deref(),
+            findings: &v.findings,
+            warnings: &v.warnings,
+            operands: Operands {
+                before: v.before.to_map(),
+                after: v.after.to_map(),
+            },
+            audit_annotations: v.audit_annotations().into_iter().collect(),
+            notes: &self.notes,
+        };
+        // Plain data with string keys: serialization cannot fail.
+        serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"
+    }
+
+    pub fn to_text(&self) -> String {
+        let v = &self.verdict;
+        let mut out = String::new();
+        let decision = match v.decision {
+            Decision::Denied => "DENIED",
+            Decision::Exempt => "ALLOWED (exempt)",
+            Decision::Allowed if v.warnings.is_empty() => "ALLOWED",
+            Decision::Allowed => "ALLOWED with warnings",
+        };
+        let _ = writeln!(
+            out,
+            "node {} ({}): {decision}",
+            self.node,
+            self.operation.as_str()
+        );
+        for note in &self.notes {
+            let _ = writeln!(out, "note: {note}");
+        }
+        if let Some(msg) = &v.message {
+            let _ = writeln!(out, "\nError from server (Forbidden): {msg}");
+        }
+        if !v.warnings.is_empty() {
+            out.push('\n');
+            for w in &v.warnings {
+                let _ = writeln!(out, "Warning: {w}");
+            }
+        }
+        if let Some(msg) = &v.would_deny {
+            let _ = writeln!(
+                out,
+                "\n{}; it would otherwise be denied: {msg}",
+                v.exempt.as_deref().unwrap_or("exempt")
+            );
+        }
+        if !v.findings.is_empty() {
+            let _ = writeln!(out, "\nfindings:");
+            for f in &v.findings {
+                let change = match f.change {
+                    policy::Change::New => "new",
+                    policy::Change::Existing => "existing",
+                };
+                let _ = writeln!(
+                    out,
+                    "  {:<5} {:<30} {change:<8} {}",
+                    f.action.as_str(),
+                    f.rule.id(),
+                    f.message
+                );
+            }
+        }
+        out.push('\n');
+        out.push_str(&operand_table(
+            v.before,
+            v.after,
+            self.before_labels.as_ref(),
+            &self.after_labels,
+        ));
+        out
+    }
+}
+
+/// The operands the DaemonSet controller runs before and after, for every operand that runs in
+/// either state or whose label is on the node, plus the lab's five.
+fn operand_table(
+    before: OperandSet,
+    after: OperandSet,
+    old: Option<&Labels>,
+    new: &Labels,
+) -> String {
+    const ALWAYS: [Operand; 5] = [
+        Operand::Driver,
+        Operand::ContainerToolkit,
+        Operand::DevicePlugin,
+        Operand::GpuFeatureDiscovery,
+        Operand::DcgmExporter,
+    ];
+    let has_label =
+        |op: Operand| new.contains_key(op.key()) || old.is_some_and(|o| o.contains_key(op.key()));
+    let mut out = format!(
+        "{:<28} {:<8} {:<8} {}\n",
+        "operand", "before", "after", "label after"
+    );
+    for op in Operand::all() {
+        if !(ALWAYS.contains(&op) || before.contains(op) || after.contains(op) || has_label(op)) {
+            continue;
+        }
+        let runs = |set: OperandSet| if set.contains(op) { "runs" } else { "-" };
+        let label = new
+            .get(op.key())
+            .map_or_else(|| "(none)".to_owned(), |v| format!("{v:?}"));
+        let marker = if before.contains(op) != after.contains(op) {
+            "  <- changes"
+        } else {
+            ""
+        };
+        let before_text = if old.is_some() { runs(before) } else { "(new)" };
+        let _ = writeln!(
+            out,
+            "{:<28} {:<8} {:<8} {label}{marker}",
+            op.name(),
+            before_text,
+            runs(after)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubectl_change_syntax_is_parsed_and_checked() {
+        assert_eq!(
+            Change::parse("nvidia.com/gpu.deploy.dcgm=false").unwrap(),
+            Change::Set("nvidia.com/gpu.deploy.dcgm".into(), "false".into())
+        );
+        assert_eq!(
+            Change::parse("nvidia.com/gpu.deploy.nvsm=").unwrap(),
+            Change::Set("nvidia.com/gpu.deploy.nvsm".into(), String::new())
+        );
+        assert_eq!(
+            Change::parse("nvidia.com/gpu.deploy.dcgm-").unwrap(),
+            Change::Remove("nvidia.com/gpu.deploy.dcgm".into())
+        );
+        for (bad, needle) in [
+            ("nvidia.com/gpu.deploy.dcgm", "expected key=value"),
+            ("nvidia.com/gpu.deploy.dcgm= true", "label value \" true\""),
+            ("Bad_Prefix/x=1", "prefix \"Bad_Prefix\""),
+            ("nvidia.com/=1", "label name \"\""),
+        ] {
+            let msg = Change::parse(bad).unwrap_err().to_string();
+            assert!(msg.contains(needle), "{bad}: {msg}");
+            assert!(msg.starts_with(&format!("change {bad:?}")), "{msg}");
+        }
+    }
+
+    #[test]
+    fn long_values_are_refused_like_the_api_server_does() {
+        let long = format!("a={}", "x".repeat(64));
+        assert!(Change::parse(&long).is_err());
+        let ok = format!("a={}", "x".repeat(63));
+        assert!(Change::parse(&ok).is_ok());
+    }
+}

@@ -1,1 +1,227 @@
-//! TODO module
+//! The part of a Node object the decision reads: its name and labels.
+//!
+//! A real Node carries kilobytes of status (images, conditions) and
+//! managedFields. Deserializing into [`NodeView`] skips all of it without
+//! building it, and fails with a path when a label value is not a string.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::operands::Labels;
+
+/// A Node reduced to what gpu-deploy-guard needs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct NodeView {
+    #[serde(default, deserialize_with = "partial_meta")]
+    pub metadata: ObjectMeta,
+}
+
+/// Only `name` and `labels`; every other metadata field is skipped unparsed.
+#[derive(Deserialize)]
+struct MetaParts {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+}
+
+fn partial_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let parts = MetaParts::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: parts.name,
+        labels: parts.labels,
+        ..ObjectMeta::default()
+    })
+}
+
+impl NodeView {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    pub fn labels(&self) -> &Labels {
+        static EMPTY: Labels = BTreeMap::new();
+        self.metadata.labels.as_ref().unwrap_or(&EMPTY)
+    }
+}
+
+impl kube::Resource for NodeView {
+    type DynamicType = ();
+    type Scope = k8s_openapi::ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Node")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("nodes")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeFileError {
+    #[error("cannot read {source_name}: {error}")]
+    Read {
+        source_name: String,
+        error: std::io::Error,
+    },
+    #[error("{source_name} is neither JSON nor YAML: {message}")]
+    Syntax {
+        source_name: String,
+        message: String,
+    },
+    #[error("{source_name}: expected a Node (kind: Node, apiVersion: v1), found {found}")]
+    NotANode { source_name: String, found: String },
+    #[error("{source_name}: {path}: {message}")]
+    Field {
+        source_name: String,
+        path: String,
+        message: String,
+    },
+}
+
+/// A Node file as `kubectl get node X -o json|yaml` writes it, with the type checked.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeFile {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default, deserialize_with = "partial_meta")]
+    metadata: ObjectMeta,
+}
+
+/// Reads a Node from JSON or YAML text; `source_name` names the file in errors.
+pub fn parse_node(text: &str, source_name: &str) -> Result<NodeView, NodeFileError> {
+    // JSON is YAML, but serde_json's messages are better for JSON input.
+    let value: serde_json::Value = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text).map_err(|e| NodeFileError::Syntax {
+            source_name: source_name.to_owned(),
+            message: e.to_string(),
+        })?
+    } else {
+        serde_norway::from_str(text).map_err(|e| NodeFileError::Syntax {
+            source_name: source_name.to_owned(),
+            message: e.to_string(),
+        })?
+    };
+    let file: NodeFile = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        NodeFileError::Field {
+            source_name: source_name.to_owned(),
+            path,
+            message: e.into_inner().to_string(),
+        }
+    })?;
+    let kind = file.kind.as_deref().unwrap_or_default();
+    let api_version = file.api_version.as_deref().unwrap_or_default();
+    if kind != "Node" || api_version != "v1" {
+        let found = if kind.is_empty() {
+            "an object without `kind`".to_owned()
+        } else {
+            format!("{api_version} {kind}")
+        };
+        return Err(NodeFileError::NotANode {
+            source_name: source_name.to_owned(),
+            found,
+        });
+    }
+    Ok(NodeView {
+        metadata: file.metadata,
+    })
+}
+
+/// Reads a Node file, or standard input for `-`.
+pub fn read_node(path: &Path) -> Result<NodeView, NodeFileError> {
+    let (text, name) = if path == Path::new("-") {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(|error| {
+            NodeFileError::Read {
+                source_name: "standard input".to_owned(),
+                error,
+            }
+        })?;
+        (text, "standard input".to_owned())
+    } else {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| NodeFileError::Read {
+            source_name: name.clone(),
+            error,
+        })?;
+        (text, name)
+    };
+    parse_node(&text, &name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_and_yaml_nodes_give_name_and_labels() {
+        let json = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1","labels":{"a":"b"},
+            "managedFields":[{"fieldsV1":{"f:metadata":{}}}]},"status":{"images":[{"names":["x"]}]}}"#;
+        let node = parse_node(json, "n1.json").unwrap();
+        assert_eq!(node.name(), "n1");
+        assert_eq!(node.labels().get("a").map(String::as_str), Some("b"));
+        let yaml = "apiVersion: v1\nkind: Node\nmetadata:\n  name: n2\n  labels:\n    a: b\n";
+        assert_eq!(parse_node(yaml, "n2.yaml").unwrap().name(), "n2");
+    }
+
+    #[test]
+    fn a_node_without_labels_has_none() {
+        let node = parse_node(
+            r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"x"}}"#,
+            "x",
+        )
+        .unwrap();
+        assert!(node.labels().is_empty());
+    }
+
+    #[test]
+    fn bad_files_are_named_errors() {
+        let cases = [
+            ("{not json", "f is neither JSON nor YAML"),
+            (
+                r#"{"apiVersion":"apps/v1","kind":"DaemonSet","metadata":{}}"#,
+                "f: expected a Node (kind: Node, apiVersion: v1), found apps/v1 DaemonSet",
+            ),
+            (
+                r#"{"apiVersion":"v1","kind":"Node","metadata":{"labels":{"x":1}}}"#,
+                "f: metadata.labels.x: invalid type: integer `1`, expected a string",
+            ),
+            ("- a\n- b\n", "f: "),
+        ];
+        for (text, want) in cases {
+            let msg = parse_node(text, "f").unwrap_err().to_string();
+            assert!(msg.starts_with(want), "{text:?}: {msg}");
+        }
+    }
+
+    #[test]
+    fn missing_file_is_named() {
+        let msg = read_node(Path::new("/nonexistent/node.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("cannot read /nonexistent/node.json"),
+            "{msg}"
+        );
+    }
+}

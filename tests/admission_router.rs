@@ -1,0 +1,405 @@
+//! The `/validate` router, driven with AdmissionReview fixtures through `oneshot`: every decision
+//! and every bad input, without a socket.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use gpu_deploy_guard::admission::{Limits, Webhook, router};
+use gpu_deploy_guard::metrics::Metrics;
+use gpu_deploy_guard::policy::{ClusterFacts, Policy};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tower::ServiceExt;
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!(
+        "{}/tests/fixtures/reviews/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+struct Harness {
+    metrics: Arc<Metrics>,
+    app: axum::Router,
+}
+
+fn harness_with(limits: Limits) -> Harness {
+    let metrics = Arc::new(Metrics::new());
+    let hook = Webhook::new(
+        Policy::default(),
+        ClusterFacts::default(),
+        metrics.clone(),
+        limits,
+    );
+    Harness {
+        metrics,
+        app: router(Arc::new(hook)),
+    }
+}
+
+fn harness() -> Harness {
+    harness_with(Limits::default())
+}
+
+async fn post(h: &Harness, body: impl Into<Body>) -> (StatusCode, Value) {
+    let req = Request::post("/validate")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.into())
+        .unwrap();
+    send(h, req).await
+}
+
+async fn send(h: &Harness, req: Request<Body>) -> (StatusCode, Value) {
+    let resp = h.app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, value)
+}
+
+#[tokio::test]
+async fn device_plugin_without_toolkit_is_denied_with_the_uid_echoed() {
+    let h = harness();
+    let (status, body) = post(&h, fixture("lab-node-2-device-plugin-only.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(body["kind"], "AdmissionReview");
+    let r = &body["response"];
+    assert_eq!(r["uid"], "00000000-0000-4000-8000-000000000001");
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 403);
+    assert_eq!(r["status"]["reason"], "Forbidden");
+    let msg = r["status"]["message"].as_str().unwrap();
+    assert!(msg.starts_with("node lab-node-2: nvidia.com/gpu.deploy.device-plugin=true would run the NVIDIA device plugin without the container toolkit"), "{msg}");
+    assert!(
+        msg.contains("set nvidia.com/gpu.deploy.container-toolkit=true in the same command"),
+        "{msg}"
+    );
+    assert_eq!(
+        r["warnings"],
+        serde_json::json!(["lab-node-2: device-plugin runs on a node with no NVIDIA GPU label"])
+    );
+    assert_eq!(r["auditAnnotations"]["decision"], "denied");
+    assert_eq!(
+        r["auditAnnotations"]["findings"],
+        "device-plugin-without-toolkit=deny,device-plugin-on-non-gpu-node=warn"
+    );
+    assert_eq!(r["auditAnnotations"]["operands"], "+device-plugin");
+    let metrics = h.metrics.encode();
+    assert!(
+        metrics.contains(
+            r#"gpu_deploy_guard_admission_reviews_total{decision="denied",operation="UPDATE"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"gpu_deploy_guard_admission_findings_total{rule="device-plugin-without-toolkit",action="deny",operation="UPDATE"} 1"#), "{metrics}");
+    assert!(
+        metrics.contains("gpu_deploy_guard_admission_review_duration_seconds_count 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn lab_node_1_dcgm_exporter_off_is_allowed_cleanly() {
+    let h = harness();
+    let (status, body) = post(&h, fixture("lab-node-1-dcgm-exporter-off.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let r = &body["response"];
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["uid"], "00000000-0000-4000-8000-000000000002");
+    assert!(r.get("warnings").is_none(), "{r}");
+    assert_eq!(r["auditAnnotations"]["decision"], "allowed");
+    assert_eq!(r["auditAnnotations"]["operands"], "-dcgm-exporter");
+}
+
+#[tokio::test]
+async fn removing_the_toolkit_is_denied_and_warns_about_the_rest() {
+    let h = harness();
+    let (_, body) = post(&h, fixture("lab-node-0-remove-toolkit.json")).await;
+    let r = &body["response"];
+    assert_eq!(r["allowed"], false);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("this request removes nvidia.com/gpu.deploy.container-toolkit")
+    );
+    assert_eq!(r["warnings"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn switching_plugin_and_toolkit_off_together_is_allowed() {
+    let h = harness();
+    let (_, body) = post(&h, fixture("lab-node-0-plugin-and-toolkit-off.json")).await;
+    let r = &body["response"];
+    assert_eq!(r["allowed"], true);
+    assert_eq!(
+        r["warnings"],
+        serde_json::json!([
+            "lab-node-0: gpu-feature-discovery, dcgm-exporter would hang without container-toolkit"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn dry_run_gets_the_same_refusal() {
+    let h = harness();
+    let (_, real) = post(&h, fixture("lab-node-2-device-plugin-only.json")).await;
+    let (_, dry) = post(&h, fixture("lab-node-2-dry-run.json")).await;
+    assert_eq!(dry["response"]["allowed"], false);
+    assert_eq!(dry["response"]["status"], real["response"]["status"]);
+}
+
+#[tokio::test]
+async fn node_registration_is_allowed_with_warnings() {
+    let h = harness();
+    let (_, body) = post(&h, fixture("create-node-with-device-plugin-only.json")).await;
+    let r = &body["response"];
+    assert_eq!(r["allowed"], true);
+    let warnings: Vec<&str> = r["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        warnings,
+        [
+            "lab-node-3: device-plugin would run without container-toolkit; GPU pods would fail to start",
+            "lab-node-3: device-plugin runs on a node with no NVIDIA GPU label",
+        ]
+    );
+    let metrics = h.metrics.encode();
+    assert!(
+        metrics.contains(
+            r#"gpu_deploy_guard_admission_reviews_total{decision="allowed",operation="CREATE"} 1"#
+        ),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn the_operator_service_account_passes_and_is_recorded() {
+    let h = harness();
+    let (_, body) = post(&h, fixture("operator-sets-device-plugin.json")).await;
+    let r = &body["response"];
+    assert_eq!(r["allowed"], true);
+    assert!(r.get("warnings").is_none());
+    let ann = &r["auditAnnotations"];
+    assert_eq!(ann["decision"], "exempt");
+    assert!(
+        ann["would-deny"]
+            .as_str()
+            .unwrap()
+            .starts_with("node lab-node-2:")
+    );
+    assert!(
+        ann["exempt"]
+            .as_str()
+            .unwrap()
+            .contains("namespace gpu-operator")
+    );
+}
+
+#[tokio::test]
+async fn a_real_node_with_status_and_managed_fields_is_judged() {
+    let h = harness();
+    let (status, body) = post(&h, fixture("real-aks-node-toolkit-off.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let r = &body["response"];
+    assert_eq!(r["allowed"], false);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("node aks-jzndmv4-29195301-vmss000000:")
+    );
+}
+
+/// One row per bad input: body, expected status, words the message must contain.
+#[tokio::test]
+async fn bad_input_gets_a_clear_error_and_the_server_keeps_serving() {
+    let h = harness();
+    let truncated = {
+        let full = fixture("lab-node-2-device-plugin-only.json");
+        full[..full.len() / 2].to_vec()
+    };
+    let cases: Vec<(&str, Vec<u8>, StatusCode, &str)> = vec![
+        (
+            "not JSON",
+            b"hello".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "request body is not JSON",
+        ),
+        (
+            "empty",
+            Vec::new(),
+            StatusCode::BAD_REQUEST,
+            "request body is empty",
+        ),
+        (
+            "truncated",
+            truncated,
+            StatusCode::BAD_REQUEST,
+            "request body is truncated JSON",
+        ),
+        (
+            "trailing garbage",
+            b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\"} x".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "request body is not JSON",
+        ),
+        (
+            "v1beta1",
+            fixture("bad-v1beta1.json"),
+            StatusCode::BAD_REQUEST,
+            "AdmissionReview admission.k8s.io/v1beta1 is not supported",
+        ),
+        (
+            "wrong kind",
+            fixture("bad-wrong-kind.json"),
+            StatusCode::BAD_REQUEST,
+            "expected kind AdmissionReview, got \"ConversionReview\"",
+        ),
+        (
+            "no request",
+            fixture("bad-no-request.json"),
+            StatusCode::BAD_REQUEST,
+            "AdmissionReview has no `request`",
+        ),
+        (
+            "not a node",
+            fixture("bad-not-a-node.json"),
+            StatusCode::BAD_REQUEST,
+            "only Nodes (core/v1) are reviewed, got apps/v1 DaemonSet",
+        ),
+        (
+            "label not a string",
+            fixture("bad-label-not-string.json"),
+            StatusCode::BAD_REQUEST,
+            "request.object.metadata.labels.nvidia.com/gpu.deploy.device-plugin: invalid type: boolean `true`, expected a string",
+        ),
+        (
+            "array",
+            b"[1,2]".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "not a valid AdmissionReview",
+        ),
+        (
+            "no apiVersion",
+            b"{\"kind\":\"AdmissionReview\",\"request\":null}".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "missing field `apiVersion`",
+        ),
+    ];
+    for (name, body, want_status, want_message) in cases {
+        let (status, value) = post(&h, body).await;
+        assert_eq!(status, want_status, "{name}: {value}");
+        let msg = value["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(msg.contains(want_message), "{name}: {msg}");
+        assert_eq!(value["response"]["allowed"], false, "{name}");
+    }
+    // The uid is echoed even when the object is unreadable, so the API server can match it.
+    let (_, value) = post(&h, fixture("bad-label-not-string.json")).await;
+    assert_eq!(
+        value["response"]["uid"],
+        "00000000-0000-4000-8000-00000000000b"
+    );
+    // And the server still answers a good review afterwards.
+    let (status, value) = post(&h, fixture("lab-node-1-dcgm-exporter-off.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(value["response"]["allowed"], true);
+    let metrics = h.metrics.encode();
+    assert!(
+        metrics.contains(r#"gpu_deploy_guard_admission_bad_requests_total{reason="not-a-node"} 1"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_body_gets_413() {
+    let h = harness_with(Limits {
+        max_body_bytes: 1024,
+        ..Limits::default()
+    });
+    // Declared too large up front.
+    let (status, value) = post(&h, fixture("lab-node-2-device-plugin-only.json")).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        value["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("larger than the limit of 1024 bytes")
+    );
+    // Streamed without a length, found too large while reading.
+    let chunks = vec![
+        Ok::<_, std::io::Error>(vec![b' '; 800]),
+        Ok(vec![b' '; 800]),
+    ];
+    let body = Body::from_stream(stream_of(chunks));
+    let (status, _) = post(&h, body).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+fn stream_of(
+    chunks: Vec<Result<Vec<u8>, std::io::Error>>,
+) -> impl tokio_stream::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send + 'static {
+    tokio_stream::iter(chunks)
+}
+
+#[tokio::test]
+async fn a_body_that_never_finishes_gets_408() {
+    let h = harness_with(Limits {
+        body_timeout: Duration::from_millis(200),
+        ..Limits::default()
+    });
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    tx.send(Ok(b"{\"apiVersion\":".to_vec())).await.unwrap();
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let started = std::time::Instant::now();
+    let (status, value) = post(&h, body).await;
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
+    assert!(
+        value["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("request body not received within 200ms")
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(tx);
+}
+
+#[tokio::test]
+async fn wrong_method_path_and_content_type_are_refused() {
+    let h = harness();
+    let get = Request::get("/validate").body(Body::empty()).unwrap();
+    let (status, _) = send(&h, get).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+
+    let other = Request::post("/mutate")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from("{}"))
+        .unwrap();
+    let (status, body) = send(&h, other).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body.as_str().unwrap().contains("POST /validate"));
+
+    let yaml = Request::post("/validate")
+        .header(header::CONTENT_TYPE, "application/yaml")
+        .body(Body::from(fixture("lab-node-1-dcgm-exporter-off.json")))
+        .unwrap();
+    let (status, body) = send(&h, yaml).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(
+        body["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("application/yaml")
+    );
+}
