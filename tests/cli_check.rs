@@ -1,0 +1,216 @@
+//! `gpu-deploy-guard check`, run as a user would: exit codes, text and JSON output.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpu-deploy-guard");
+
+fn nodes(name: &str) -> String {
+    format!("{}/tests/fixtures/nodes/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn real(name: &str) -> String {
+    format!("{}/tests/fixtures/real-nodes/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn check(args: &[&str]) -> Output {
+    Command::new(BIN).arg("check").args(args).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+#[test]
+fn device_plugin_alone_on_lab_node_2_is_denied_with_exit_1() {
+    let o = check(&["--node", &nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin=true"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.starts_with("node lab-node-2 (UPDATE): DENIED\n"), "{out}");
+    assert!(out.contains("\nError from server (Forbidden): node lab-node-2: nvidia.com/gpu.deploy.device-plugin=true would run"), "{out}");
+    assert!(out.contains("Warning: lab-node-2: device-plugin runs on a node with no NVIDIA GPU label"), "{out}");
+    assert!(out.contains("device-plugin                -        runs     \"true\"  <- changes"), "{out}");
+}
+
+#[test]
+fn json_output_has_the_verdict_findings_and_operand_sets() {
+    let o = check(&["--node", &nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin=true", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v = json(&o);
+    assert_eq!(v["allowed"], false);
+    assert_eq!(v["decision"], "denied");
+    assert_eq!(v["node"], "lab-node-2");
+    assert_eq!(v["findings"][0]["rule"], "device-plugin-without-toolkit");
+    assert_eq!(v["findings"][0]["action"], "deny");
+    assert_eq!(v["findings"][0]["change"], "new");
+    assert!(v["findings"][0]["message"].as_str().unwrap().starts_with("node lab-node-2:"));
+    assert_eq!(v["findings"][1]["rule"], "device-plugin-on-non-gpu-node");
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 1);
+    assert_eq!(v["operands"]["before"]["device-plugin"], false);
+    assert_eq!(v["operands"]["after"]["device-plugin"], true);
+    assert_eq!(v["operands"]["after"]["container-toolkit"], false);
+    // Every known operand is listed, so a reader never has to guess what a missing key means.
+    assert_eq!(v["operands"]["after"].as_object().unwrap().len(), 23);
+}
+
+#[test]
+fn dcgm_exporter_off_on_lab_node_1_is_allowed_with_exit_0() {
+    let o = check(&["--node", &nodes("lab-node-1.yaml"), "nvidia.com/gpu.deploy.dcgm-exporter=false", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["allowed"], true);
+    assert_eq!(v["findings"], serde_json::json!([]));
+    assert_eq!(v["warnings"], serde_json::json!([]));
+    assert_eq!(v["operands"]["before"]["dcgm-exporter"], true);
+    assert_eq!(v["operands"]["after"]["dcgm-exporter"], false);
+}
+
+#[test]
+fn removing_the_toolkit_and_switching_both_off() {
+    let o = check(&["--node", &nodes("lab-node-0.yaml"), "nvidia.com/gpu.deploy.container-toolkit-"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-0.yaml"),
+        "nvidia.com/gpu.deploy.container-toolkit=false",
+        "nvidia.com/gpu.deploy.device-plugin=false",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).starts_with("node lab-node-0 (UPDATE): ALLOWED with warnings\n"));
+}
+
+#[test]
+fn a_before_and_after_pair_of_files_is_judged() {
+    let o = check(&["--old-node", &nodes("lab-node-1.yaml"), "--node", &nodes("lab-node-0.yaml"), "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["operands"]["before"]["driver"], false);
+    assert_eq!(v["operands"]["after"]["driver"], true);
+    assert_eq!(v["auditAnnotations"]["operands"], "+driver");
+}
+
+#[test]
+fn creation_is_allowed_with_warnings() {
+    let o = check(&["--operation", "create", "--node", &nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin=true", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["operation"], "CREATE");
+    assert_eq!(v["findings"][0]["action"], "warn");
+}
+
+#[test]
+fn the_operator_is_exempt_and_a_configured_group_too() {
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-2.yaml"),
+        "nvidia.com/gpu.deploy.device-plugin=true",
+        "--user",
+        "system:serviceaccount:gpu-operator:gpu-operator",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(json(&o)["decision"], "exempt");
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, "exemptions:\n  groups: [gpu-admins]\n").unwrap();
+    let args = |group: &'static str| {
+        check(&[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--node",
+            &nodes("lab-node-2.yaml"),
+            "nvidia.com/gpu.deploy.device-plugin=true",
+            "--user",
+            "bob",
+            "--group",
+            "system:authenticated",
+            "--group",
+            group,
+        ])
+    };
+    assert_eq!(args("gpu-admins").status.code(), Some(0));
+    assert_eq!(args("others").status.code(), Some(1));
+}
+
+#[test]
+fn warn_mode_from_the_config_file_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, "mode: warn\n").unwrap();
+    let o = check(&["--config", cfg.to_str().unwrap(), "--node", &nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin=true"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
+
+#[test]
+fn a_node_from_standard_input_as_json() {
+    let mut child = Command::new(BIN)
+        .args(["check", "--node", "-", "nvidia.com/gpu.deploy.container-toolkit=false", "-o", "json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let node = std::fs::read(real("lambda-k3s-h100x8-driver-preinstalled.json")).unwrap();
+    child.stdin.take().unwrap().write_all(&node).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let v = json(&o);
+    assert_eq!(v["node"], "192-222-54-148");
+    assert_eq!(v["operands"]["before"]["driver"], false, "driver=pre-installed runs no driver pod");
+}
+
+#[test]
+fn bad_input_exits_2_with_a_message_naming_it() {
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--node".into(), "/nonexistent/node.yaml".into()], "cannot read /nonexistent/node.yaml"),
+        (
+            vec!["--node".into(), nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin".into()],
+            "change \"nvidia.com/gpu.deploy.device-plugin\": expected key=value",
+        ),
+        (
+            vec!["--node".into(), nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin=yes please".into()],
+            "label value \"yes please\"",
+        ),
+        (
+            vec!["--node".into(), format!("{}/tests/fixtures/reviews/bad-no-request.json", env!("CARGO_MANIFEST_DIR"))],
+            "expected a Node (kind: Node, apiVersion: v1), found admission.k8s.io/v1 AdmissionReview",
+        ),
+        (
+            vec!["--config".into(), "/nonexistent/c.yaml".into(), "--node".into(), nodes("lab-node-2.yaml")],
+            "cannot read config file /nonexistent/c.yaml",
+        ),
+        (
+            vec!["--operation".into(), "create".into(), "--old-node".into(), nodes("lab-node-1.yaml"), "--node".into(), nodes("lab-node-2.yaml")],
+            "takes no --old-node",
+        ),
+        (vec!["--node".into(), nodes("lab-node-2.yaml"), "--operation".into(), "delete".into()], "invalid value 'delete'"),
+    ];
+    for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = check(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn removing_a_label_that_is_not_there_is_noted() {
+    let o = check(&["--node", &nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.dcgm-", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(
+        json(&o)["notes"],
+        serde_json::json!(["label \"nvidia.com/gpu.deploy.dcgm\" is not on the node; nothing to remove"])
+    );
+}
