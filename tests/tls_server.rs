@@ -7,13 +7,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use gpu_deploy_guard::metrics::Metrics;
-use gpu_deploy_guard::server::{Server, ServeError};
+use gpu_deploy_guard::server::{ServeError, Server};
 use gpu_deploy_guard::tls::TlsSource;
 use server_support::*;
 use std::sync::Arc;
 
 const RELOAD_FAILURES: &str = r#"gpu_deploy_guard_tls_certificate_reloads_total{result="failure"}"#;
-const RELOAD_SUCCESSES: &str = r#"gpu_deploy_guard_tls_certificate_reloads_total{result="success"}"#;
+const RELOAD_SUCCESSES: &str =
+    r#"gpu_deploy_guard_tls_certificate_reloads_total{result="success"}"#;
 const EXPIRY: &str = "gpu_deploy_guard_tls_certificate_expiry_timestamp_seconds";
 
 fn not_after(bundle: &gpu_deploy_guard::certs::Bundle) -> f64 {
@@ -44,7 +45,10 @@ async fn serves_http1_and_http2_to_a_client_trusting_the_ca() {
     assert_eq!(response.text().await.unwrap(), "hello");
 
     // The loaded certificate's expiry is exported.
-    assert_eq!(sample(&server.metrics.encode(), EXPIRY), Some(not_after(&pki)));
+    assert_eq!(
+        sample(&server.metrics.encode(), EXPIRY),
+        Some(not_after(&pki))
+    );
 
     server.stop().await.unwrap();
 }
@@ -61,13 +65,19 @@ async fn a_client_not_trusting_the_ca_is_refused_and_others_are_unaffected() {
     let untrusting = client(&stranger.ca_pem).build().unwrap();
     let err = untrusting.get(&url).send().await.unwrap_err();
     assert!(err.is_connect(), "expected a TLS failure, got {err:?}");
-    assert!(tls_connect(server.addr, &stranger.ca_pem, &[]).await.is_err());
+    assert!(
+        tls_connect(server.addr, &stranger.ca_pem, &[])
+            .await
+            .is_err()
+    );
 
     // Garbage instead of a ClientHello is a failed handshake, nothing more.
     {
         use tokio::io::AsyncWriteExt;
         let mut raw = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-        raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
     }
 
     let trusting = client(&pki.ca_pem).build().unwrap();
@@ -154,7 +164,10 @@ async fn rotation_through_a_secret_symlink_swap_and_broken_pairs_keep_the_old_on
     let mut mount = SecretMount::new(&first.cert_pem, &first.key_pem);
     let server = start(options(mount.source()), hello_app()).await;
 
-    assert_eq!(peer_leaf(server.addr, &first.ca_pem).await.unwrap(), leaf_der(&first));
+    assert_eq!(
+        peer_leaf(server.addr, &first.ca_pem).await.unwrap(),
+        leaf_der(&first)
+    );
 
     // A new pair under a different CA: new connections get it.
     mount.swap(&second.cert_pem, &second.key_pem);
@@ -181,7 +194,11 @@ async fn rotation_through_a_secret_symlink_swap_and_broken_pairs_keep_the_old_on
             sample(&server.metrics.encode(), RELOAD_FAILURES) == Some(expected)
         })
         .await;
-        assert!(counted, "failure {expected} not counted: {}", server.metrics.encode());
+        assert!(
+            counted,
+            "failure {expected} not counted: {}",
+            server.metrics.encode()
+        );
         assert_eq!(
             peer_leaf(server.addr, &second.ca_pem).await.unwrap(),
             leaf_der(&second),
@@ -230,7 +247,10 @@ async fn start_up_fails_naming_the_bad_file() {
 
     let missing = dir.path().join("missing.crt");
     let err = bind_error(files(&missing, &key)).await.to_string();
-    assert!(err.contains("missing.crt") && err.contains("cannot read"), "{err}");
+    assert!(
+        err.contains("missing.crt") && err.contains("cannot read"),
+        "{err}"
+    );
 
     let missing_key = dir.path().join("missing.key");
     let err = bind_error(files(&cert, &missing_key)).await.to_string();
@@ -238,7 +258,10 @@ async fn start_up_fails_naming_the_bad_file() {
 
     let garbage = write("garbage.crt", "this is not a certificate\n");
     let err = bind_error(files(&garbage, &key)).await.to_string();
-    assert!(err.contains("garbage.crt") && err.contains("no PEM certificate"), "{err}");
+    assert!(
+        err.contains("garbage.crt") && err.contains("no PEM certificate"),
+        "{err}"
+    );
 
     let bad_base64 = write(
         "bad-base64.crt",
@@ -252,17 +275,26 @@ async fn start_up_fails_naming_the_bad_file() {
         "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
     );
     let err = bind_error(files(&not_x509, &key)).await.to_string();
-    assert!(err.contains("not-x509.crt") && err.contains("X.509"), "{err}");
+    assert!(
+        err.contains("not-x509.crt") && err.contains("X.509"),
+        "{err}"
+    );
 
     let garbage_key = write("garbage.key", "not a key either\n");
     let err = bind_error(files(&cert, &garbage_key)).await.to_string();
-    assert!(err.contains("garbage.key") && err.contains("no PEM private key"), "{err}");
+    assert!(
+        err.contains("garbage.key") && err.contains("no PEM private key"),
+        "{err}"
+    );
 
     let other_key = write("other.key", &other.key_pem);
     let err = bind_error(files(&cert, &other_key)).await;
     assert!(matches!(err, gpu_deploy_guard::server::ServeError::Tls(_)));
     let err = err.to_string();
-    assert!(err.contains("other.key") && err.contains("does not belong"), "{err}");
+    assert!(
+        err.contains("other.key") && err.contains("does not belong"),
+        "{err}"
+    );
 
     // A certificate that expired yesterday.
     let expired_key = rcgen::KeyPair::generate().unwrap();
@@ -272,8 +304,13 @@ async fn start_up_fails_naming_the_bad_file() {
     let expired = params.self_signed(&expired_key).unwrap();
     let expired_cert = write("expired.crt", &expired.pem());
     let expired_key = write("expired.key", &expired_key.serialize_pem());
-    let err = bind_error(files(&expired_cert, &expired_key)).await.to_string();
-    assert!(err.contains("expired.crt") && err.contains("expired at"), "{err}");
+    let err = bind_error(files(&expired_cert, &expired_key))
+        .await
+        .to_string();
+    assert!(
+        err.contains("expired.crt") && err.contains("expired at"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -286,7 +323,10 @@ async fn certificate_is_checked_before_any_port_is_bound() {
         key: "/nonexistent/tls.key".into(),
     });
     opts.listen = taken.local_addr().unwrap();
-    let err = Server::bind(opts, Arc::new(Metrics::new())).await.err().unwrap();
+    let err = Server::bind(opts, Arc::new(Metrics::new()))
+        .await
+        .err()
+        .unwrap();
     assert!(matches!(err, ServeError::Tls(_)), "{err}");
     assert!(err.to_string().contains("/nonexistent/tls.crt"), "{err}");
 }
@@ -302,10 +342,16 @@ async fn addresses_in_use_fail_start_up_naming_the_address() {
 
     let mut opts = options(source.clone());
     opts.listen = taken_addr;
-    let err = Server::bind(opts, Arc::new(Metrics::new())).await.err().unwrap();
+    let err = Server::bind(opts, Arc::new(Metrics::new()))
+        .await
+        .err()
+        .unwrap();
     let msg = err.to_string();
     assert!(matches!(err, ServeError::Bind { .. }), "{msg}");
-    assert!(msg.contains(&taken_addr.to_string()) && msg.contains("webhook"), "{msg}");
+    assert!(
+        msg.contains(&taken_addr.to_string()) && msg.contains("webhook"),
+        "{msg}"
+    );
 
     let mut opts = options(source.clone());
     opts.admin_listen = taken_addr;
@@ -314,7 +360,10 @@ async fn addresses_in_use_fail_start_up_naming_the_address() {
         .err()
         .unwrap()
         .to_string();
-    assert!(msg.contains(&taken_addr.to_string()) && msg.contains("admin"), "{msg}");
+    assert!(
+        msg.contains(&taken_addr.to_string()) && msg.contains("admin"),
+        "{msg}"
+    );
 
     // run() surfaces the same message through anyhow.
     let mut opts = options(source);
@@ -328,13 +377,19 @@ async fn addresses_in_use_fail_start_up_naming_the_address() {
     )
     .await
     .unwrap_err();
-    assert!(format!("{err:#}").contains(&taken_addr.to_string()), "{err:#}");
+    assert!(
+        format!("{err:#}").contains(&taken_addr.to_string()),
+        "{err:#}"
+    );
 }
 
 #[tokio::test]
 async fn zero_durations_are_refused() {
     let mut opts = options(TlsSource::SelfSigned { write_ca: None });
     opts.reload_interval = Duration::ZERO;
-    let err = Server::bind(opts, Arc::new(Metrics::new())).await.err().unwrap();
+    let err = Server::bind(opts, Arc::new(Metrics::new()))
+        .await
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("reload_interval"), "{err}");
 }
