@@ -283,6 +283,9 @@ impl Tls {
             resolver: self.resolver.clone(),
             metrics,
         };
+        // tokio's interval panics on zero; Server::bind already refuses it,
+        // this only keeps a direct caller from crashing the process.
+        let interval = interval.max(Duration::from_millis(10));
         Some(tokio::spawn(reloader.run(interval)))
     }
 }
