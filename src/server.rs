@@ -292,12 +292,13 @@ impl Server {
             .spawn_reloader(opts.reload_interval, metrics.clone())
             .map(AbortOnDrop);
 
+        let conn = Arc::new(ConnConfig::new(&opts));
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin = Acceptor {
             listener: admin_listener,
             tls: None,
             app: admin_router(metrics, readiness.clone()),
-            conn: Arc::new(ConnConfig::new(&opts)),
+            conn: conn.clone(),
             what: "admin",
         };
         let admin = AbortOnDrop(tokio::spawn(admin.run(async {
@@ -308,7 +309,7 @@ impl Server {
             listener,
             tls: Some(tls.acceptor()),
             app,
-            conn: Arc::new(ConnConfig::new(&opts)),
+            conn,
             what: "webhook",
         };
         info!(%local_addr, %admin_addr, "serving");
@@ -317,8 +318,8 @@ impl Server {
         let connections = webhook
             .run(async move {
                 shutdown.await;
-                // Readiness first: the endpoint should leave the Service
-                // while this listener still closes.
+                // Report draining before the listener closes, so a probe
+                // from now on explains why the endpoint is going away.
                 stopping.set_serving(false);
             })
             .await;
