@@ -390,7 +390,7 @@ fn log_verdict(req: &AdmissionRequest<NodeView>, verdict: &Verdict) {
     match verdict.decision {
         Decision::Denied => tracing::info!(
             uid = %req.uid, node = %req.name, user, dry_run = req.dry_run, decision = "denied",
-            findings, message = verdict.message.as_deref().unwrap_or_default(), "admission review"
+            findings, reason = verdict.message.as_deref().unwrap_or_default(), "admission review"
         ),
         Decision::Exempt if verdict.would_deny.is_some() => tracing::info!(
             uid = %req.uid, node = %req.name, user, dry_run = req.dry_run, decision = "exempt",

@@ -56,6 +56,9 @@ pub struct ServeOptions {
     pub handshake_timeout: Duration,
     /// After shutdown starts, the longest in-flight requests may run on.
     pub drain_timeout: Duration,
+    /// After SIGTERM, how long to keep accepting while readiness is already 503: Kubernetes
+    /// takes a moment to drop the endpoint, and the API server must not be refused meanwhile.
+    pub shutdown_delay: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -315,12 +318,17 @@ impl Server {
         info!(%local_addr, %admin_addr, "serving");
         readiness.set_serving(true);
         let stopping = readiness.clone();
+        let delay = opts.shutdown_delay;
         let connections = webhook
             .run(async move {
                 shutdown.await;
                 // Report draining before the listener closes, so a probe
                 // from now on explains why the endpoint is going away.
                 stopping.set_serving(false);
+                if !delay.is_zero() {
+                    info!(delay = ?delay, "readiness is 503; still accepting until the endpoint is removed");
+                    tokio::time::sleep(delay).await;
+                }
             })
             .await;
         info!(

@@ -12,7 +12,10 @@ fn nodes(name: &str) -> String {
 }
 
 fn real(name: &str) -> String {
-    format!("{}/tests/fixtures/real-nodes/{name}", env!("CARGO_MANIFEST_DIR"))
+    format!(
+        "{}/tests/fixtures/real-nodes/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
 }
 
 fn check(args: &[&str]) -> Output {
@@ -33,18 +36,37 @@ fn json(o: &Output) -> Value {
 
 #[test]
 fn device_plugin_alone_on_lab_node_2_is_denied_with_exit_1() {
-    let o = check(&["--node", &nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin=true"]);
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-2.yaml"),
+        "nvidia.com/gpu.deploy.device-plugin=true",
+    ]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.starts_with("node lab-node-2 (UPDATE): DENIED\n"), "{out}");
+    assert!(
+        out.starts_with("node lab-node-2 (UPDATE): DENIED\n"),
+        "{out}"
+    );
     assert!(out.contains("\nError from server (Forbidden): node lab-node-2: nvidia.com/gpu.deploy.device-plugin=true would run"), "{out}");
-    assert!(out.contains("Warning: lab-node-2: device-plugin runs on a node with no NVIDIA GPU label"), "{out}");
-    assert!(out.contains("device-plugin                -        runs     \"true\"  <- changes"), "{out}");
+    assert!(
+        out.contains("Warning: lab-node-2: device-plugin runs on a node with no NVIDIA GPU label"),
+        "{out}"
+    );
+    assert!(
+        out.contains("device-plugin                -        runs     \"true\"  <- changes"),
+        "{out}"
+    );
 }
 
 #[test]
 fn json_output_has_the_verdict_findings_and_operand_sets() {
-    let o = check(&["--node", &nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin=true", "-o", "json"]);
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-2.yaml"),
+        "nvidia.com/gpu.deploy.device-plugin=true",
+        "-o",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(1));
     let v = json(&o);
     assert_eq!(v["allowed"], false);
@@ -53,7 +75,12 @@ fn json_output_has_the_verdict_findings_and_operand_sets() {
     assert_eq!(v["findings"][0]["rule"], "device-plugin-without-toolkit");
     assert_eq!(v["findings"][0]["action"], "deny");
     assert_eq!(v["findings"][0]["change"], "new");
-    assert!(v["findings"][0]["message"].as_str().unwrap().starts_with("node lab-node-2:"));
+    assert!(
+        v["findings"][0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("node lab-node-2:")
+    );
     assert_eq!(v["findings"][1]["rule"], "device-plugin-on-non-gpu-node");
     assert_eq!(v["warnings"].as_array().unwrap().len(), 1);
     assert_eq!(v["operands"]["before"]["device-plugin"], false);
@@ -65,7 +92,13 @@ fn json_output_has_the_verdict_findings_and_operand_sets() {
 
 #[test]
 fn dcgm_exporter_off_on_lab_node_1_is_allowed_with_exit_0() {
-    let o = check(&["--node", &nodes("lab-node-1.yaml"), "nvidia.com/gpu.deploy.dcgm-exporter=false", "-o", "json"]);
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-1.yaml"),
+        "nvidia.com/gpu.deploy.dcgm-exporter=false",
+        "-o",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = json(&o);
     assert_eq!(v["allowed"], true);
@@ -77,7 +110,11 @@ fn dcgm_exporter_off_on_lab_node_1_is_allowed_with_exit_0() {
 
 #[test]
 fn removing_the_toolkit_and_switching_both_off() {
-    let o = check(&["--node", &nodes("lab-node-0.yaml"), "nvidia.com/gpu.deploy.container-toolkit-"]);
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-0.yaml"),
+        "nvidia.com/gpu.deploy.container-toolkit-",
+    ]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     let o = check(&[
         "--node",
@@ -91,7 +128,14 @@ fn removing_the_toolkit_and_switching_both_off() {
 
 #[test]
 fn a_before_and_after_pair_of_files_is_judged() {
-    let o = check(&["--old-node", &nodes("lab-node-1.yaml"), "--node", &nodes("lab-node-0.yaml"), "-o", "json"]);
+    let o = check(&[
+        "--old-node",
+        &nodes("lab-node-1.yaml"),
+        "--node",
+        &nodes("lab-node-0.yaml"),
+        "-o",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = json(&o);
     assert_eq!(v["operands"]["before"]["driver"], false);
@@ -101,7 +145,15 @@ fn a_before_and_after_pair_of_files_is_judged() {
 
 #[test]
 fn creation_is_allowed_with_warnings() {
-    let o = check(&["--operation", "create", "--node", &nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin=true", "-o", "json"]);
+    let o = check(&[
+        "--operation",
+        "create",
+        "--node",
+        &nodes("lab-node-2.yaml"),
+        "nvidia.com/gpu.deploy.device-plugin=true",
+        "-o",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = json(&o);
     assert_eq!(v["operation"], "CREATE");
@@ -149,14 +201,27 @@ fn warn_mode_from_the_config_file_allows() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("config.yaml");
     std::fs::write(&cfg, "mode: warn\n").unwrap();
-    let o = check(&["--config", cfg.to_str().unwrap(), "--node", &nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin=true"]);
+    let o = check(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--node",
+        &nodes("lab-node-2.yaml"),
+        "nvidia.com/gpu.deploy.device-plugin=true",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
 
 #[test]
 fn a_node_from_standard_input_as_json() {
     let mut child = Command::new(BIN)
-        .args(["check", "--node", "-", "nvidia.com/gpu.deploy.container-toolkit=false", "-o", "json"])
+        .args([
+            "check",
+            "--node",
+            "-",
+            "nvidia.com/gpu.deploy.container-toolkit=false",
+            "-o",
+            "json",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -167,34 +232,74 @@ fn a_node_from_standard_input_as_json() {
     assert_eq!(o.status.code(), Some(1));
     let v = json(&o);
     assert_eq!(v["node"], "192-222-54-148");
-    assert_eq!(v["operands"]["before"]["driver"], false, "driver=pre-installed runs no driver pod");
+    assert_eq!(
+        v["operands"]["before"]["driver"], false,
+        "driver=pre-installed runs no driver pod"
+    );
 }
 
 #[test]
 fn bad_input_exits_2_with_a_message_naming_it() {
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["--node".into(), "/nonexistent/node.yaml".into()], "cannot read /nonexistent/node.yaml"),
         (
-            vec!["--node".into(), nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin".into()],
+            vec!["--node".into(), "/nonexistent/node.yaml".into()],
+            "cannot read /nonexistent/node.yaml",
+        ),
+        (
+            vec![
+                "--node".into(),
+                nodes("lab-node-2.yaml"),
+                "nvidia.com/gpu.deploy.device-plugin".into(),
+            ],
             "change \"nvidia.com/gpu.deploy.device-plugin\": expected key=value",
         ),
         (
-            vec!["--node".into(), nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.device-plugin=yes please".into()],
+            vec![
+                "--node".into(),
+                nodes("lab-node-2.yaml"),
+                "nvidia.com/gpu.deploy.device-plugin=yes please".into(),
+            ],
             "label value \"yes please\"",
         ),
         (
-            vec!["--node".into(), format!("{}/tests/fixtures/reviews/bad-no-request.json", env!("CARGO_MANIFEST_DIR"))],
+            vec![
+                "--node".into(),
+                format!(
+                    "{}/tests/fixtures/reviews/bad-no-request.json",
+                    env!("CARGO_MANIFEST_DIR")
+                ),
+            ],
             "expected a Node (kind: Node, apiVersion: v1), found admission.k8s.io/v1 AdmissionReview",
         ),
         (
-            vec!["--config".into(), "/nonexistent/c.yaml".into(), "--node".into(), nodes("lab-node-2.yaml")],
+            vec![
+                "--config".into(),
+                "/nonexistent/c.yaml".into(),
+                "--node".into(),
+                nodes("lab-node-2.yaml"),
+            ],
             "cannot read config file /nonexistent/c.yaml",
         ),
         (
-            vec!["--operation".into(), "create".into(), "--old-node".into(), nodes("lab-node-1.yaml"), "--node".into(), nodes("lab-node-2.yaml")],
+            vec![
+                "--operation".into(),
+                "create".into(),
+                "--old-node".into(),
+                nodes("lab-node-1.yaml"),
+                "--node".into(),
+                nodes("lab-node-2.yaml"),
+            ],
             "takes no --old-node",
         ),
-        (vec!["--node".into(), nodes("lab-node-2.yaml"), "--operation".into(), "delete".into()], "invalid value 'delete'"),
+        (
+            vec![
+                "--node".into(),
+                nodes("lab-node-2.yaml"),
+                "--operation".into(),
+                "delete".into(),
+            ],
+            "invalid value 'delete'",
+        ),
     ];
     for (args, needle) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -207,10 +312,18 @@ fn bad_input_exits_2_with_a_message_naming_it() {
 
 #[test]
 fn removing_a_label_that_is_not_there_is_noted() {
-    let o = check(&["--node", &nodes("lab-node-2.yaml"), "nvidia.com/gpu.deploy.dcgm-", "-o", "json"]);
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-2.yaml"),
+        "nvidia.com/gpu.deploy.dcgm-",
+        "-o",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(
         json(&o)["notes"],
-        serde_json::json!(["label \"nvidia.com/gpu.deploy.dcgm\" is not on the node; nothing to remove"])
+        serde_json::json!([
+            "label \"nvidia.com/gpu.deploy.dcgm\" is not on the node; nothing to remove"
+        ])
     );
 }

@@ -52,6 +52,7 @@ pub fn options(tls: TlsSource) -> ServeOptions {
         header_timeout: Duration::from_secs(1),
         handshake_timeout: Duration::from_secs(1),
         drain_timeout: Duration::from_secs(10),
+        shutdown_delay: Duration::ZERO,
     }
 }
 
