@@ -110,3 +110,23 @@ func waitPodNodes(t *testing.T, name string, want []string) {
 		return slices.Equal(got, wantFields), "pods (node/deletionTimestamp): " + strings.Join(got, " ")
 	})
 }
+
+// TestUnprivilegedUserCannotLabelNodes checks that authorization is real
+// (RBAC, not AlwaysAllow) and that KubectlAs/WriteUserKubeconfig work, so
+// tests can tell admission denials from authorization denials.
+func TestUnprivilegedUserCannotLabelNodes(t *testing.T) {
+	cp.MustKubectl(t, "apply", "-f", labNodes)
+	t.Cleanup(func() { cp.Kubectl("delete", "-f", labNodes, "--ignore-not-found") })
+
+	kubeconfig, err := cp.WriteUserKubeconfig("lab-intruder", "lab-users")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code := cp.KubectlAs(kubeconfig, "", "label", "node", "lab-node-2", "nvidia.com/gpu.deploy.driver=true")
+	if code == 0 || !strings.Contains(stderr, "forbidden") {
+		t.Fatalf("unprivileged label: exit %d, stderr %q; want a forbidden error", code, stderr)
+	}
+	if got := cp.MustKubectl(t, "get", "node", "lab-node-2", "-o", `jsonpath={.metadata.labels.nvidia\.com/gpu\.deploy\.driver}`); got != "" {
+		t.Fatalf("label was applied despite the error: %q", got)
+	}
+}

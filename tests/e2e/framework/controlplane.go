@@ -77,7 +77,9 @@ type Config struct {
 
 // Timings records how long each start-up phase took.
 type Timings struct {
-	Certs, Etcd, APIServer, ControllerManager, Total time.Duration
+	Certs, Etcd, APIServer, ControllerManager time.Duration
+	APIServerReady                            time.Duration // from Start to /readyz OK
+	Total                                     time.Duration // from Start to controllers working
 }
 
 // ControlPlane is a running etcd + kube-apiserver + kube-controller-manager.
@@ -169,7 +171,9 @@ func Start(cfg Config) (cp *ControlPlane, err error) {
 		return cp, fmt.Errorf("kube-apiserver: %w", err)
 	}
 	cp.Timings.APIServer = time.Since(phase)
-	cfg.Logf("kube-apiserver ready at %s after %s", cp.APIServerURL, cp.Timings.APIServer.Round(time.Millisecond))
+	cp.Timings.APIServerReady = time.Since(t0)
+	cfg.Logf("kube-apiserver ready at %s after %s (%s since start)", cp.APIServerURL,
+		cp.Timings.APIServer.Round(time.Millisecond), cp.Timings.APIServerReady.Round(time.Millisecond))
 	if err := cp.checkAdmissionPlugins(); err != nil {
 		return cp, err
 	}
@@ -414,6 +418,26 @@ func (cp *ControlPlane) startControllerManager(pki *pkiFiles) error {
 	return waitHealthy(cp.kcm, 60*time.Second, func() (bool, string) {
 		return httpOK(cp.admin, cp.APIServerURL+"/api/v1/namespaces/default/serviceaccounts/default", `"name":"default"`)
 	})
+}
+
+// WriteUserKubeconfig writes a kubeconfig that authenticates as user (with
+// the given groups) through a client certificate from the control plane's
+// CA, and returns its path. Use it with KubectlAs to act as someone other
+// than the admin, e.g. to test RBAC or per-user admission decisions.
+func (cp *ControlPlane) WriteUserKubeconfig(user string, groups ...string) (string, error) {
+	certPEM, keyPEM, err := cp.CA.Issue(CertSpec{CommonName: user, Organizations: groups, Client: true})
+	if err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp(cp.Dir, "user-*.kubeconfig")
+	if err != nil {
+		return "", err
+	}
+	f.Close()
+	if err := writeKubeconfig(f.Name(), cp.APIServerURL, user, cp.CA.CertPEM, certPEM, keyPEM); err != nil {
+		return "", err
+	}
+	return f.Name(), nil
 }
 
 // KubeconfigPathFor returns the path of the kubeconfig file named name in
