@@ -22,7 +22,9 @@ start=$SECONDS
 log() { echo "build-control-plane: $*" >&2; }
 
 export CGO_ENABLED=0           # static binaries, no C toolchain needed
-export GOFLAGS="-mod=readonly" # never rewrite go.mod/go.sum while building
+# Never rewrite go.mod/go.sum while building; no VCS stamping (binaries come
+# from the module cache, and git may be absent or the checkout unusual).
+export GOFLAGS="-mod=readonly -buildvcs=false"
 
 k8s_ver="$(cd "$here" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 etcd_ver="$(cd "$here/etcd" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
