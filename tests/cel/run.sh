@@ -16,7 +16,7 @@
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$root"
+cd "$root" || exit 2
 started=$SECONDS
 log() { echo "cel: $*" >&2; }
 die() { log "$*"; exit 2; }
@@ -24,7 +24,8 @@ die() { log "$*"; exit 2; }
 # --- binaries ---------------------------------------------------------------
 bin=${GDG_K8S_BIN_DIR:-}
 if [[ -z $bin ]]; then
-  for d in $(ls -d "${GDG_CACHE:-$HOME/.cache/gpu-deploy-guard}"/k8s-*/bin 2>/dev/null | sort -rV); do
+  # Newest version first; an unmatched glob stays literal and fails -x.
+  for d in $(printf '%s\n' "${GDG_CACHE:-$HOME/.cache/gpu-deploy-guard}"/k8s-*/bin | sort -rV); do
     if [[ -x $d/kube-apiserver && -x $d/etcd ]]; then bin=$d; break; fi
   done
 fi
@@ -322,6 +323,26 @@ expect_denied "a service account of gpu-operator-resources is not exempt" \
   lab-node-0 "$T" true \
   "node lab-node-0: $P=true would run the NVIDIA device plugin without the container toolkit (this request removes $T), so GPU pods would be scheduled there and fail to start; keep $T=true, or turn the device plugin off in the same command with $P=false." \
   -- label node lab-node-0 "$T-" --as=system:serviceaccount:gpu-operator-resources:default
+
+# The dry rollout the README describes: with [Warn, Audit] the same change
+# goes through, and kubectl prints the denial as a warning. The binding
+# change reaches the policy informer asynchronously too.
+warn_text="node lab-node-0: $P=true would run the NVIDIA device plugin without the container toolkit (this request removes $T), so GPU pods would be scheduled there and fail to start; keep $T=true, or turn the device plugin off in the same command with $P=false."
+warns() { # kubectl args...: allowed, with the policy's warning
+  out=$(k "$@" 2>&1) &&
+    [[ $out == *"Warning: Validation failed for ValidatingAdmissionPolicy 'gpu-deploy-guard-device-plugin-needs-toolkit'"*"$warn_text"* ]]
+}
+if k patch validatingadmissionpolicybinding gpu-deploy-guard-device-plugin-needs-toolkit --type=merge \
+     -p '{"spec":{"validationActions":["Warn","Audit"]}}' >"$work/patch.log" 2>&1 &&
+   wait_for 60 warns label node lab-node-0 "$T-" --dry-run=server; then
+  if warns label node lab-node-0 "$T-" && [[ $(label_of lab-node-0 "$T") == "<unset>" ]]; then
+    pass "with [Warn, Audit] the change passes with the message as a warning"
+  else
+    fail "with [Warn, Audit] the change passes with the message as a warning" "$out"
+  fi
+else
+  fail "with [Warn, Audit] the change passes with the message as a warning" "$(cat "$work/patch.log")" "$out"
+fi
 
 log "took $((SECONDS - started))s"
 echo "$passed passed, $failed failed"

@@ -11,15 +11,16 @@
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$root"
+cd "$root" || exit 2
 mon=deploy/monitoring
 here=tests/monitoring
 
 die() { echo "monitoring tests: $*" >&2; exit 2; }
 
 apt_install() {
-  [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null ||
+  if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null; then
     die "cannot install $* (needs root and apt-get); install it yourself or put promtool on PATH"
+  fi
   echo "== installing $* with apt-get"
   # Debian's prometheus package starts the Prometheus server from its
   # postinst. We only want promtool: on a machine without a policy-rc.d
@@ -57,14 +58,14 @@ echo "== $(promtool --version 2>&1 | head -1)"
 passed=0 failed=0 skipped=0
 check() {
   local name=$1; shift
-  local out
+  local out line
   if out=$("$@" 2>&1); then
     passed=$((passed + 1))
     echo "ok   $name"
   else
     failed=$((failed + 1))
     echo "FAIL $name"
-    sed 's/^/     /' <<<"$out"
+    while IFS= read -r line; do echo "     $line"; done <<<"$out"
   fi
 }
 
