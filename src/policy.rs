@@ -55,6 +55,15 @@ pub struct RuleSpec {
     pub summary: &'static str,
 }
 
+/// The rules that judge a node's state rather than a request's change: the ones [`assess`]
+/// evaluates, and so the ones the audit reports.
+pub const STATE_RULES: [Rule; 4] = [
+    Rule::DevicePluginWithoutToolkit,
+    Rule::OperandWithoutToolkit,
+    Rule::OperandWithoutValidator,
+    Rule::DevicePluginOnNonGpuNode,
+];
+
 /// The whole rule table.
 pub const RULES: [RuleSpec; 7] = [
     RuleSpec {
@@ -372,6 +381,7 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
             facts,
             before,
             after,
+            assessing: false,
         };
         ctx.state_rules(&mut findings);
         ctx.change_rules(&mut findings);
@@ -417,6 +427,36 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
     }
 }
 
+/// The state rules alone, on a node's current labels: what `audit` reports for a node that no
+/// request is changing. Every finding is [`Change::Existing`] and carries the configured action
+/// (rules set to `off` are left out); the change rules need a request and are not evaluated.
+pub fn assess(node: &str, labels: &Labels, facts: &ClusterFacts, policy: &Policy) -> Vec<Finding> {
+    let review = Review {
+        node,
+        operation: Operation::Update,
+        old_labels: Some(labels),
+        labels,
+        username: "",
+        groups: &[],
+        dry_run: false,
+    };
+    let running = simulate(labels, facts);
+    let ctx = Ctx {
+        review: &review,
+        facts,
+        before: running,
+        after: running,
+        assessing: true,
+    };
+    let mut findings = Vec::new();
+    ctx.state_rules(&mut findings);
+    findings.retain(|f| policy.action(f.rule) != Action::Off);
+    for f in &mut findings {
+        f.action = policy.action(f.rule);
+    }
+    findings
+}
+
 fn effective_action(policy: &Policy, operation: Operation, finding: &Finding) -> Action {
     let configured = policy.action(finding.rule);
     if configured != Action::Deny {
@@ -457,6 +497,8 @@ struct Ctx<'r, 'a> {
     facts: &'r ClusterFacts,
     before: OperandSet,
     after: OperandSet,
+    /// No request: the node's current state is judged ([`assess`]), so texts do not speak of one.
+    assessing: bool,
 }
 
 /// The operands that wait for the container toolkit (GFD, DCGM, DCGM exporter, MIG manager).
@@ -477,6 +519,15 @@ impl Ctx<'_, '_> {
             Change::Existing
         } else {
             Change::New
+        }
+    }
+
+    /// Said of an existing violation while judging a request; nothing to say in an assessment.
+    fn unchanged(&self) -> &'static str {
+        if self.assessing {
+            ""
+        } else {
+            "; this request does not change that"
         }
     }
 
@@ -545,9 +596,10 @@ impl Ctx<'_, '_> {
         let (message, warning) = match change {
             Change::Existing => (
                 format!(
-                    "node {node} already runs the NVIDIA device plugin without the container toolkit ({}); \
-                     this request does not change that: set {toolkit}=true or {plugin}=false to repair the node.",
-                    self.label_state(toolkit)
+                    "node {node} already runs the NVIDIA device plugin without the container toolkit ({}){}: \
+                     set {toolkit}=true or {plugin}=false to repair the node.",
+                    self.label_state(toolkit),
+                    self.unchanged()
                 ),
                 format!("{node} is already broken: device-plugin runs without container-toolkit"),
             ),
@@ -610,8 +662,9 @@ impl Ctx<'_, '_> {
                 ),
                 Change::Existing => (
                     format!(
-                        "node {node} already runs {names} without the container toolkit ({}); this request does not change that.",
-                        self.label_state(toolkit)
+                        "node {node} already runs {names} without the container toolkit ({}){}.",
+                        self.label_state(toolkit),
+                        self.unchanged()
                     ),
                     format!("{node}: {names} already wait for container-toolkit"),
                 ),
