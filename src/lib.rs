@@ -3,16 +3,20 @@
 //!
 //! The decision lives in [`policy`] and is pure; every other module is a shell
 //! around it (HTTP in [`admission`] and [`server`], TLS in [`tls`], the offline
-//! command in [`check`]).
+//! command in [`check`]; what a cluster runs is read in [`pod`],
+//! [`daemonset`] and [`cluster_policy`]).
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod certs;
 pub mod check;
+pub mod cluster_policy;
 pub mod config;
+pub mod daemonset;
 pub mod metrics;
 pub mod node;
 pub mod operands;
+pub mod pod;
 pub mod policy;
 pub mod server;
 pub mod tls;
