@@ -3,11 +3,12 @@
 //!
 //! The decision lives in [`policy`] and is pure; every other module is a shell
 //! around it (HTTP in [`admission`] and [`server`], TLS in [`tls`], the offline
-//! command in [`check`]; what a cluster runs is read in [`pod`],
-//! [`daemonset`] and [`cluster_policy`]).
+//! command in [`check`], the audit of what a cluster runs in [`audit`], from
+//! [`pod`], [`daemonset`] and [`cluster_policy`]).
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod audit;
 pub mod certs;
 pub mod check;
 pub mod cluster_policy;
