@@ -1,12 +1,14 @@
 //! The audit: which operands each node should run, which it does run, and what
 //! is broken, from one list of nodes and one list of the operator's pods.
 //!
-//! [`audit`] is pure: no I/O, no clock. Reading files ([`files`]), printing
-//! ([`output`]), the ClusterPolicyReport ([`report`]) and the `/metrics`
-//! gauges ([`metrics`]) are shells around it.
+//! [`audit`] is pure: no I/O, no clock. Reading files ([`files`]), listing a
+//! cluster ([`cluster`]), printing ([`output`]), the ClusterPolicyReport
+//! ([`report`]) and the `/metrics` gauges ([`metrics`]) are shells around it.
 //! The label rules come from [`policy::assess`], the webhook's own code, so the
 //! audit and the webhook never disagree about a node.
 
+pub mod cli;
+pub mod cluster;
 pub mod files;
 pub mod metrics;
 pub mod output;
