@@ -3,8 +3,8 @@
 //!
 //! The decision lives in [`policy`] and is pure; every other module is a shell
 //! around it (HTTP in [`admission`] and [`server`], TLS in [`tls`], the offline
-//! command in [`check`], the audit of what a cluster runs in [`audit`], from
-//! [`pod`], [`daemonset`] and [`cluster_policy`]).
+//! command in [`check`], the cluster audit in [`audit`] and the cluster watch
+//! of `serve` in [`cluster_watch`]).
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -12,6 +12,7 @@ pub mod audit;
 pub mod certs;
 pub mod check;
 pub mod cluster_policy;
+pub mod cluster_watch;
 pub mod config;
 pub mod daemonset;
 pub mod metrics;
