@@ -27,7 +27,9 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::audit::cluster::{apply_report, cluster_from, cluster_policy_resource};
+use crate::audit::cluster::{
+    apply_report, cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,
+};
 use crate::audit::metrics::AuditMetrics;
 use crate::audit::report::{self, PolicyReport};
 use crate::audit::{self, Cluster, PolicySource};
@@ -135,12 +137,9 @@ fn unavailable(error: &watcher::Error) -> Option<Unavailable> {
         watcher::Error::WatchError(s) => s.as_ref(),
         _ => return None,
     };
-    if status.is_not_found() {
-        Some(Unavailable::NotFound)
-    } else if status.is_forbidden() {
-        Some(Unavailable::Forbidden)
-    } else {
-        None
+    match missing_or_forbidden(status)? {
+        403 => Some(Unavailable::Forbidden),
+        _ => Some(Unavailable::NotFound),
     }
 }
 
@@ -428,12 +427,8 @@ fn current_cluster(stores: &Stores, policies: &Health, daemonsets: &Health) -> C
     let policies = match policies {
         Health::Synced => Ok(objects.as_slice()),
         Health::Starting => Err(PolicySource::Failed("not read yet".to_owned())),
-        Health::Unavailable(Unavailable::NotFound) => Err(PolicySource::Missing(
-            "the ClusterPolicy CRD (clusterpolicies.nvidia.com) is not installed".to_owned(),
-        )),
-        Health::Unavailable(Unavailable::Forbidden) => Err(PolicySource::Forbidden(
-            "RBAC forbids listing clusterpolicies.nvidia.com".to_owned(),
-        )),
+        Health::Unavailable(Unavailable::NotFound) => Err(unavailable_source(404)),
+        Health::Unavailable(Unavailable::Forbidden) => Err(unavailable_source(403)),
     };
     let ds_state = stores.daemonsets.state();
     let ds_refs: Vec<&DaemonSetView> = ds_state.iter().map(AsRef::as_ref).collect();
@@ -503,6 +498,14 @@ mod tests {
             None
         );
         assert_eq!(unavailable(&watcher::Error::NoResourceVersion), None);
+        assert_eq!(
+            unavailable(&watcher::Error::InitialListFailed(api(
+                404,
+                "Failed to parse error data"
+            ))),
+            Some(Unavailable::NotFound),
+            "a resource without a CRD answers in plain text"
+        );
     }
 
     #[test]

@@ -21,17 +21,25 @@ pub const FIELD_MANAGER: &str = "gpu-deploy-guard";
 pub enum ClusterError {
     #[error("cannot connect to the cluster (kubeconfig or in-cluster service account): {0}")]
     Connect(#[source] KubeError),
-    #[error("cannot list {what}: {source}")]
+    #[error("cannot list {what}: {}", brief(.source))]
     List {
         what: String,
         #[source]
         source: KubeError,
     },
-    #[error("cannot write ClusterPolicyReport {}: {source}", report::NAME)]
+    #[error("cannot write ClusterPolicyReport {}: {}", report::NAME, brief(.source))]
     Report {
         #[source]
         source: KubeError,
     },
+}
+
+/// The API server's own sentence for an API error (kube's Display adds the whole Status).
+pub fn brief(error: &KubeError) -> String {
+    match error {
+        KubeError::Api(s) if !s.message.is_empty() => format!("{} ({})", s.message, s.code),
+        other => other.to_string(),
+    }
 }
 
 /// `nvidia.com/v1` ClusterPolicy, cluster-scoped.
@@ -56,16 +64,33 @@ pub fn report_resource() -> ApiResource {
     }
 }
 
+/// A 404 or 403 answer. For a resource whose CRD is not installed the API server answers
+/// `404 page not found` in plain text, not a Status, so the code decides, not the reason.
+pub fn missing_or_forbidden(status: &kube::core::Status) -> Option<u16> {
+    match status.code {
+        404 | 403 => Some(status.code),
+        _ if status.is_not_found() => Some(404),
+        _ if status.is_forbidden() => Some(403),
+        _ => None,
+    }
+}
+
+/// Why the ClusterPolicy is unreadable, for a 404 (CRD missing) or a 403 (RBAC).
+pub fn unavailable_source(code: u16) -> PolicySource {
+    if code == 403 {
+        PolicySource::Forbidden("RBAC forbids listing clusterpolicies.nvidia.com".to_owned())
+    } else {
+        PolicySource::Missing(
+            "the ClusterPolicy CRD (clusterpolicies.nvidia.com) is not installed".to_owned(),
+        )
+    }
+}
+
 /// Why the ClusterPolicy cannot be read, for a 404 (no CRD) or 403 (RBAC); `None` for other
 /// errors, which may pass.
 pub fn policy_unavailable(error: &KubeError) -> Option<PolicySource> {
     match error {
-        KubeError::Api(s) if s.is_not_found() => Some(PolicySource::Missing(
-            "the ClusterPolicy CRD (clusterpolicies.nvidia.com) is not installed".to_owned(),
-        )),
-        KubeError::Api(s) if s.is_forbidden() => Some(PolicySource::Forbidden(
-            "RBAC forbids listing clusterpolicies.nvidia.com".to_owned(),
-        )),
+        KubeError::Api(s) => missing_or_forbidden(s).map(unavailable_source),
         _ => None,
     }
 }
@@ -141,7 +166,7 @@ pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, Clus
             .map(|o| serde_json::to_value(o).unwrap_or_default())
             .collect::<Vec<Value>>()),
         Err(e) => {
-            Err(policy_unavailable(&e).unwrap_or_else(|| PolicySource::Failed(e.to_string())))
+            Err(policy_unavailable(&e).unwrap_or_else(|| PolicySource::Failed(brief(&e))))
         }
     };
     let ds_refs: Vec<&DaemonSetView> = daemonsets.iter().collect();
@@ -191,6 +216,11 @@ mod tests {
             Some("forbidden")
         );
         assert_eq!(policy_unavailable(&status(500, "InternalError")), None);
+        // What kube makes of the plain-text answer for a resource without a CRD.
+        assert_eq!(
+            policy_unavailable(&status(404, "Failed to parse error data")).map(|s| s.state()),
+            Some("missing")
+        );
     }
 
     #[test]
