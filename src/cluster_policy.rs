@@ -127,6 +127,15 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
     })
 }
 
+/// What the operator does without a word from a ClusterPolicy: every switch at its default
+/// (node status exporter and sandbox operands off). The audit and the webhook fall back to
+/// these facts when the ClusterPolicy is unknown.
+pub fn operator_defaults() -> ClusterFacts {
+    from_object(&Value::Object(serde_json::Map::new()))
+        .map(|p| p.facts)
+        .unwrap_or_default()
+}
+
 /// The one the operator acts on when there are several: it marks the others `ignored`.
 pub fn choose(objects: &[Value]) -> Option<&Value> {
     let ignored = |o: &Value| o.pointer("/status/state").and_then(Value::as_str) == Some("ignored");
@@ -233,6 +242,20 @@ mod tests {
                 "kata-manager"
             ]
         );
+    }
+
+    #[test]
+    fn the_operator_defaults_are_those_of_an_empty_spec() {
+        let empty =
+            parse_str("apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: x}\n")
+                .unwrap();
+        assert_eq!(operator_defaults(), empty.facts);
+        assert!(
+            operator_defaults()
+                .disabled
+                .contains(Operand::NodeStatusExporter)
+        );
+        assert!(operator_defaults().toolkit_managed);
     }
 
     #[test]

@@ -517,7 +517,7 @@ mod tests {
             nodes: reflector::store::<NodeView>().0,
         };
         let c = current_cluster(&stores, &Health::Starting, &Health::Starting);
-        assert_eq!(c.facts, ClusterFacts::default());
+        assert_eq!(c.facts, crate::cluster_policy::operator_defaults());
         assert_eq!(c.daemonsets, None);
         let c = current_cluster(
             &stores,

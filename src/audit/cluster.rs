@@ -8,11 +8,10 @@ use serde_json::Value;
 
 use super::report::{self, PolicyReport};
 use super::{Cluster, PolicySource};
-use crate::cluster_policy;
+use crate::cluster_policy::{self, operator_defaults};
 use crate::daemonset::{DaemonSetView, custom_selectors, operands_present};
 use crate::node::NodeView;
 use crate::pod::PodView;
-use crate::policy::ClusterFacts;
 
 /// The field manager of every write, and so the owner of the report's fields.
 pub const FIELD_MANAGER: &str = "gpu-deploy-guard";
@@ -103,13 +102,13 @@ pub fn cluster_from(
     let (mut facts, policy_source) = match policies {
         Ok(list) => match cluster_policy::choose(list).map(cluster_policy::from_object) {
             Some(Ok(p)) => (p.facts, PolicySource::Found(p.name)),
-            Some(Err(e)) => (ClusterFacts::default(), PolicySource::Failed(e.to_string())),
+            Some(Err(e)) => (operator_defaults(), PolicySource::Failed(e.to_string())),
             None => (
-                ClusterFacts::default(),
+                operator_defaults(),
                 PolicySource::Missing("no ClusterPolicy object exists".to_owned()),
             ),
         },
-        Err(source) => (ClusterFacts::default(), source),
+        Err(source) => (operator_defaults(), source),
     };
     if let Some(ds) = daemonsets {
         facts.selectors = custom_selectors(ds.iter().copied());
@@ -165,9 +164,7 @@ pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, Clus
             .iter()
             .map(|o| serde_json::to_value(o).unwrap_or_default())
             .collect::<Vec<Value>>()),
-        Err(e) => {
-            Err(policy_unavailable(&e).unwrap_or_else(|| PolicySource::Failed(brief(&e))))
-        }
+        Err(e) => Err(policy_unavailable(&e).unwrap_or_else(|| PolicySource::Failed(brief(&e)))),
     };
     let ds_refs: Vec<&DaemonSetView> = daemonsets.iter().collect();
     let cluster = cluster_from(policies.as_deref().map_err(Clone::clone), Some(&ds_refs));
@@ -249,7 +246,7 @@ mod tests {
         );
         let none = cluster_from(Ok(&[]), None);
         assert_eq!(none.policy_source.state(), "missing");
-        assert_eq!(none.facts, ClusterFacts::default());
+        assert_eq!(none.facts, operator_defaults());
         assert_eq!(none.daemonsets, None);
     }
 }

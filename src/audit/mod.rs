@@ -98,10 +98,11 @@ pub struct Cluster {
     pub daemonsets: Option<OperandSet>,
 }
 
+/// Nothing known: the operator's default switches, no DaemonSet list.
 impl Default for Cluster {
     fn default() -> Self {
         Cluster {
-            facts: ClusterFacts::default(),
+            facts: crate::cluster_policy::operator_defaults(),
             policy_source: PolicySource::NotGiven,
             daemonsets: None,
         }

@@ -172,7 +172,7 @@ fn real_daemonsets_narrow_what_is_expected_and_add_columns() {
     let cluster = Cluster {
         facts: ClusterFacts {
             selectors: custom_selectors(&ds),
-            ..ClusterFacts::default()
+            ..crate::cluster_policy::operator_defaults()
         },
         policy_source: PolicySource::NotGiven,
         daemonsets: Some(operands_present(&ds)),
@@ -342,6 +342,15 @@ fn an_operand_switched_off_or_without_a_daemonset_is_expected_nowhere() {
     cluster.daemonsets = Some([Operand::MigManager].into_iter().collect());
     let r = audit(&nodes, &[] as &[PodView], &cluster, &Policy::default());
     assert_eq!(output::lines(&r), "n MISSING mig-manager\n");
+}
+
+#[test]
+fn without_a_cluster_policy_the_operators_default_switches_apply() {
+    // The operator labels every GPU node node-status-exporter=true, yet runs it only when
+    // spec.nodeStatusExporter.enabled is set: not a gap.
+    let nodes = [node("n", &[("node-status-exporter", "true")])];
+    let r = audit(&nodes, &[] as &[PodView], &Cluster::default(), &Policy::default());
+    assert_eq!(output::lines(&r), "n OK\n");
 }
 
 #[test]
