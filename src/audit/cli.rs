@@ -139,8 +139,7 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         return Err(AuditError::FilePair);
     };
     let config = load_config(args)?;
-    let nodes = files::read_nodes(nodes_path)?;
-    let pods = files::read_pods(pods_path)?;
+    let (nodes, pods) = files::read_nodes_and_pods(nodes_path, pods_path)?;
     let mut cluster = Cluster::default();
     if let Some(path) = &args.cluster_policy {
         let p = cluster_policy::read_file(path)?;

@@ -2,10 +2,12 @@
 //! `kubectl get pods -n gpu-operator -o json` and (optionally)
 //! `kubectl get daemonsets -n gpu-operator -o json` write.
 //!
-//! A file is read into memory once and parsed in one pass with serde_json's
-//! slice reader, which skips the fields the audit does not need without
-//! building them. Only when that fails is the file parsed again, tracking the
-//! path, so that the error can name the field.
+//! A file is streamed: [`split`](super::split) cuts its `items` array into
+//! one item at a time, and each is parsed with serde_json's slice parser
+//! into a small struct, skipping every field the audit does not need
+//! without building it. Memory stays at one chunk and one item besides the
+//! result. Only an item that fails is parsed again, tracking the path, so
+//! that the error names the field.
 
 use std::io::Read;
 use std::path::Path;
@@ -14,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use super::split::{SplitError, read_items};
 use crate::daemonset::{DaemonSetView, RawDaemonSet};
 use crate::node::{NodeView, partial_meta};
 use crate::pod::{PodView, RawPod};
@@ -78,15 +81,6 @@ const DAEMONSETS: ListKind = ListKind {
 };
 
 #[derive(Deserialize)]
-#[serde(bound(deserialize = "T: Deserialize<'de>"))]
-struct ListFile<T> {
-    #[serde(default)]
-    kind: Option<String>,
-    #[serde(default)]
-    items: Option<Vec<T>>,
-}
-
-#[derive(Deserialize)]
 struct NodeItem {
     #[serde(default)]
     kind: Option<String>,
@@ -116,22 +110,6 @@ impl Item for RawDaemonSet {
     }
 }
 
-/// Reads a file, or standard input for `-`.
-pub fn read_bytes(path: &Path, what: &'static str) -> Result<Vec<u8>, FileError> {
-    let read_error = |source| FileError::Read {
-        what,
-        path: display(path),
-        source,
-    };
-    if path == Path::new("-") {
-        let mut buf = Vec::new();
-        std::io::stdin().read_to_end(&mut buf).map_err(read_error)?;
-        Ok(buf)
-    } else {
-        std::fs::read(path).map_err(read_error)
-    }
-}
-
 fn display(path: &Path) -> String {
     if path == Path::new("-") {
         "standard input".to_owned()
@@ -140,33 +118,59 @@ fn display(path: &Path) -> String {
     }
 }
 
+/// Parses a List's items from `source`, checking each item's and the List's kind.
 fn parse_list<T: DeserializeOwned + Item>(
-    bytes: &[u8],
+    source: impl Read,
     path: &Path,
     kind: &ListKind,
 ) -> Result<Vec<T>, FileError> {
-    let list: ListFile<T> = match serde_json::from_slice(bytes) {
-        Ok(list) => list,
-        Err(e) => return Err(explain(bytes, path, kind, e)),
-    };
-    let found = list.kind.unwrap_or_default();
-    let Some(items) = list.items else {
+    let mut items = Vec::new();
+    let outline = read_items(source, |i, item: T| {
+        if let Some(other) = item.kind().filter(|k| *k != kind.item_kind) {
+            return Err(wrong_kind(path, kind, format!("a {other} at items[{i}]")));
+        }
+        items.push(item);
+        Ok(())
+    })?;
+    let outline = outline.map_err(|e| match e {
+        SplitError::Io(source) => FileError::Read {
+            what: kind.what,
+            path: display(path),
+            source,
+        },
+        SplitError::Syntax { message, at } => FileError::Syntax {
+            what: kind.what,
+            path: display(path),
+            command: kind.command,
+            message: format!("{message} at {at}"),
+        },
+        SplitError::Item {
+            index,
+            field,
+            message,
+            at,
+        } => FileError::Field {
+            what: kind.what,
+            path: display(path),
+            field: if field.is_empty() {
+                format!("items[{index}]")
+            } else {
+                format!("items[{index}].{field}")
+            },
+            message: format!("{message} at {at}"),
+        },
+    })?;
+    let found = outline.kind.unwrap_or_default();
+    if !outline.has_items {
         let found = if found.is_empty() {
             "an object without `kind` or `items`".to_owned()
         } else {
             format!("a {found}")
         };
         return Err(wrong_kind(path, kind, found));
-    };
+    }
     if !matches!(found.as_str(), "" | "List") && found != kind.list_kind {
         return Err(wrong_kind(path, kind, format!("a {found}")));
-    }
-    if let Some((i, other)) = items
-        .iter()
-        .enumerate()
-        .find_map(|(i, item)| item.kind().filter(|k| *k != kind.item_kind).map(|k| (i, k)))
-    {
-        return Err(wrong_kind(path, kind, format!("a {other} at items[{i}]")));
     }
     Ok(items)
 }
@@ -185,40 +189,13 @@ fn wrong_kind(path: &Path, kind: &ListKind, found: String) -> FileError {
     }
 }
 
-/// Turns a failed fast parse into an error naming the file and, for a type error, the field.
-fn explain(bytes: &[u8], path: &Path, kind: &ListKind, e: serde_json::Error) -> FileError {
-    if e.is_syntax() || e.is_eof() || e.is_io() {
-        return FileError::Syntax {
-            what: kind.what,
-            path: display(path),
-            command: kind.command,
-            message: e.to_string(),
-        };
-    }
-    fn tracked<T: DeserializeOwned>(bytes: &[u8]) -> Option<(String, String)> {
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        match serde_path_to_error::deserialize::<_, ListFile<T>>(&mut de) {
-            Ok(_) => None,
-            Err(e) => Some((e.path().to_string(), e.into_inner().to_string())),
-        }
-    }
-    let detail = match kind.item_kind {
-        "Node" => tracked::<NodeItem>(bytes),
-        "Pod" => tracked::<RawPod>(bytes),
-        _ => tracked::<RawDaemonSet>(bytes),
-    };
-    let (field, message) = detail.unwrap_or_else(|| (".".to_owned(), e.to_string()));
-    FileError::Field {
-        what: kind.what,
-        path: display(path),
-        field,
-        message,
-    }
+/// Nodes from `kubectl get nodes -o json` text; `path` names it in errors.
+pub fn parse_nodes(bytes: &[u8], path: &Path) -> Result<Vec<NodeView>, FileError> {
+    nodes_from(bytes, path)
 }
 
-/// Nodes from `kubectl get nodes -o json` text.
-pub fn parse_nodes(bytes: &[u8], path: &Path) -> Result<Vec<NodeView>, FileError> {
-    let items: Vec<NodeItem> = parse_list(bytes, path, &NODES)?;
+fn nodes_from(source: impl Read, path: &Path) -> Result<Vec<NodeView>, FileError> {
+    let items: Vec<NodeItem> = parse_list(source, path, &NODES)?;
     Ok(items
         .into_iter()
         .map(|i| NodeView {
@@ -227,28 +204,69 @@ pub fn parse_nodes(bytes: &[u8], path: &Path) -> Result<Vec<NodeView>, FileError
         .collect())
 }
 
-/// Pods from `kubectl get pods -o json` text.
+/// Pods from `kubectl get pods -o json` text; `path` names it in errors.
 pub fn parse_pods(bytes: &[u8], path: &Path) -> Result<Vec<PodView>, FileError> {
-    let items: Vec<RawPod> = parse_list(bytes, path, &PODS)?;
+    pods_from(bytes, path)
+}
+
+fn pods_from(source: impl Read, path: &Path) -> Result<Vec<PodView>, FileError> {
+    let items: Vec<RawPod> = parse_list(source, path, &PODS)?;
     Ok(items.into_iter().map(PodView::from).collect())
 }
 
-/// DaemonSets from `kubectl get daemonsets -o json` text.
+/// DaemonSets from `kubectl get daemonsets -o json` text; `path` names it in errors.
 pub fn parse_daemonsets(bytes: &[u8], path: &Path) -> Result<Vec<DaemonSetView>, FileError> {
-    let items: Vec<RawDaemonSet> = parse_list(bytes, path, &DAEMONSETS)?;
+    daemonsets_from(bytes, path)
+}
+
+fn daemonsets_from(source: impl Read, path: &Path) -> Result<Vec<DaemonSetView>, FileError> {
+    let items: Vec<RawDaemonSet> = parse_list(source, path, &DAEMONSETS)?;
     Ok(items.into_iter().map(DaemonSetView::from).collect())
 }
 
+/// Opens a file, or standard input for `-`, and parses it with `parse`.
+fn read_with<T>(
+    path: &Path,
+    kind: &ListKind,
+    parse: impl FnOnce(&mut dyn Read) -> Result<T, FileError>,
+) -> Result<T, FileError> {
+    if path == Path::new("-") {
+        return parse(&mut std::io::stdin().lock());
+    }
+    let mut file = std::fs::File::open(path).map_err(|source| FileError::Read {
+        what: kind.what,
+        path: display(path),
+        source,
+    })?;
+    parse(&mut file)
+}
+
 pub fn read_nodes(path: &Path) -> Result<Vec<NodeView>, FileError> {
-    parse_nodes(&read_bytes(path, NODES.what)?, path)
+    read_with(path, &NODES, |r| nodes_from(r, path))
 }
 
 pub fn read_pods(path: &Path) -> Result<Vec<PodView>, FileError> {
-    parse_pods(&read_bytes(path, PODS.what)?, path)
+    read_with(path, &PODS, |r| pods_from(r, path))
+}
+
+/// Both files of a file audit, the (larger) pods file on a second thread: on two cores the
+/// nodes come for free.
+pub fn read_nodes_and_pods(
+    nodes: &Path,
+    pods: &Path,
+) -> Result<(Vec<NodeView>, Vec<PodView>), FileError> {
+    std::thread::scope(|s| {
+        let pods = s.spawn(|| read_pods(pods));
+        let nodes = read_nodes(nodes);
+        let pods = pods
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        Ok((nodes?, pods?))
+    })
 }
 
 pub fn read_daemonsets(path: &Path) -> Result<Vec<DaemonSetView>, FileError> {
-    parse_daemonsets(&read_bytes(path, DAEMONSETS.what)?, path)
+    read_with(path, &DAEMONSETS, |r| daemonsets_from(r, path))
 }
 
 #[cfg(test)]
@@ -317,7 +335,19 @@ mod tests {
         assert_eq!(
             nodes("items: []").unwrap_err(),
             "nodes file nodes.json is not valid JSON (expected the output of `kubectl get nodes -o json`): \
-             expected value at line 1 column 1"
+             expected a JSON object at line 1 column 1"
+        );
+        assert_eq!(
+            pods(r#"{"kind":"List","items":[{"metadata" 1}]}"#).unwrap_err(),
+            "pods file pods.json is not valid JSON (expected the output of `kubectl get pods -n gpu-operator -o json`): \
+             expected `:` at line 1 column 37"
+        );
+        // Positions are the file's, not the item's.
+        assert_eq!(
+            nodes("{\n  \"items\": [\n    {\"metadata\": {\"name\": \"a\"}},\n    {\"metadata\": {\n      \"labels\": {\"x\": true}}}\n  ]\n}\n")
+                .unwrap_err(),
+            "nodes file nodes.json: items[1].metadata.labels.x: invalid type: boolean `true`, expected a string \
+             at line 5 column 26"
         );
         let missing = read_pods(Path::new("/nonexistent/pods.json"))
             .unwrap_err()

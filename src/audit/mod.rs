@@ -13,6 +13,7 @@ pub mod files;
 pub mod metrics;
 pub mod output;
 pub mod report;
+pub mod split;
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
