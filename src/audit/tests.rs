@@ -349,7 +349,12 @@ fn without_a_cluster_policy_the_operators_default_switches_apply() {
     // The operator labels every GPU node node-status-exporter=true, yet runs it only when
     // spec.nodeStatusExporter.enabled is set: not a gap.
     let nodes = [node("n", &[("node-status-exporter", "true")])];
-    let r = audit(&nodes, &[] as &[PodView], &Cluster::default(), &Policy::default());
+    let r = audit(
+        &nodes,
+        &[] as &[PodView],
+        &Cluster::default(),
+        &Policy::default(),
+    );
     assert_eq!(output::lines(&r), "n OK\n");
 }
 
