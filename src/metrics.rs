@@ -94,7 +94,7 @@ impl Metrics {
         );
         // Both results exist from the start, so `increase()` sees the first failure.
         for result in ["success", "failure"] {
-            cert_reloads.get_or_create(&ResultLabels { result });
+            let _ = cert_reloads.get_or_create(&ResultLabels { result });
         }
         Self {
             registry: Mutex::new(registry),
