@@ -102,6 +102,7 @@ type ControlPlane struct {
 	kcm      *process
 	fakeKub  *fakeKubelet
 	stopOnce sync.Once
+	cleanups []func()
 	kcmPort  int
 	certsDir string
 }
@@ -440,6 +441,11 @@ func (cp *ControlPlane) WriteUserKubeconfig(user string, groups ...string) (stri
 	return f.Name(), nil
 }
 
+// AddCleanup registers f to run when the control plane stops, before its
+// components are stopped: for processes that share the control plane's
+// lifetime but are started later, such as the webhook under test.
+func (cp *ControlPlane) AddCleanup(f func()) { cp.cleanups = append(cp.cleanups, f) }
+
 // KubeconfigPathFor returns the path of the kubeconfig file named name in
 // the work dir ("admin" is the one KubeconfigPath points at).
 func (cp *ControlPlane) KubeconfigPathFor(name string) string {
@@ -454,6 +460,11 @@ func (cp *ControlPlane) Stop() {
 		return
 	}
 	cp.stopOnce.Do(func() {
+		// Clients of the control plane (a webhook, say) go first, newest
+		// first, while the API server is still up.
+		for i := len(cp.cleanups) - 1; i >= 0; i-- {
+			cp.cleanups[i]()
+		}
 		cp.stopProcesses()
 		if os.Getenv("GDG_E2E_KEEP") == "1" {
 			cp.cfg.Logf("kept work dir %s (GDG_E2E_KEEP=1)", cp.Dir)
