@@ -891,18 +891,36 @@ impl Ctx<'_, '_> {
                 ),
                 _ => continue,
             };
+            let done = if what == "removes" {
+                "removed"
+            } else {
+                "emptied"
+            };
+            // `container-toolkit=false` under a running device plugin is itself refused: the
+            // advice must name the device plugin too.
+            let plugin = Operand::DevicePlugin.key();
+            let strands_plugin = op == Operand::ContainerToolkit
+                && self.after.contains(Operand::DevicePlugin)
+                && self.facts.toolkit_managed;
+            let (fix, short_fix) = if strands_plugin {
+                (
+                    format!("set {key}=false together with {plugin}=false to keep the toolkit off"),
+                    "keep it off only with device-plugin=false too",
+                )
+            } else {
+                (
+                    format!("set {key}=false to keep {op} off"),
+                    "use =false to keep it off",
+                )
+            };
             out.push(Finding {
                 rule: Rule::OperatorWillRestore,
                 action: Action::Off,
                 change: Change::New,
                 message: format!(
-                    "node {node}: this request {what} {key}, but the GPU Operator sets it back to \"true\" {when}; \
-                     set {key}=false to keep {op} off."
+                    "node {node}: this request {what} {key}, but the GPU Operator sets it back to \"true\" {when}; {fix}."
                 ),
-                warning: format!(
-                    "{key} {}: the GPU Operator will set it back to true; use =false to keep it off",
-                    if what == "removes" { "removed" } else { "emptied" }
-                ),
+                warning: format!("{key} {done}: the GPU Operator will set it back to true; {short_fix}"),
             });
         }
     }

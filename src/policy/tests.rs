@@ -208,7 +208,7 @@ fn removing_the_toolkit_label_of_lab_node_0_is_denied() {
         v.warnings,
         [
             "lab-node-0: gpu-feature-discovery, dcgm-exporter would hang without container-toolkit",
-            "nvidia.com/gpu.deploy.container-toolkit removed: the GPU Operator will set it back to true; use =false to keep it off",
+            "nvidia.com/gpu.deploy.container-toolkit removed: the GPU Operator will set it back to true; keep it off only with device-plugin=false too",
         ]
     );
 }
