@@ -15,7 +15,7 @@ build:
 test: lint unit monitoring-test e2e cel-test
 
 unit:
-	$(CARGO) test --locked --all-targets
+	$(CARGO) test --locked
 
 lint:
 	$(CARGO) fmt --all -- --check
