@@ -184,19 +184,28 @@ type Sample struct {
 
 // Metrics fetches /metrics and parses every sample in it.
 func (g *Guard) Metrics() ([]Sample, error) {
-	resp, err := g.admin.Get(g.AdminURL() + "/metrics")
+	text, err := g.MetricsText()
 	if err != nil {
 		return nil, err
+	}
+	return ParseMetrics(text)
+}
+
+// MetricsText fetches /metrics as it is.
+func (g *Guard) MetricsText() (string, error) {
+	resp, err := g.admin.Get(g.AdminURL() + "/metrics")
+	if err != nil {
+		return "", err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: %d %s", resp.StatusCode, body)
+		return "", fmt.Errorf("GET /metrics: %d %s", resp.StatusCode, body)
 	}
-	return ParseMetrics(string(body))
+	return string(body), nil
 }
 
 // Counter sums the samples named name whose labels include every pair in
