@@ -441,6 +441,32 @@ func (cp *ControlPlane) WriteUserKubeconfig(user string, groups ...string) (stri
 	return f.Name(), nil
 }
 
+// WriteTokenKubeconfig writes a kubeconfig named name (in the work dir)
+// that authenticates with a bearer token, e.g. a service account's from
+// `kubectl create token`, and returns its path.
+func (cp *ControlPlane) WriteTokenKubeconfig(name, token string) (string, error) {
+	path := cp.KubeconfigPathFor(name)
+	content := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster:
+    server: %s
+    certificate-authority-data: %s
+users:
+- name: %s
+  user:
+    token: %s
+contexts:
+- name: e2e
+  context:
+    cluster: e2e
+    user: %s
+current-context: e2e
+`, cp.APIServerURL, base64.StdEncoding.EncodeToString(cp.CA.CertPEM), strconv.Quote(name), strconv.Quote(token), strconv.Quote(name))
+	return path, os.WriteFile(path, []byte(content), 0o600)
+}
+
 // AddCleanup registers f to run when the control plane stops, before its
 // components are stopped: for processes that share the control plane's
 // lifetime but are started later, such as the webhook under test.

@@ -30,6 +30,13 @@ type Guard struct {
 	// CABundle is the PEM CA the API server must trust: the base64 text
 	// `certs` printed, decoded (and checked to equal the ca.crt it wrote).
 	CABundle []byte
+	// Name is the process name in logs (<LogDir>/<Name>.log); default
+	// "gpu-deploy-guard".
+	Name string
+	// Env is added to the process's environment (e.g. KUBECONFIG=...), and
+	// ExtraArgs to its `serve` arguments (e.g. --report).
+	Env       []string
+	ExtraArgs []string
 
 	logDir string
 	proc   *process
@@ -38,10 +45,13 @@ type Guard struct {
 
 // GuardConfig says which binary to run and where its files go.
 type GuardConfig struct {
-	Bin        string // gpu-deploy-guard executable
-	Dir        string // created if missing
-	LogDir     string // gpu-deploy-guard.log goes here (ControlPlane.LogDir: dumped on failure)
-	ConfigFile string // optional --config
+	Bin        string   // gpu-deploy-guard executable
+	Dir        string   // created if missing
+	LogDir     string   // gpu-deploy-guard.log goes here (ControlPlane.LogDir: dumped on failure)
+	ConfigFile string   // optional --config
+	Name       string   // log file <LogDir>/<Name>.log; default gpu-deploy-guard
+	Env        []string // added to the environment of serve, e.g. KUBECONFIG=<path>
+	ExtraArgs  []string // added to serve's arguments, e.g. --report
 }
 
 // StartGuard makes certificates with `gpu-deploy-guard certs`, picks two free
@@ -50,7 +60,11 @@ type GuardConfig struct {
 // verifies against CABundle for 127.0.0.1.
 func StartGuard(cfg GuardConfig) (*Guard, error) {
 	g := &Guard{Bin: cfg.Bin, Dir: cfg.Dir, ConfigFile: cfg.ConfigFile, logDir: cfg.LogDir,
+		Name: cfg.Name, Env: cfg.Env, ExtraArgs: cfg.ExtraArgs,
 		admin: &http.Client{Timeout: 5 * time.Second}}
+	if g.Name == "" {
+		g.Name = "gpu-deploy-guard"
+	}
 	if err := os.MkdirAll(g.certsDir(), 0o755); err != nil {
 		return nil, err
 	}
@@ -119,7 +133,8 @@ func (g *Guard) Start() error {
 	if g.ConfigFile != "" {
 		args = append(args, "--config", g.ConfigFile)
 	}
-	p, err := startProcess("gpu-deploy-guard", g.Bin, args, g.logDir)
+	args = append(args, g.ExtraArgs...)
+	p, err := startProcessEnv(g.Name, g.Bin, args, g.Env, g.logDir)
 	if err != nil {
 		return err
 	}
@@ -128,7 +143,9 @@ func (g *Guard) Start() error {
 	if !pool.AppendCertsFromPEM(g.CABundle) {
 		return fmt.Errorf("caBundle holds no PEM certificate")
 	}
-	err = waitHealthy(p, 30*time.Second, func() (bool, string) {
+	// With the cluster watch on, /readyz waits for the first sync, which
+	// serve bounds at 30s; allow that plus its debounce.
+	err = waitHealthy(p, 45*time.Second, func() (bool, string) {
 		if ok, status := httpOK(g.admin, g.AdminURL()+"/readyz", ""); !ok {
 			return false, status
 		}
@@ -156,7 +173,7 @@ func (g *Guard) Stop() {
 }
 
 // LogPath is the serve process's log file.
-func (g *Guard) LogPath() string { return filepath.Join(g.logDir, "gpu-deploy-guard.log") }
+func (g *Guard) LogPath() string { return filepath.Join(g.logDir, g.Name+".log") }
 
 // Sample is one line of the Prometheus text exposition.
 type Sample struct {
@@ -167,19 +184,28 @@ type Sample struct {
 
 // Metrics fetches /metrics and parses every sample in it.
 func (g *Guard) Metrics() ([]Sample, error) {
-	resp, err := g.admin.Get(g.AdminURL() + "/metrics")
+	text, err := g.MetricsText()
 	if err != nil {
 		return nil, err
+	}
+	return ParseMetrics(text)
+}
+
+// MetricsText fetches /metrics as it is.
+func (g *Guard) MetricsText() (string, error) {
+	resp, err := g.admin.Get(g.AdminURL() + "/metrics")
+	if err != nil {
+		return "", err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: %d %s", resp.StatusCode, body)
+		return "", fmt.Errorf("GET /metrics: %d %s", resp.StatusCode, body)
 	}
-	return ParseMetrics(string(body))
+	return string(body), nil
 }
 
 // Counter sums the samples named name whose labels include every pair in

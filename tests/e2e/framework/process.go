@@ -29,6 +29,12 @@ type process struct {
 // a test, a `go test -timeout` abort, SIGKILL): no orphaned etcd or API
 // server survives a crashed run.
 func startProcess(name, bin string, args []string, logDir string) (*process, error) {
+	return startProcessEnv(name, bin, args, nil, logDir)
+}
+
+// startProcessEnv is startProcess with extra environment variables
+// ("KEY=value", added to the test process's own).
+func startProcessEnv(name, bin string, args, env []string, logDir string) (*process, error) {
 	logPath := filepath.Join(logDir, name+".log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -36,6 +42,9 @@ func startProcess(name, bin string, args []string, logDir string) (*process, err
 	}
 	fmt.Fprintf(logFile, "+ %s %q\n", bin, args)
 	cmd := exec.Command(bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(cmd.Environ(), env...)
+	}
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

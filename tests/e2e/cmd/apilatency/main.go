@@ -1,0 +1,808 @@
+// Command apilatency measures, through a real kube-apiserver, how long a
+// label PATCH on a Node takes with no admission, with gpu-deploy-guard's
+// webhook (deploy/base's ValidatingWebhookConfiguration, clientConfig on
+// loopback) and with the CEL ValidatingAdmissionPolicy of deploy/cel, in one
+// run, interleaved. Before measuring it checks that the webhook and the CEL
+// policy decide the lab's label changes alike.
+//
+//	GDG_BIN=target/release/gpu-deploy-guard tests/e2e/apilatency.sh [-smoke]
+//
+// How modes are switched, and why: only one mechanism is registered at a
+// time. Between modes everything is unregistered, a dry-run probe that both
+// mechanisms refuse must pass (nothing active), then the next mode's objects
+// are created and the probe must be refused by that mechanism (it is
+// active). Each mode therefore measures exactly the shipped objects, on the
+// same node, with the same patch, by the same user. Keeping all three
+// registered and steering requests by node or label would need a selector
+// added to the shipped objects (not what users run), and the CEL policy
+// matches every Node update by a person, so it could not be kept out of the
+// webhook's requests. Rounds run the modes in all six orders in turn, so
+// each mode is measured as often early and late in a round, and next to
+// each other mode; slow drift of a busy machine hits all modes alike.
+//
+// Exit status: 0 after printing the table (whether or not the targets are
+// met: the table says so), 1 when anything fails (a PATCH, a probe, the
+// decisions disagreeing).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+
+	"gpu-deploy-guard/tests/e2e/framework"
+)
+
+const (
+	deployPrefix = "nvidia.com/gpu.deploy."
+	// benchNode carries the whole stack; flipping its DCGM exporter is
+	// allowed by both mechanisms, and setting its toolkit to false (the
+	// probe) is refused by both.
+	benchNode = "latency-node"
+	// The exact openings of each mechanism's refusal, as the API server
+	// words them.
+	webhookDenied = `admission webhook "enforce.gpu-deploy-guard.io" denied the request: `
+	celDenied     = `ValidatingAdmissionPolicy 'gpu-deploy-guard-device-plugin-needs-toolkit' with binding ` +
+		`'gpu-deploy-guard-device-plugin-needs-toolkit' denied request: `
+)
+
+type mode int
+
+const (
+	none mode = iota
+	webhook
+	cel
+)
+
+var modes = []mode{none, webhook, cel}
+
+func (m mode) String() string {
+	return [...]string{"no admission", "gpu-deploy-guard webhook", "CEL ValidatingAdmissionPolicy"}[m]
+}
+
+type options struct {
+	rounds, perRound, warmup int
+	bin                      string
+	smoke                    bool
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.rounds, "rounds", 36, "rounds; each measures every mode once, in the next of the six orders")
+	flag.IntVar(&o.perRound, "n", 40, "measured PATCHes per mode per round")
+	flag.IntVar(&o.warmup, "warmup", 100, "unmeasured PATCHes per mode before the first round")
+	flag.StringVar(&o.bin, "bin", os.Getenv("GDG_BIN"), "gpu-deploy-guard binary (default $GDG_BIN)")
+	flag.BoolVar(&o.smoke, "smoke", false, "a tiny run for CI: 2 rounds of 5 PATCHes per mode, 10 warm-up")
+	flag.Parse()
+	if o.smoke {
+		o.rounds, o.perRound, o.warmup = 2, 5, 10
+	}
+	if err := run(o); err != nil {
+		fmt.Fprintf(os.Stderr, "apilatency: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "apilatency: "+format+"\n", args...)
+}
+
+func run(o options) error {
+	if o.bin == "" {
+		return errors.New("no gpu-deploy-guard binary: set GDG_BIN or pass -bin")
+	}
+	if o.rounds < 1 || o.perRound < 1 || o.warmup < 0 {
+		return errors.New("-rounds and -n must be at least 1, -warmup at least 0")
+	}
+	started := time.Now()
+	root, err := framework.RepoRoot()
+	if err != nil {
+		return err
+	}
+	binDir, kubectl, err := framework.ResolveBinaries()
+	if err != nil {
+		return err
+	}
+	// No fake kubelet: it lists every pod five times a second, load that
+	// has nothing to do with node PATCHes. Nothing here needs pods.
+	cp, err := framework.Start(framework.Config{BinDir: binDir, Kubectl: kubectl, DisableFakeKubelet: true,
+		Logf: func(f string, a ...any) { logf(f, a...) }})
+	if err != nil {
+		if cp != nil {
+			cp.DumpLogs(os.Stderr, 50)
+			cp.Stop()
+		}
+		return fmt.Errorf("control plane: %w", err)
+	}
+	failed := true
+	defer func() {
+		if failed {
+			cp.DumpLogs(os.Stderr, 40)
+		}
+		cp.Stop()
+	}()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		logf("%v: stopping", s)
+		cp.Stop()
+		os.Exit(1)
+	}()
+
+	b, err := newBench(cp, root, o.bin)
+	if err != nil {
+		return err
+	}
+	if err := b.createNodes(root); err != nil {
+		return err
+	}
+	if err := b.checkDecisions(); err != nil {
+		return err
+	}
+	res, err := b.measure(o)
+	if err != nil {
+		return err
+	}
+	failed = false
+	fmt.Print(report(o, res, started))
+	return nil
+}
+
+// bench holds the clients and the objects of each mode.
+type bench struct {
+	cp *framework.ControlPlane
+	// client registers objects, probes and checks decisions; measured only
+	// sends the measured PATCHes (its Warning headers are counted).
+	client, measured *kubernetes.Clientset
+	guard            *framework.Guard
+	vwc              *admissionregistrationv1.ValidatingWebhookConfiguration
+	policy           *admissionregistrationv1.ValidatingAdmissionPolicy
+	binding          *admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	// warnings counts Warning headers on measured requests: an allowed flip
+	// of the DCGM exporter should get none.
+	warnings     atomic.Int64
+	warningTexts countWarnings
+}
+
+// countWarnings counts Warning headers and keeps the distinct texts.
+type countWarnings struct {
+	n     *atomic.Int64
+	mu    *sync.Mutex
+	texts map[string]int
+}
+
+func (c countWarnings) HandleWarningHeader(code int, agent, text string) {
+	c.n.Add(1)
+	c.mu.Lock()
+	c.texts[text]++
+	c.mu.Unlock()
+}
+
+func newBench(cp *framework.ControlPlane, root, bin string) (*bench, error) {
+	b := &bench{cp: cp}
+	cfg, err := clientcmd.BuildConfigFromFlags("", cp.KubeconfigPath)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = -1, 0 // no client-side rate limit: it would be measured too
+	cfg.UserAgent = "gpu-deploy-guard-apilatency"
+	cfg.WarningHandler = rest.NoWarnings{} // the probes and the lab cases draw warnings on purpose
+	if b.client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, err
+	}
+	b.warningTexts = countWarnings{n: &b.warnings, mu: &sync.Mutex{}, texts: map[string]int{}}
+	cfg.WarningHandler = b.warningTexts
+	if b.measured, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, err
+	}
+
+	// The webhook: the release binary with deploy/base's policy. No cluster
+	// watch: that is background work on every node change, the same in
+	// every mode, and not what an admission review costs.
+	config, err := cp.ShippedGuardConfig(root)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(cp.Dir, "gpu-deploy-guard")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	configFile := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(configFile, []byte(config), 0o644); err != nil {
+		return nil, err
+	}
+	b.guard, err = framework.StartGuard(framework.GuardConfig{Bin: bin, Dir: dir, LogDir: cp.LogDir, ConfigFile: configFile,
+		ExtraArgs: []string{"--no-cluster-watch"}})
+	if b.guard != nil {
+		cp.AddCleanup(b.guard.Stop)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gpu-deploy-guard serve: %w", err)
+	}
+	shipped, err := cp.ShippedWebhookConfiguration(root)
+	if err != nil {
+		return nil, err
+	}
+	if b.vwc, err = framework.Loopback(shipped, b.guard.URL(), b.guard.CABundle); err != nil {
+		return nil, err
+	}
+
+	objs, err := cp.Kustomize(filepath.Join(root, "deploy", "cel"))
+	if err != nil {
+		return nil, err
+	}
+	if len(objs) != 2 {
+		return nil, fmt.Errorf("deploy/cel renders %d objects, want the policy and its binding", len(objs))
+	}
+	for _, o := range objs {
+		switch o.Kind {
+		case "ValidatingAdmissionPolicy":
+			b.policy = &admissionregistrationv1.ValidatingAdmissionPolicy{}
+			err = yaml.UnmarshalStrict(o.YAML, b.policy)
+		case "ValidatingAdmissionPolicyBinding":
+			b.binding = &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+			err = yaml.UnmarshalStrict(o.YAML, b.binding)
+		default:
+			err = fmt.Errorf("deploy/cel renders an unexpected %s", o.Kind)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("deploy/cel %s: %w", o.Kind, err)
+		}
+	}
+	if b.policy == nil || b.binding == nil {
+		return nil, errors.New("deploy/cel lacks the policy or its binding")
+	}
+	return b, nil
+}
+
+// createNodes creates the lab's nodes, lab-node-3 (registered already
+// broken: the device plugin without the toolkit, which no mechanism judges
+// on CREATE) and the node the PATCHes go to.
+func (b *bench) createNodes(root string) error {
+	data, err := os.ReadFile(filepath.Join(root, "tests", "e2e", "testdata", "lab-nodes.yaml"))
+	if err != nil {
+		return err
+	}
+	objs, err := framework.SplitManifests(data)
+	if err != nil {
+		return err
+	}
+	var nodes []*corev1.Node
+	for _, o := range objs {
+		n := &corev1.Node{}
+		if err := yaml.UnmarshalStrict(o.YAML, n); err != nil {
+			return fmt.Errorf("lab node %s: %w", o.Name, err)
+		}
+		nodes = append(nodes, n)
+	}
+	node := func(name string, labels map[string]string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	}
+	nodes = append(nodes,
+		node("lab-node-3", map[string]string{"kubernetes.io/hostname": "lab-node-3", deployPrefix + "device-plugin": "true"}),
+		node(benchNode, map[string]string{
+			"kubernetes.io/hostname":           benchNode,
+			"nvidia.com/gpu.present":           "true",
+			deployPrefix + "driver":            "true",
+			deployPrefix + "container-toolkit": "true",
+			deployPrefix + "device-plugin":     "true",
+			deployPrefix + "dcgm-exporter":     "true",
+		}))
+	for _, n := range nodes {
+		if _, err := b.client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create node %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// patch is a JSON merge patch of node labels; a nil value removes the label.
+func labelPatch(labels map[string]*string) []byte {
+	body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
+	return body
+}
+
+func str(s string) *string { return &s }
+
+func patch(ctx context.Context, client *kubernetes.Clientset, node string, body []byte, dryRun bool) error {
+	req := client.CoreV1().RESTClient().Patch(types.MergePatchType).Resource("nodes").Name(node).Body(body)
+	if dryRun {
+		req = req.Param("dryRun", "All")
+	}
+	return req.Do(ctx).Error()
+}
+
+// probe is a dry run that both mechanisms refuse: the toolkit switched off
+// under the bench node's device plugin. It tells which one is active.
+func (b *bench) probe() (mode, error) {
+	err := patch(context.Background(), b.client, benchNode, labelPatch(map[string]*string{deployPrefix + "container-toolkit": str("false")}), true)
+	switch {
+	case err == nil:
+		return none, nil
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), webhookDenied):
+		return webhook, nil
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), celDenied):
+		return cel, nil
+	}
+	return none, fmt.Errorf("probe: %w", err)
+}
+
+func (b *bench) waitActive(want mode) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := b.probe()
+		if err != nil {
+			return err
+		}
+		if got == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after 30s the probe is still answered by: %v, want: %v", got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// use makes m the only mechanism the API server consults.
+func (b *bench) use(m mode) error {
+	ctx := context.Background()
+	ar := b.client.AdmissionregistrationV1()
+	ignore := func(err error) error {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	if err := ignore(ar.ValidatingWebhookConfigurations().Delete(ctx, b.vwc.Name, metav1.DeleteOptions{})); err != nil {
+		return err
+	}
+	if err := ignore(ar.ValidatingAdmissionPolicyBindings().Delete(ctx, b.binding.Name, metav1.DeleteOptions{})); err != nil {
+		return err
+	}
+	if err := ignore(ar.ValidatingAdmissionPolicies().Delete(ctx, b.policy.Name, metav1.DeleteOptions{})); err != nil {
+		return err
+	}
+	if err := b.waitActive(none); err != nil {
+		return fmt.Errorf("unregistering everything: %w", err)
+	}
+	var err error
+	switch m {
+	case webhook:
+		_, err = ar.ValidatingWebhookConfigurations().Create(ctx, b.vwc.DeepCopy(), metav1.CreateOptions{})
+	case cel:
+		if _, err = ar.ValidatingAdmissionPolicies().Create(ctx, b.policy.DeepCopy(), metav1.CreateOptions{}); err == nil {
+			_, err = ar.ValidatingAdmissionPolicyBindings().Create(ctx, b.binding.DeepCopy(), metav1.CreateOptions{})
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("registering %v: %w", m, err)
+	}
+	if err := b.waitActive(m); err != nil {
+		return fmt.Errorf("registering %v: %w", m, err)
+	}
+	return nil
+}
+
+// decisionCase is one of the lab's label changes, by a person (the admin).
+type decisionCase struct {
+	node    string
+	labels  map[string]*string
+	allowed bool
+}
+
+func (c decisionCase) String() string {
+	var parts []string
+	for k, v := range c.labels {
+		if v == nil {
+			parts = append(parts, strings.TrimPrefix(k, deployPrefix)+"-")
+		} else {
+			parts = append(parts, strings.TrimPrefix(k, deployPrefix)+"="+*v)
+		}
+	}
+	slices.Sort(parts)
+	return c.node + " " + strings.Join(parts, " ")
+}
+
+var decisionCases = []decisionCase{
+	{"lab-node-2", map[string]*string{deployPrefix + "device-plugin": str("true")}, false},
+	{"lab-node-2", map[string]*string{deployPrefix + "device-plugin": str("true"), deployPrefix + "container-toolkit": str("true")}, true},
+	{"lab-node-2", map[string]*string{deployPrefix + "container-toolkit": str("true")}, true},
+	{"lab-node-2", map[string]*string{deployPrefix + "device-plugin": str("True")}, true},
+	{"lab-node-0", map[string]*string{deployPrefix + "container-toolkit": nil}, false},
+	{"lab-node-0", map[string]*string{deployPrefix + "container-toolkit": str("paused-for-driver-upgrade")}, false},
+	{"lab-node-0", map[string]*string{deployPrefix + "device-plugin": str("false"), deployPrefix + "container-toolkit": str("false")}, true},
+	{"lab-node-0", map[string]*string{deployPrefix + "device-plugin": nil, deployPrefix + "container-toolkit": nil}, true},
+	{"lab-node-1", map[string]*string{deployPrefix + "container-toolkit": str("false")}, false},
+	{"lab-node-1", map[string]*string{deployPrefix + "dcgm-exporter": str("false")}, true},
+	{"lab-node-1", map[string]*string{deployPrefix + "driver": str("true")}, true},
+	// Registered broken: edits that leave it broken are not refused, the repair neither.
+	{"lab-node-3", map[string]*string{deployPrefix + "gpu-feature-discovery": str("true")}, true},
+	{"lab-node-3", map[string]*string{deployPrefix + "container-toolkit": str("false")}, true},
+	{"lab-node-3", map[string]*string{deployPrefix + "device-plugin": nil}, true},
+}
+
+// decide runs the case as a dry run and returns "allowed" or the refusal's
+// own sentence (after the mechanism's opening).
+func (b *bench) decide(c decisionCase, m mode) (string, error) {
+	err := patch(context.Background(), b.client, c.node, labelPatch(c.labels), true)
+	if err == nil {
+		return "allowed", nil
+	}
+	opening := map[mode]string{webhook: webhookDenied, cel: celDenied}[m]
+	msg := err.Error()
+	if i := strings.Index(msg, opening); apierrors.IsForbidden(err) && i >= 0 {
+		return "refused: " + msg[i+len(opening):], nil
+	}
+	return "", fmt.Errorf("%s under %v: %w", c, m, err)
+}
+
+// checkDecisions: every case, as a dry run, under the webhook alone and the
+// CEL policy alone. Both must give the case's expected outcome, and refuse
+// with the same sentence.
+func (b *bench) checkDecisions() error {
+	got := map[mode][]string{}
+	for _, m := range []mode{webhook, cel} {
+		if err := b.use(m); err != nil {
+			return err
+		}
+		for _, c := range decisionCases {
+			d, err := b.decide(c, m)
+			if err != nil {
+				return err
+			}
+			got[m] = append(got[m], d)
+		}
+	}
+	var problems []string
+	for i, c := range decisionCases {
+		w, l := got[webhook][i], got[cel][i]
+		if (w == "allowed") != c.allowed {
+			problems = append(problems, fmt.Sprintf("%s: webhook %s, want allowed=%v", c, w, c.allowed))
+		}
+		if w != l {
+			problems = append(problems, fmt.Sprintf("%s: webhook and CEL policy disagree:\n  webhook: %s\n  CEL:     %s", c, w, l))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("the CEL policy does not decide the lab like the webhook:\n%s", strings.Join(problems, "\n"))
+	}
+	logf("decisions: the webhook and the CEL policy agree on all %d lab changes (%d refused with the same sentence)",
+		len(decisionCases), countRefused())
+	return nil
+}
+
+func countRefused() int {
+	n := 0
+	for _, c := range decisionCases {
+		if !c.allowed {
+			n++
+		}
+	}
+	return n
+}
+
+// results are the measured latencies, per mode, in order, and per round.
+type results struct {
+	all      map[mode][]time.Duration
+	perRound map[mode][][]time.Duration
+	// costs: what the API server and serve say the measured requests spent
+	// where (summed over each mode's measured blocks).
+	costs    map[mode]costs
+	warnings int64
+	loadAvg  [2]string
+}
+
+// A step of a request, as a histogram's sum and count.
+type cost struct{ sum, n float64 }
+
+type costs map[string]cost
+
+// The steps read from /metrics, in table order.
+var steps = []struct {
+	key, metric string
+	labels      map[string]string
+	fromGuard   bool
+}{
+	{"PATCH in the API server", "apiserver_request_duration_seconds",
+		map[string]string{"verb": "PATCH", "resource": "nodes", "dry_run": ""}, false},
+	{"ValidatingAdmissionPolicy step", "apiserver_admission_controller_admission_duration_seconds",
+		map[string]string{"name": "ValidatingAdmissionPolicy", "operation": "UPDATE"}, false},
+	{"ValidatingAdmissionWebhook step", "apiserver_admission_controller_admission_duration_seconds",
+		map[string]string{"name": "ValidatingAdmissionWebhook", "operation": "UPDATE"}, false},
+	{"enforce webhook call", "apiserver_admission_webhook_admission_duration_seconds",
+		map[string]string{"name": "enforce.gpu-deploy-guard.io", "operation": "UPDATE"}, false},
+	{"review inside serve", "gpu_deploy_guard_admission_review_duration_seconds", nil, true},
+}
+
+var labelRE = regexp.MustCompile(`([a-zA-Z_]+)="([^"]*)"`)
+
+// addHistograms adds the _sum and _count samples of each step found in a
+// Prometheus text exposition to c.
+func addHistograms(c costs, text string, fromGuard bool, sign float64) {
+	for _, line := range strings.Split(text, "\n") {
+		for _, st := range steps {
+			if st.fromGuard != fromGuard || !strings.HasPrefix(line, st.metric+"_") {
+				continue
+			}
+			rest := strings.TrimPrefix(line, st.metric)
+			var field string
+			switch {
+			case strings.HasPrefix(rest, "_sum"):
+				field = "sum"
+			case strings.HasPrefix(rest, "_count"):
+				field = "count"
+			default:
+				continue
+			}
+			labels := map[string]string{}
+			if i, j := strings.IndexByte(line, '{'), strings.LastIndexByte(line, '}'); i >= 0 && j > i {
+				for _, m := range labelRE.FindAllStringSubmatch(line[i+1:j], -1) {
+					labels[m[1]] = m[2]
+				}
+			}
+			match := true
+			for k, v := range st.labels {
+				match = match && labels[k] == v
+			}
+			fields := strings.Fields(line)
+			v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+			if !match || err != nil {
+				continue
+			}
+			cur := c[st.key]
+			if field == "sum" {
+				cur.sum += sign * v
+			} else {
+				cur.n += sign * v
+			}
+			c[st.key] = cur
+		}
+	}
+}
+
+// snapshot reads the API server's and serve's metrics into c, added with
+// sign (+1 after a block, -1 before it).
+func (b *bench) snapshot(c costs, sign float64) error {
+	raw, err := b.client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		return fmt.Errorf("API server /metrics: %w", err)
+	}
+	addHistograms(c, string(raw), false, sign)
+	guardText, err := b.guard.MetricsText()
+	if err != nil {
+		return fmt.Errorf("gpu-deploy-guard /metrics: %w", err)
+	}
+	addHistograms(c, guardText, true, sign)
+	return nil
+}
+
+// orders are the six orders of the three modes; round r uses orders[r%6].
+var orders = [][]mode{
+	{none, webhook, cel}, {webhook, cel, none}, {cel, none, webhook},
+	{none, cel, webhook}, {cel, webhook, none}, {webhook, none, cel},
+}
+
+func (b *bench) measure(o options) (*results, error) {
+	res := &results{all: map[mode][]time.Duration{}, perRound: map[mode][][]time.Duration{}, costs: map[mode]costs{}}
+	for _, m := range modes {
+		res.costs[m] = costs{}
+	}
+	res.loadAvg[0] = loadAvg()
+	ctx := context.Background()
+	value := false
+	flip := func() error { // dcgm-exporter true <-> false: a real change every time
+		value = !value
+		return patch(ctx, b.measured, benchNode, labelPatch(map[string]*string{deployPrefix + "dcgm-exporter": str(fmt.Sprint(value))}), false)
+	}
+	if o.warmup > 0 {
+		for _, m := range modes {
+			if err := b.use(m); err != nil {
+				return nil, err
+			}
+			for i := 0; i < o.warmup; i++ {
+				if err := flip(); err != nil {
+					return nil, fmt.Errorf("warm-up under %v: %w", m, err)
+				}
+			}
+		}
+	}
+	b.warnings.Store(0)
+	for r := 0; r < o.rounds; r++ {
+		for _, m := range orders[r%len(orders)] {
+			if err := b.use(m); err != nil {
+				return nil, err
+			}
+			// A few unmeasured requests after each switch: the API server's
+			// first call to a newly registered webhook opens a connection.
+			for i := 0; i < 5; i++ {
+				if err := flip(); err != nil {
+					return nil, fmt.Errorf("round %d, %v: %w", r+1, m, err)
+				}
+			}
+			if err := b.snapshot(res.costs[m], -1); err != nil {
+				return nil, err
+			}
+			round := make([]time.Duration, 0, o.perRound)
+			for i := 0; i < o.perRound; i++ {
+				t0 := time.Now()
+				err := flip()
+				d := time.Since(t0)
+				if err != nil {
+					return nil, fmt.Errorf("round %d, %v: PATCH %s: %w", r+1, m, benchNode, err)
+				}
+				round = append(round, d)
+			}
+			if err := b.snapshot(res.costs[m], +1); err != nil {
+				return nil, err
+			}
+			res.all[m] = append(res.all[m], round...)
+			res.perRound[m] = append(res.perRound[m], round)
+		}
+		logf("round %d/%d done (order %v)", r+1, o.rounds, orders[r%len(orders)])
+	}
+	res.warnings = b.warnings.Load()
+	b.warningTexts.mu.Lock()
+	for text, n := range b.warningTexts.texts {
+		logf("Warning header on a flip of the DCGM exporter (%d×, warm-up included): %s", n, text)
+	}
+	b.warningTexts.mu.Unlock()
+	res.loadAvg[1] = loadAvg()
+	return res, b.use(none)
+}
+
+func loadAvg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// quantile is the nearest-rank quantile of sorted samples.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+type stats struct {
+	n                   int
+	p50, p90, p99, mean time.Duration
+}
+
+func summarize(samples []time.Duration) stats {
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	var sum time.Duration
+	for _, d := range s {
+		sum += d
+	}
+	st := stats{n: len(s), p50: quantile(s, 0.5), p90: quantile(s, 0.9), p99: quantile(s, 0.99)}
+	if len(s) > 0 {
+		st.mean = sum / time.Duration(len(s))
+	}
+	return st
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d)/float64(time.Millisecond)) }
+
+func ratio(a, b time.Duration) string {
+	if b == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", float64(a)/float64(b))
+}
+
+func report(o options, res *results, started time.Time) string {
+	st := map[mode]stats{}
+	for _, m := range modes {
+		st[m] = summarize(res.all[m])
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n## Node label PATCH latency through kube-apiserver (%d rounds × %d PATCHes per mode, interleaved)\n\n",
+		o.rounds, o.perRound)
+	fmt.Fprintf(&b, "| mode | n | p50 ms | p90 ms | p99 ms | mean ms | p50 / none | mean / none | p50 webhook / CEL |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, m := range modes {
+		s := st[m]
+		vsCEL := "—"
+		if m == webhook {
+			vsCEL = ratio(s.p50, st[cel].p50)
+		}
+		fmt.Fprintf(&b, "| %v | %d | %s | %s | %s | %s | %s | %s | %s |\n",
+			m, s.n, ms(s.p50), ms(s.p90), ms(s.p99), ms(s.mean), ratio(s.p50, st[none].p50), ratio(s.mean, st[none].mean), vsCEL)
+	}
+
+	// Paired by round: the modes of one round ran within seconds of each
+	// other, so these differences are the least disturbed by drift.
+	var diffs, ratios []float64
+	for r := range res.perRound[none] {
+		p := func(m mode) time.Duration { return summarize(res.perRound[m][r]).p50 }
+		diffs = append(diffs, float64(p(webhook)-p(none))/float64(time.Millisecond))
+		ratios = append(ratios, float64(p(webhook))/float64(p(cel)))
+	}
+	slices.Sort(diffs)
+	slices.Sort(ratios)
+	med := func(v []float64) float64 {
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	fmt.Fprintf(&b, "\nPer round (each round's medians, then the median over rounds): webhook − none %+.3f ms (range %+.3f … %+.3f); webhook / CEL %.2f (range %.2f … %.2f)\n",
+		med(diffs), diffs[0], diffs[len(diffs)-1], med(ratios), ratios[0], ratios[len(ratios)-1])
+
+	fmt.Fprintf(&b, "\nWhere the time goes: the API server's and serve's own histograms over the measured blocks, mean ms per call "+
+		"(in brackets, calls per measured PATCH when not 1: the admission plugins also count other objects' updates, such as the API server's lease)\n\n")
+	fmt.Fprintf(&b, "| mode | client-side mean |")
+	for _, step := range steps {
+		fmt.Fprintf(&b, " %s |", step.key)
+	}
+	fmt.Fprintf(&b, "\n|---|---:|%s\n", strings.Repeat("---:|", len(steps)))
+	for _, m := range modes {
+		fmt.Fprintf(&b, "| %v | %s |", m, ms(st[m].mean))
+		for _, step := range steps {
+			c := res.costs[m][step.key]
+			switch {
+			case c.n < 0.5:
+				fmt.Fprintf(&b, " — |")
+			case math.Abs(c.n-float64(st[m].n)) < 0.5:
+				fmt.Fprintf(&b, " %.3f |", 1000*c.sum/c.n)
+			default:
+				fmt.Fprintf(&b, " %.3f (%.2f) |", 1000*c.sum/c.n, c.n/float64(st[m].n))
+			}
+		}
+		fmt.Fprintf(&b, "\n")
+	}
+
+	overhead := float64(st[webhook].p50-st[none].p50) / float64(time.Millisecond)
+	vsCEL := float64(st[webhook].p50) / float64(st[cel].p50)
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "NOT met"
+	}
+	fmt.Fprintf(&b, "\nTargets: median with the webhook within 1 ms of no admission: %+.3f ms, %s; "+
+		"median ≤ 1.2 × the CEL policy's: %.2f ×, %s.\n", overhead, verdict(overhead <= 1), vsCEL, verdict(vsCEL <= 1.2))
+	fmt.Fprintf(&b, "\nSetup: one kube-apiserver (etcd --unsafe-no-fsync), client-go JSON merge patch of nvidia.com/gpu.deploy.dcgm-exporter "+
+		"(true ↔ false, allowed) on %s by a system:masters user, sequential; only one mechanism registered per mode "+
+		"(deploy/base webhook on https://127.0.0.1, serve --no-cluster-watch; or deploy/cel); 5 unmeasured PATCHes after each switch, "+
+		"%d per mode before the first round. Warning headers on measured requests: %d. %d CPUs (GOMAXPROCS %d), load average %s at the start, %s at the end; "+
+		"%s in all.\n", benchNode, o.warmup, res.warnings, runtime.NumCPU(), runtime.GOMAXPROCS(0), res.loadAvg[0], res.loadAvg[1],
+		time.Since(started).Round(time.Second))
+	return b.String()
+}

@@ -1,0 +1,492 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"gpu-deploy-guard/tests/e2e/framework"
+)
+
+// The shared webhook runs without cluster access (no kubeconfig), so it
+// decides with the GPU Operator's defaults and runs no audit. The tests here
+// start a second `serve` that watches the cluster the way the Deployment in
+// deploy/base does: as the webhook's service account, with a token the API
+// server issued, holding only the RBAC of deploy/base/rbac.yaml.
+
+const (
+	watchStartTimeout = 30 * time.Second // the first audit after /readyz: pods and nodes listed, 1 s debounce
+	watchFollow       = 30 * time.Second // a change reaching the gauges, the report or the decisions
+	clusterPolicyName = "cluster-policy"
+	metricPrefix      = "gpu_deploy_guard_"
+)
+
+// installWatchedCRDs serves ClusterPolicy and ClusterPolicyReport (schema-less
+// stand-ins) until the test ends.
+func installWatchedCRDs(t *testing.T) {
+	t.Helper()
+	t.Cleanup(func() {
+		if got := kubectl("delete", "-f", watchedCRDs, "--ignore-not-found", "--wait=true", "--timeout=60s"); got.code != 0 {
+			t.Errorf("cleanup: kubectl delete -f %s: %s", watchedCRDs, got)
+		}
+	})
+	cp.MustKubectl(t, "apply", "-f", watchedCRDs)
+	cp.MustKubectl(t, "wait", "--for=condition=Established", "--timeout=60s",
+		"crd/clusterpolicies.nvidia.com", "crd/clusterpolicyreports.wgpolicyk8s.io")
+}
+
+// applyClusterPolicy creates or updates ClusterPolicy cluster-policy with the
+// given spec (JSON).
+func applyClusterPolicy(t *testing.T, spec string) {
+	t.Helper()
+	manifest := fmt.Sprintf(`{"apiVersion":"nvidia.com/v1","kind":"ClusterPolicy","metadata":{"name":%q},"spec":%s}`,
+		clusterPolicyName, spec)
+	if got := kubectlWithInput(manifest, "apply", "-f", "-"); got.code != 0 {
+		t.Fatalf("kubectl apply ClusterPolicy %s: %s", spec, got)
+	}
+}
+
+// startWatchingGuard starts a second `gpu-deploy-guard serve`, with its own
+// ports and certificates and the shipped policy, that watches the cluster:
+// KUBECONFIG holds a token of the service account gpu-deploy-guard/
+// gpu-deploy-guard, bound by deploy/base/rbac.yaml (applied as shipped) and
+// nothing else. It returns once /readyz is 200, which serve holds back until
+// it has read the ClusterPolicy and the DaemonSets. Stopped, and its RBAC
+// removed, when the test ends.
+func startWatchingGuard(t *testing.T, extraArgs ...string) *framework.Guard {
+	t.Helper()
+	if guard == nil {
+		t.Fatal("startWatchingGuard needs the shared webhook's config file: call setUpLab first")
+	}
+	base := filepath.Join(repoRoot(t), "deploy", "base")
+	manifests := []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml"}
+	t.Cleanup(func() {
+		for _, m := range slices.Backward(manifests) {
+			if got := kubectl("delete", "-f", filepath.Join(base, m), "--ignore-not-found", "--wait=true", "--timeout=120s"); got.code != 0 {
+				t.Errorf("cleanup: kubectl delete -f deploy/base/%s: %s", m, got)
+			}
+		}
+	})
+	for _, m := range manifests {
+		cp.MustKubectl(t, "apply", "-f", filepath.Join(base, m))
+	}
+	token := strings.TrimSpace(cp.MustKubectl(t, "create", "token", "gpu-deploy-guard", "-n", guardNS, "--duration=1h"))
+	kubeconfig, err := cp.WriteTokenKubeconfig("gpu-deploy-guard-sa", token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The token is the service account's, and RBAC has caught up with the
+	// bindings, before serve makes its first call.
+	framework.WaitFor(t, 30*time.Second, "the service account's token to carry deploy/base's RBAC", func() (bool, string) {
+		stdout, stderr, code := cp.KubectlAs(kubeconfig, "", "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
+		if code != 0 || stdout != guardSA {
+			return false, fmt.Sprintf("whoami: exit %d %q %q", code, stdout, stderr)
+		}
+		stdout, _, code = cp.KubectlAs(kubeconfig, "", "auth", "can-i", "watch", "pods", "-n", operatorNS)
+		return code == 0, "can-i watch pods -n gpu-operator: " + strings.TrimSpace(stdout)
+	})
+
+	dir, err := os.MkdirTemp(cp.Dir, "gpu-deploy-guard-watching-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := framework.StartGuard(framework.GuardConfig{
+		Bin: framework.RequireProductBinary(t), Dir: dir, LogDir: cp.LogDir, ConfigFile: guard.ConfigFile,
+		Name: "gpu-deploy-guard-watching", Env: []string{"KUBECONFIG=" + kubeconfig}, ExtraArgs: extraArgs,
+	})
+	if g != nil {
+		t.Cleanup(g.Stop)
+	}
+	if err != nil {
+		t.Fatalf("starting the watching gpu-deploy-guard serve: %v", err)
+	}
+	return g
+}
+
+// auditGauges is the watching guard's audit on /metrics, one line per
+// sample, sorted: `operand_expected lab-node-0 driver 1`,
+// `audit_findings device-plugin-without-toolkit 1`, `audit_nodes 3`,
+// `cluster_policy_available 1`.
+func auditGauges(g *framework.Guard) (string, error) {
+	samples, err := g.Metrics()
+	if err != nil {
+		return "", err
+	}
+	var lines []string
+	for _, s := range samples {
+		name := strings.TrimPrefix(s.Name, metricPrefix)
+		switch name {
+		case "operand_expected", "operand_running":
+			lines = append(lines, fmt.Sprintf("%s %s %s %v", name, s.Labels["node"], s.Labels["operand"], s.Value))
+		case "audit_findings":
+			lines = append(lines, fmt.Sprintf("%s %s %v", name, s.Labels["rule"], s.Value))
+		case "audit_nodes", "cluster_policy_available":
+			lines = append(lines, fmt.Sprintf("%s %v", name, s.Value))
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n"), nil
+}
+
+// gauges builds the expected auditGauges text.
+type gauges struct {
+	lines []string
+}
+
+// operands: each operand has both series on the node, with these values.
+func (w *gauges) operands(node string, expected, running int, operands ...string) *gauges {
+	for _, op := range operands {
+		w.lines = append(w.lines,
+			fmt.Sprintf("operand_expected %s %s %d", node, op, expected),
+			fmt.Sprintf("operand_running %s %s %d", node, op, running))
+	}
+	return w
+}
+
+// findings: nodes per rule; every rule the audit knows is always exported.
+func (w *gauges) findings(counts map[string]int) *gauges {
+	for _, rule := range []string{"device-plugin-without-toolkit", "operand-without-toolkit",
+		"operand-without-validator", "device-plugin-on-non-gpu-node", "operand-not-running"} {
+		w.lines = append(w.lines, fmt.Sprintf("audit_findings %s %d", rule, counts[rule]))
+	}
+	return w
+}
+
+func (w *gauges) text(nodes, policyAvailable int) string {
+	lines := append(slices.Clone(w.lines),
+		fmt.Sprintf("audit_nodes %d", nodes), fmt.Sprintf("cluster_policy_available %d", policyAvailable))
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// waitGauges polls /metrics until the audit gauges are exactly want.
+func waitGauges(t *testing.T, g *framework.Guard, timeout time.Duration, what, want string) {
+	t.Helper()
+	framework.WaitFor(t, timeout, "the audit gauges: "+what, func() (bool, string) {
+		got, err := auditGauges(g)
+		if err != nil {
+			return false, err.Error()
+		}
+		return got == want, "\n" + got + "\n--- want ---\n" + want
+	})
+}
+
+// policyReport is ClusterPolicyReport gpu-deploy-guard in a comparable
+// form: one line per result, `<node> <rule> <result> <severity> [basis]`
+// (sorted), then the summary; the messages of failed results by node/rule.
+type policyReport struct {
+	text            string
+	messages        map[string]string
+	resourceVersion string
+}
+
+func readPolicyReport() (policyReport, error) {
+	stdout, stderr, code := cp.Kubectl("get", "clusterpolicyreport", "gpu-deploy-guard", "-o", "json")
+	if code != 0 {
+		return policyReport{}, fmt.Errorf("kubectl get clusterpolicyreport gpu-deploy-guard: exit %d: %s", code, strings.TrimSpace(stderr))
+	}
+	var r struct {
+		Metadata struct {
+			ResourceVersion string            `json:"resourceVersion"`
+			Labels          map[string]string `json:"labels"`
+			ManagedFields   []struct {
+				Manager   string `json:"manager"`
+				Operation string `json:"operation"`
+			} `json:"managedFields"`
+		} `json:"metadata"`
+		Results []struct {
+			Policy, Rule, Result, Severity, Message, Source string
+			Resources                                       []struct{ APIVersion, Kind, Name string }
+			Properties                                      map[string]string
+		} `json:"results"`
+		Summary map[string]int `json:"summary"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+		return policyReport{}, err
+	}
+	var problems, lines []string
+	if v := r.Metadata.Labels["app.kubernetes.io/managed-by"]; v != "gpu-deploy-guard" {
+		problems = append(problems, fmt.Sprintf("label app.kubernetes.io/managed-by=%q", v))
+	}
+	for _, m := range r.Metadata.ManagedFields {
+		if m.Manager != "gpu-deploy-guard" || m.Operation != "Apply" {
+			problems = append(problems, fmt.Sprintf("written by %s (%s), not server-side applied by gpu-deploy-guard", m.Manager, m.Operation))
+		}
+	}
+	out := policyReport{messages: map[string]string{}, resourceVersion: r.Metadata.ResourceVersion}
+	for _, res := range r.Results {
+		if res.Policy != "gpu-deploy-guard" || res.Source != "gpu-deploy-guard" {
+			problems = append(problems, fmt.Sprintf("result %s: policy %q source %q", res.Rule, res.Policy, res.Source))
+		}
+		node := "-"
+		if len(res.Resources) == 1 && res.Resources[0].APIVersion == "v1" && res.Resources[0].Kind == "Node" {
+			node = res.Resources[0].Name
+		} else if len(res.Resources) != 0 {
+			problems = append(problems, fmt.Sprintf("result %s: resources %+v", res.Rule, res.Resources))
+		}
+		line := strings.TrimSpace(strings.Join([]string{node, res.Rule, res.Result, res.Severity, res.Properties["basis"]}, " "))
+		lines = append(lines, line)
+		if res.Result == "fail" {
+			out.messages[node+"/"+res.Rule] = res.Message
+		}
+	}
+	slices.Sort(lines)
+	lines = append(lines, fmt.Sprintf("summary pass=%d fail=%d warn=%d error=%d skip=%d",
+		r.Summary["pass"], r.Summary["fail"], r.Summary["warn"], r.Summary["error"], r.Summary["skip"]))
+	lines = append(lines, problems...)
+	out.text = strings.Join(lines, "\n")
+	return out, nil
+}
+
+// reportLines builds the expected policyReport text: every rule of the
+// audit for each node (pass unless listed in notPass as "rule result
+// [basis]"), then the summary counted from them.
+func reportLines(nodes map[string][]string) string {
+	severity := map[string]string{
+		"device-plugin-without-toolkit": "high",
+		"operand-without-toolkit":       "medium",
+		"operand-without-validator":     "medium",
+		"device-plugin-on-non-gpu-node": "low",
+		"operand-not-running":           "medium",
+	}
+	count := map[string]int{}
+	var lines []string
+	for node, notPass := range nodes {
+		for rule, sev := range severity {
+			line := node + " " + rule + " pass " + sev
+			for _, np := range notPass {
+				if r, rest, _ := strings.Cut(np, " "); r == rule {
+					result, basis, _ := strings.Cut(rest, " ")
+					line = strings.TrimSpace(node + " " + rule + " " + result + " " + sev + " " + basis)
+				}
+			}
+			count[strings.Fields(line)[2]]++
+			lines = append(lines, line)
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(append(lines, fmt.Sprintf("summary pass=%d fail=%d warn=%d error=0 skip=0",
+		count["pass"], count["fail"], count["warn"])), "\n")
+}
+
+// waitReport polls the ClusterPolicyReport until it is exactly want.
+func waitReport(t *testing.T, timeout time.Duration, what, want string) policyReport {
+	t.Helper()
+	var last policyReport
+	framework.WaitFor(t, timeout, "ClusterPolicyReport gpu-deploy-guard: "+what, func() (bool, string) {
+		r, err := readPolicyReport()
+		if err != nil {
+			return false, err.Error()
+		}
+		last = r
+		return r.text == want, "\n" + r.text + "\n--- want ---\n" + want
+	})
+	return last
+}
+
+func expectMessage(t *testing.T, r policyReport, key, want string) {
+	t.Helper()
+	if got := r.messages[key]; got != want {
+		t.Errorf("report message of %s:\ngot  %q\nwant %q", key, got, want)
+	}
+}
+
+var labOperands = []string{"driver", "container-toolkit", "device-plugin", "gpu-feature-discovery", "dcgm-exporter"}
+
+// TestServeGaugesAndReportFollowALabelChange: serve's continuous audit, as
+// deploy/base runs it (the shipped service account and RBAC, --report),
+// against the lab with every operand pod Running and lab-node-2 running the
+// device plugin alone. The gauges and the ClusterPolicyReport must state
+// exactly that, and then follow two label changes: the DCGM exporter
+// switched off on lab-node-1 (its series go away), and lab-node-2 repaired
+// with the toolkit (first Pending: a missing operand; then Running: clean).
+func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
+	setUpIncidentLab(t)
+	installWatchedCRDs(t)
+	applyClusterPolicy(t, `{"operator":{"defaultRuntime":"containerd"}}`)
+	g := startWatchingGuard(t, "--report")
+	before := time.Now().Unix()
+
+	want := new(gauges).
+		operands("lab-node-0", 1, 1, labOperands...).
+		operands("lab-node-1", 1, 1, "container-toolkit", "device-plugin", "gpu-feature-discovery", "dcgm-exporter").
+		operands("lab-node-2", 1, 1, "device-plugin").
+		findings(map[string]int{"device-plugin-without-toolkit": 1, "device-plugin-on-non-gpu-node": 1})
+	waitGauges(t, g, watchStartTimeout, "the lab with the incident", want.text(3, 1))
+	ts, err := g.Counter(metricPrefix+"audit_last_run_timestamp_seconds", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(ts) < before || int64(ts) > time.Now().Unix() {
+		t.Errorf("audit_last_run_timestamp_seconds = %v, want a time since serve started (%d..now)", ts, before)
+	}
+
+	plugin2 := podOf(t, "nvidia-device-plugin-daemonset", "lab-node-2").name
+	incident := map[string][]string{
+		"lab-node-0": nil,
+		"lab-node-1": nil,
+		"lab-node-2": {"device-plugin-without-toolkit fail pods", "device-plugin-on-non-gpu-node warn labels"},
+	}
+	r := waitReport(t, watchStartTimeout, "the lab with the incident", reportLines(incident))
+	expectMessage(t, r, "lab-node-2/device-plugin-without-toolkit", "node lab-node-2 runs the NVIDIA device plugin (pod "+plugin2+
+		") but no container toolkit pod runs there, so GPU pods scheduled there fail to start; "+
+		"set nvidia.com/gpu.deploy.container-toolkit=true or nvidia.com/gpu.deploy.device-plugin=false.")
+
+	// 1. A person switches the DCGM exporter off on lab-node-1 (the webhook
+	// allows it). Its pod goes; both of its series go, nothing else moves.
+	expectResult(t, "kubectl label node lab-node-1 dcgm-exporter=false --overwrite",
+		kubectl("label", "node", "lab-node-1", deployPrefix+"dcgm-exporter=false", "--overwrite"), 0, "node/lab-node-1 labeled\n", "")
+	waitPodNodes(t, "nvidia-dcgm-exporter", []string{"lab-node-0"})
+	want = new(gauges).
+		operands("lab-node-0", 1, 1, labOperands...).
+		operands("lab-node-1", 1, 1, "container-toolkit", "device-plugin", "gpu-feature-discovery").
+		operands("lab-node-2", 1, 1, "device-plugin").
+		findings(map[string]int{"device-plugin-without-toolkit": 1, "device-plugin-on-non-gpu-node": 1})
+	waitGauges(t, g, watchFollow, "dcgm-exporter off on lab-node-1", want.text(3, 1))
+	// The audit ran again, with the same results: the report is not rewritten.
+	if again, err := readPolicyReport(); err != nil || again.text != r.text || again.resourceVersion != r.resourceVersion {
+		t.Errorf("ClusterPolicyReport after a change that alters no result (err %v): resourceVersion %s -> %s, want unchanged:\n%s",
+			err, r.resourceVersion, again.resourceVersion, again.text)
+	}
+
+	// 2. A person repairs lab-node-2: the toolkit label. Its pod is created
+	// but is not Running yet: an expected operand is missing, and the device
+	// plugin still runs without a toolkit.
+	predicted := predict(t, "lab-node-2", deployPrefix+"container-toolkit=true")
+	got := kubectl("label", "node", "lab-node-2", deployPrefix+"container-toolkit=true")
+	expectResult(t, "kubectl label node lab-node-2 container-toolkit=true", got, 0, "node/lab-node-2 labeled\n",
+		"Warning: lab-node-2: device-plugin already runs on a node with no NVIDIA GPU label\n")
+	expectAgreesWithCheck(t, predicted, got)
+	waitPodNodes(t, "nvidia-container-toolkit-daemonset", []string{"lab-node-0", "lab-node-1", "lab-node-2"})
+	toolkit2 := podOf(t, "nvidia-container-toolkit-daemonset", "lab-node-2").name
+	want = new(gauges).
+		operands("lab-node-0", 1, 1, labOperands...).
+		operands("lab-node-1", 1, 1, "container-toolkit", "device-plugin", "gpu-feature-discovery").
+		operands("lab-node-2", 1, 1, "device-plugin").
+		operands("lab-node-2", 1, 0, "container-toolkit").
+		findings(map[string]int{"device-plugin-without-toolkit": 1, "device-plugin-on-non-gpu-node": 1, "operand-not-running": 1})
+	waitGauges(t, g, watchFollow, "the toolkit on lab-node-2, Pending", want.text(3, 1))
+	r = waitReport(t, watchFollow, "the toolkit on lab-node-2, Pending", reportLines(map[string][]string{
+		"lab-node-0": nil,
+		"lab-node-1": nil,
+		"lab-node-2": {"device-plugin-without-toolkit fail pods", "device-plugin-on-non-gpu-node warn labels", "operand-not-running fail pods"},
+	}))
+	expectMessage(t, r, "lab-node-2/device-plugin-without-toolkit", "node lab-node-2 runs the NVIDIA device plugin (pod "+plugin2+
+		") but its container toolkit pod "+toolkit2+" is Pending, so GPU pods scheduled there fail to start; "+
+		"set nvidia.com/gpu.deploy.container-toolkit=true or nvidia.com/gpu.deploy.device-plugin=false.")
+	expectMessage(t, r, "lab-node-2/operand-not-running", "node lab-node-2: expected operands are not running: "+
+		"container-toolkit (nvidia.com/gpu.deploy.container-toolkit=true; pod "+toolkit2+" is Pending).")
+
+	// 3. The toolkit pod runs: lab-node-2 is sound, only the GPU-label
+	// warning is left.
+	setPodPhase(t, toolkit2, "Running")
+	want = new(gauges).
+		operands("lab-node-0", 1, 1, labOperands...).
+		operands("lab-node-1", 1, 1, "container-toolkit", "device-plugin", "gpu-feature-discovery").
+		operands("lab-node-2", 1, 1, "device-plugin", "container-toolkit").
+		findings(map[string]int{"device-plugin-on-non-gpu-node": 1})
+	waitGauges(t, g, watchFollow, "the toolkit on lab-node-2, Running", want.text(3, 1))
+	waitReport(t, watchFollow, "the toolkit on lab-node-2, Running", reportLines(map[string][]string{
+		"lab-node-0": nil,
+		"lab-node-1": nil,
+		"lab-node-2": {"device-plugin-on-non-gpu-node warn labels"},
+	}))
+}
+
+// dryRunPluginOnLabNode2 asks the API server whether a person may set
+// device-plugin=true on lab-node-2, changing nothing.
+func dryRunPluginOnLabNode2() result {
+	return kubectl("label", "node", "lab-node-2", labNode2PluginOnly, "--dry-run=server")
+}
+
+// waitDecision repeats the dry run until the API server gives want (the
+// watching webhook learns about a ClusterPolicy change within its debounce).
+// Any answer other than the allowed and the refused one fails at once.
+func waitDecision(t *testing.T, what string, want result) {
+	t.Helper()
+	allowed := result{"node/lab-node-2 labeled (server dry run)\n", "Warning: lab-node-2: device-plugin runs on a node with no NVIDIA GPU label\n", 0}
+	refused := result{"", labNode2Refusal, 1}
+	framework.WaitFor(t, watchFollow, what, func() (bool, string) {
+		got := dryRunPluginOnLabNode2()
+		if got != allowed && got != refused {
+			t.Fatalf("%s: kubectl label node lab-node-2 device-plugin=true --dry-run=server: neither allowed nor refused as expected:\n%s", what, got)
+		}
+		return got == want, got.String()
+	})
+}
+
+// TestClusterPolicyWithHostToolkitAllowsDevicePluginAlone: with
+// spec.toolkit.enabled false in the ClusterPolicy, the hosts bring their own
+// container toolkit and a device plugin without the toolkit label is the
+// normal state. A webhook that watches the cluster must then allow what it
+// refuses by default, and refuse it again once the toolkit is managed again
+// or the ClusterPolicy is gone. The webhook configuration points at the
+// watching serve for this test only.
+func TestClusterPolicyWithHostToolkitAllowsDevicePluginAlone(t *testing.T) {
+	setUpLab(t)
+	t.Cleanup(func() { restoreLab(t) })
+	installWatchedCRDs(t)
+	t.Cleanup(func() {
+		if got := kubectl("delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"); got.code != 0 {
+			t.Errorf("cleanup: %s", got)
+		}
+	})
+	g := startWatchingGuard(t)
+	root := repoRoot(t)
+	if err := cp.RegisterGuard(root, g); err != nil {
+		t.Fatal(err)
+	}
+	// Runs before g stops: the other tests get the shared webhook back.
+	t.Cleanup(func() {
+		if err := cp.RegisterGuard(root, guard); err != nil {
+			t.Errorf("cleanup: registering the shared webhook again: %v", err)
+		}
+	})
+	policyAvailable := func(want float64) {
+		t.Helper()
+		framework.WaitFor(t, watchFollow, fmt.Sprintf("cluster_policy_available %v", want), func() (bool, string) {
+			v, err := g.Counter(metricPrefix+"cluster_policy_available", nil)
+			return err == nil && v == want, fmt.Sprintf("%v %v", v, err)
+		})
+	}
+
+	// No ClusterPolicy yet: the operator's defaults, the toolkit is managed.
+	policyAvailable(0)
+	expectResult(t, "no ClusterPolicy: kubectl label node lab-node-2 device-plugin=true --dry-run=server",
+		dryRunPluginOnLabNode2(), 1, "", labNode2Refusal)
+
+	applyClusterPolicy(t, `{"toolkit":{"enabled":false}}`)
+	policyAvailable(1)
+	waitDecision(t, "toolkit.enabled=false: allowed", result{"node/lab-node-2 labeled (server dry run)\n",
+		"Warning: lab-node-2: device-plugin runs on a node with no NVIDIA GPU label\n", 0})
+	denied := reviews(t, g, "denied", "UPDATE")
+	expectResult(t, "toolkit.enabled=false: kubectl label node lab-node-2 device-plugin=true",
+		kubectl("label", "node", "lab-node-2", labNode2PluginOnly), 0, "node/lab-node-2 labeled\n",
+		"Warning: lab-node-2: device-plugin runs on a node with no NVIDIA GPU label\n")
+	if now := reviews(t, g, "denied", "UPDATE"); now != denied {
+		t.Errorf("the watching webhook's denied UPDATE reviews went from %v to %v on an allowed change", denied, now)
+	}
+	waitDesired(t, "nvidia-device-plugin-daemonset", "3")
+	// Turning it off again is always allowed.
+	expectResult(t, "kubectl label node lab-node-2 device-plugin-",
+		kubectl("label", "node", "lab-node-2", deployPrefix+"device-plugin-"), 0, "node/lab-node-2 unlabeled\n", "")
+	waitDesired(t, "nvidia-device-plugin-daemonset", "2")
+
+	// The toolkit managed by the operator again: refused again.
+	applyClusterPolicy(t, `{"toolkit":{"enabled":true}}`)
+	waitDecision(t, "toolkit.enabled=true: refused", result{"", labNode2Refusal, 1})
+
+	// Host toolkit again, then the ClusterPolicy deleted: the defaults
+	// (toolkit managed) apply, refused.
+	applyClusterPolicy(t, `{"toolkit":{"enabled":false}}`)
+	waitDecision(t, "toolkit.enabled=false again: allowed", result{"node/lab-node-2 labeled (server dry run)\n",
+		"Warning: lab-node-2: device-plugin runs on a node with no NVIDIA GPU label\n", 0})
+	cp.MustKubectl(t, "delete", "clusterpolicy", clusterPolicyName)
+	waitDecision(t, "ClusterPolicy deleted: refused", result{"", labNode2Refusal, 1})
+	policyAvailable(0)
+}
