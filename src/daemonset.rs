@@ -66,12 +66,18 @@ pub(crate) struct RawDaemonSet {
     spec: RawSpec,
 }
 
+/// `resourceVersion` stays so kube's watcher can resume instead of re-listing.
 #[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct RawMeta {
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
     namespace: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -99,6 +105,8 @@ impl From<RawDaemonSet> for DaemonSetView {
             metadata: ObjectMeta {
                 name: raw.metadata.name,
                 namespace: raw.metadata.namespace,
+                resource_version: raw.metadata.resource_version,
+                uid: raw.metadata.uid,
                 ..ObjectMeta::default()
             },
             node_selector: raw.spec.template.spec.node_selector.unwrap_or_default(),
@@ -261,12 +269,14 @@ mod tests {
     #[test]
     fn a_daemonset_file_entry_gives_name_and_selector() {
         let d: DaemonSetView = serde_json::from_str(
-            r#"{"kind":"DaemonSet","metadata":{"name":"nvidia-dcgm-exporter","namespace":"gpu-operator"},
+            r#"{"kind":"DaemonSet","metadata":{"name":"nvidia-dcgm-exporter","namespace":"gpu-operator","resourceVersion":"9"},
               "spec":{"selector":{"matchLabels":{"app":"nvidia-dcgm-exporter"}},"template":{"spec":
               {"nodeSelector":{"nvidia.com/gpu.deploy.dcgm-exporter":"true"},"containers":[]}}}}"#,
         )
         .unwrap();
         assert_eq!(d.name(), "nvidia-dcgm-exporter");
         assert_eq!(d.node_selector.len(), 1);
+        // Kept for kube's watcher, which re-lists on events without it.
+        assert_eq!(d.metadata.resource_version.as_deref(), Some("9"));
     }
 }

@@ -20,13 +20,20 @@ pub struct NodeView {
     pub metadata: ObjectMeta,
 }
 
-/// Only `name` and `labels`; every other metadata field is skipped unparsed.
+/// Only `name`, `labels` and the identity fields; every other metadata field is skipped
+/// unparsed. `resourceVersion` must stay: kube's watcher resumes from it, and treats an event
+/// without one as an error that forces a full re-list.
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct MetaParts {
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
     labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
 }
 
 pub(crate) fn partial_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
@@ -34,6 +41,8 @@ pub(crate) fn partial_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta
     Ok(ObjectMeta {
         name: parts.name,
         labels: parts.labels,
+        resource_version: parts.resource_version,
+        uid: parts.uid,
         ..ObjectMeta::default()
     })
 }
@@ -182,6 +191,14 @@ mod tests {
         assert_eq!(node.labels().get("a").map(String::as_str), Some("b"));
         let yaml = "apiVersion: v1\nkind: Node\nmetadata:\n  name: n2\n  labels:\n    a: b\n";
         assert_eq!(parse_node(yaml, "n2.yaml").unwrap().name(), "n2");
+    }
+
+    #[test]
+    fn the_resource_version_survives_for_the_watcher() {
+        let json = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n","resourceVersion":"42","uid":"u-1"}}"#;
+        let node: NodeView = serde_json::from_str(json).unwrap();
+        assert_eq!(node.metadata.resource_version.as_deref(), Some("42"));
+        assert_eq!(node.metadata.uid.as_deref(), Some("u-1"));
     }
 
     #[test]

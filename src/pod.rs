@@ -106,6 +106,11 @@ struct RawMeta {
     name: Option<String>,
     #[serde(default)]
     namespace: Option<String>,
+    /// Kept so kube's watcher can resume instead of re-listing.
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
     #[serde(default)]
     labels: RawLabels,
     #[serde(default)]
@@ -156,6 +161,8 @@ impl From<RawPod> for PodView {
             metadata: ObjectMeta {
                 name: raw.metadata.name,
                 namespace: raw.metadata.namespace,
+                resource_version: raw.metadata.resource_version,
+                uid: raw.metadata.uid,
                 ..ObjectMeta::default()
             },
             node: raw.spec.node_name,
@@ -216,6 +223,15 @@ mod tests {
         );
         assert_eq!(pod.app.as_deref(), Some("nvidia-device-plugin-daemonset"));
         assert!(pod.owned);
+    }
+
+    #[test]
+    fn the_resource_version_survives_for_the_watcher() {
+        let pod: PodView = serde_json::from_str(
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"gpu-operator","resourceVersion":"7"}}"#,
+        )
+        .unwrap();
+        assert_eq!(pod.metadata.resource_version.as_deref(), Some("7"));
     }
 
     #[test]
