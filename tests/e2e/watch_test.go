@@ -311,6 +311,18 @@ func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
 	applyClusterPolicy(t, `{"operator":{"defaultRuntime":"containerd"}}`)
 	g := startWatchingGuard(t, "--report")
 	before := time.Now().Unix()
+	// The watches must resume from resourceVersions, never fall back to re-listing on every
+	// event (which is what kube's watcher does with objects that lack one).
+	t.Cleanup(func() {
+		log, err := os.ReadFile(g.LogPath())
+		if err != nil {
+			t.Errorf("reading the watching serve's log: %v", err)
+			return
+		}
+		if n := strings.Count(string(log), "no metadata.resourceVersion"); n > 0 {
+			t.Errorf("the cluster watch re-listed %d times for events without a resourceVersion", n)
+		}
+	})
 
 	want := new(gauges).
 		operands("lab-node-0", 1, 1, labOperands...).
