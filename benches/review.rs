@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use common::Case;
 use gpu_deploy_guard::admission::{Limits, Webhook, parse_review, respond, review_request};
 use gpu_deploy_guard::metrics::Metrics;
 use gpu_deploy_guard::policy::{ClusterFacts, Policy};
@@ -44,52 +44,54 @@ fn floor(body: &[u8]) -> Vec<u8> {
     .unwrap()
 }
 
-fn reviews(c: &mut Criterion) {
-    let facts = ClusterFacts::default();
-    let policy = Policy::default();
-    let names = common::LARGE_REVIEWS
-        .iter()
-        .chain(&common::LAB_REVIEWS[..1]);
-    let mut group = c.benchmark_group("review");
-    for name in names {
-        let body = common::review_body(name);
-        let answer: serde_json::Value =
-            serde_json::from_slice(&full(&body, &facts, &policy)).unwrap();
-        assert_eq!(
-            answer["response"]["allowed"],
-            !name.ends_with("denied"),
-            "{name}: {answer}"
-        );
-        group.throughput(Throughput::Bytes(body.len() as u64));
-        group.bench_function(format!("full/{name}"), |b| {
-            b.iter(|| full(black_box(&body), &facts, &policy))
-        });
-        if *name != common::LARGE_REVIEWS[0] {
-            continue;
-        }
-        // The parts of the common case, to see where the time of `full` goes.
-        group.bench_function(format!("parse/{name}"), |b| {
-            b.iter(|| parse_review(black_box(&body)).ok())
-        });
+fn full_case(name: &str) -> Case {
+    let body = common::review_body(name);
+    let (facts, policy) = (ClusterFacts::default(), Policy::default());
+    let answer: serde_json::Value = serde_json::from_slice(&full(&body, &facts, &policy)).unwrap();
+    // A fixture that stopped meaning what its name says would measure the wrong path.
+    assert_eq!(
+        answer["response"]["allowed"],
+        !name.ends_with("denied"),
+        "{name}: {answer}"
+    );
+    let size = body.len();
+    Case::new(format!("full/{name}"), move || {
+        black_box(full(black_box(&body), &facts, &policy));
+    })
+    .bytes(size)
+}
+
+/// The parts of `full` for one body, the floor's work on it, and the whole handler.
+fn part_cases(name: &str) -> Vec<Case> {
+    let body = common::review_body(name);
+    let size = body.len();
+    let parse = {
+        let body = body.clone();
+        Case::new(format!("parse/{name}"), move || {
+            black_box(parse_review(black_box(&body)).ok());
+        })
+        .bytes(size)
+    };
+    let respond = {
         let req = parse_review(&body).ok().unwrap();
-        let (verdict, _) = review_request(&req, &facts, &policy).unwrap();
-        group.bench_function(format!("respond/{name}"), |b| {
-            b.iter(|| serde_json::to_vec(&respond(black_box(&req), &verdict)).unwrap())
-        });
-        group.bench_function(format!("floor/{name}"), |b| {
-            b.iter(|| floor(black_box(&body)))
-        });
-        router(&mut group, name, body);
-    }
-    group.finish();
+        let (verdict, _) =
+            review_request(&req, &ClusterFacts::default(), &Policy::default()).unwrap();
+        Case::new(format!("respond/{name}"), move || {
+            black_box(serde_json::to_vec(&respond(black_box(&req), &verdict)).unwrap());
+        })
+    };
+    let floor = {
+        let body = body.clone();
+        Case::new(format!("floor/{name}"), move || {
+            black_box(floor(black_box(&body)));
+        })
+        .bytes(size)
+    };
+    vec![parse, respond, floor, router_case(name, body)]
 }
 
 /// The whole `/validate` handler through the router, on a current-thread runtime.
-fn router(
-    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    name: &str,
-    body: Vec<u8>,
-) {
+fn router_case(name: &str, body: Vec<u8>) -> Case {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -101,21 +103,31 @@ fn router(
         Limits::default(),
     );
     let app = gpu_deploy_guard::admission::router(Arc::new(hook));
+    let size = body.len();
     let body = bytes::Bytes::from(body);
-    let call = || async {
+    Case::new(format!("router/{name}"), move || {
         let req = Request::post("/validate")
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::CONTENT_LENGTH, body.len())
             .body(Body::from(body.clone()))
             .unwrap();
-        let resp = app.clone().oneshot(req).await.unwrap();
-        assert_eq!(resp.status(), StatusCode::OK);
-        resp.into_body().collect().await.unwrap().to_bytes()
-    };
-    group.bench_function(format!("router/{name}"), |b| {
-        b.iter(|| runtime.block_on(call()))
-    });
+        let answer = runtime.block_on(async {
+            let resp = app.clone().oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            resp.into_body().collect().await.unwrap().to_bytes()
+        });
+        black_box(answer);
+    })
+    .bytes(size)
 }
 
-criterion_group!(benches, reviews);
-criterion_main!(benches);
+fn main() {
+    let [allowed, denied] = common::LARGE_REVIEWS;
+    let mut cases = vec![
+        full_case(allowed),
+        full_case(denied),
+        full_case(common::LAB_REVIEWS[0]),
+    ];
+    cases.extend(part_cases(allowed));
+    common::main("review", cases);
+}
