@@ -4,7 +4,7 @@
 CARGO ?= cargo
 BIN := target/release/gpu-deploy-guard
 
-.PHONY: all build test unit lint e2e playground playground-down bench clean
+.PHONY: all build test unit lint e2e monitoring-test cel-test playground playground-down bench clean
 
 all: build
 
@@ -12,17 +12,64 @@ build:
 	$(CARGO) build --release --locked
 
 ## test: everything CI runs: formatting, lints, unit/integration tests, end-to-end tests.
-test: lint unit e2e
+test: lint unit monitoring-test e2e cel-test
 
 unit:
-	$(CARGO) test --locked --all-targets
+	$(CARGO) test --locked
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
 
+## e2e: the end-to-end suite (tests/e2e) against the release binary; the
+## control plane is built once into ~/.cache/gpu-deploy-guard.
 e2e: build
-	@echo "e2e: not wired yet"
+	GDG_BIN=$(CURDIR)/$(BIN) tests/e2e/run.sh
+
+## monitoring-test: promtool checks and unit tests of every alert, dashboard and CRD sync checks.
+monitoring-test:
+	bash tests/monitoring/run.sh
+
+## cel-test: the ValidatingAdmissionPolicy fallback against a real kube-apiserver (after e2e: reuses its build cache).
+cel-test:
+	bash tests/cel/run.sh
+
+
+# The playground runs detached (its own session, so Ctrl-C in this shell or
+# the end of `make` does not stop it) until `make playground-down`.
+PLAYGROUND_DIR := .playground
+PLAYGROUND_PID := $(PLAYGROUND_DIR)/playground.pid
+PLAYGROUND_LOG := $(PLAYGROUND_DIR)/playground.log
+PLAYGROUND_START_TIMEOUT ?= 180
+
+## playground: control plane + webhook + lab in the background; prints how to use it.
+playground: build
+	@mkdir -p $(PLAYGROUND_DIR)
+	@if [ -f $(PLAYGROUND_PID) ] && kill -0 "$$(cat $(PLAYGROUND_PID))" 2>/dev/null; then \
+	  echo "playground already running (pid $$(cat $(PLAYGROUND_PID))); make playground-down first" >&2; exit 1; fi
+	cd tests/e2e && GOFLAGS="-mod=readonly -buildvcs=false" go build -o $(CURDIR)/$(PLAYGROUND_DIR)/playground ./cmd/playground
+	@GDG_BIN=$(CURDIR)/$(BIN) setsid $(PLAYGROUND_DIR)/playground -dir $(CURDIR)/$(PLAYGROUND_DIR) \
+	  >$(PLAYGROUND_LOG) 2>&1 </dev/null & pid=$$!; \
+	deadline=$$(( $$(date +%s) + $(PLAYGROUND_START_TIMEOUT) )); \
+	until grep -q '^ready' $(PLAYGROUND_LOG); do \
+	  if ! kill -0 $$pid 2>/dev/null; then echo "playground exited during start-up:" >&2; cat $(PLAYGROUND_LOG) >&2; exit 1; fi; \
+	  if [ $$(date +%s) -ge $$deadline ]; then echo "playground not ready after $(PLAYGROUND_START_TIMEOUT)s; stopping it:" >&2; \
+	    kill $$pid; tail -n 40 $(PLAYGROUND_LOG) >&2; exit 1; fi; \
+	  sleep 0.5; \
+	done; \
+	sed -n '/^ready/,$$p' $(PLAYGROUND_LOG)
+
+## playground-down: stop the playground and wait until it is gone.
+# A process that has exited but not been reaped yet (a zombie: the shell that
+# started it is gone) counts as stopped.
+playground-down:
+	@if [ ! -f $(PLAYGROUND_PID) ]; then echo "playground not running (no $(PLAYGROUND_PID))"; exit 0; fi; \
+	pid=$$(cat $(PLAYGROUND_PID)); \
+	alive() { [ -d /proc/$$pid ] && ! grep -q '^State:[[:space:]]*Z' /proc/$$pid/status 2>/dev/null; }; \
+	if ! alive; then echo "playground pid $$pid is gone; removing stale $(PLAYGROUND_PID)"; rm -f $(PLAYGROUND_PID); exit 0; fi; \
+	kill $$pid; \
+	for i in $$(seq 1 120); do alive || { echo "playground (pid $$pid) stopped"; exit 0; }; sleep 0.5; done; \
+	echo "playground (pid $$pid) still running after 60s; its log: $(PLAYGROUND_LOG)" >&2; exit 1
 
 clean:
 	$(CARGO) clean

@@ -11,7 +11,10 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use gpu_deploy_guard::admission::{self, Limits, Webhook};
+use gpu_deploy_guard::audit::cli::AuditArgs;
 use gpu_deploy_guard::check::{self, CheckInput};
+use gpu_deploy_guard::cluster_policy::{facts_from_cluster_policy_file, operator_defaults};
+use gpu_deploy_guard::cluster_watch::{WatchConfig, watch_cluster};
 use gpu_deploy_guard::config::Config;
 use gpu_deploy_guard::metrics::Metrics;
 use gpu_deploy_guard::policy::ClusterFacts;
@@ -34,6 +37,8 @@ enum Command {
     Check(CheckArgs),
     /// Write a CA and a serving certificate for the webhook, and print the caBundle.
     Certs(CertsArgs),
+    /// Check that every operand a node's labels call for runs there (a cluster or files).
+    Audit(AuditArgs),
 }
 
 #[derive(clap::Args)]
@@ -82,6 +87,14 @@ struct ServeArgs {
     /// endpoint is gone from the Service before the listener closes.
     #[arg(long, env = "GDG_SHUTDOWN_DELAY", default_value = "3s", value_parser = parse_duration)]
     shutdown_delay: Duration,
+    /// Do not read the cluster: decide with the GPU Operator's default operand switches and
+    /// run no continuous audit. Without this, the ClusterPolicy, the operand DaemonSets, their
+    /// pods and the nodes are watched (in-cluster config or KUBECONFIG).
+    #[arg(long, env = "GDG_NO_CLUSTER_WATCH")]
+    no_cluster_watch: bool,
+    /// Write the continuous audit as ClusterPolicyReport `gpu-deploy-guard` (wgpolicyk8s.io/v1alpha2).
+    #[arg(long, env = "GDG_REPORT", conflicts_with = "no_cluster_watch")]
+    report: bool,
     /// How often the certificate files are checked for rotation.
     #[arg(long, env = "GDG_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     tls_reload_interval: Duration,
@@ -116,6 +129,10 @@ struct CheckArgs {
     /// YAML configuration, as given to `serve`.
     #[arg(long, env = "GDG_CONFIG")]
     config: Option<PathBuf>,
+    /// The ClusterPolicy (`kubectl get clusterpolicy -o yaml`): its operand switches apply.
+    /// Without it, the GPU Operator's defaults are assumed, as `serve` does when it cannot read one.
+    #[arg(long, value_name = "FILE")]
+    cluster_policy: Option<PathBuf>,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Text)]
     output: Output,
@@ -177,6 +194,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => report(serve(args)),
         Command::Check(args) => run_check(args),
         Command::Certs(args) => report(write_certs(args)),
+        Command::Audit(args) => gpu_deploy_guard::audit::cli::run(args),
     }
 }
 
@@ -205,6 +223,7 @@ fn init_logs(format: LogFormat) {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logs(args.log_format);
+    let (no_cluster_watch, report) = (args.no_cluster_watch, args.report);
     let config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
@@ -221,12 +240,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         body_timeout: args.body_timeout,
         request_timeout: args.request_timeout,
     };
-    let webhook = Webhook::new(
-        config.policy.clone(),
-        ClusterFacts::default(),
-        metrics.clone(),
+    let (facts_tx, facts_rx) = tokio::sync::watch::channel(Arc::new(operator_defaults()));
+    let webhook = Webhook {
+        policy: config.policy.clone(),
+        facts: facts_rx,
+        metrics: metrics.clone(),
         limits,
-    );
+    };
     let options = ServeOptions {
         listen: args.listen,
         admin_listen: args.admin_listen,
@@ -242,19 +262,71 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
+        let readiness = Readiness::new();
+        // Dropped (and so stopped) when serving ends.
+        let _watch = if no_cluster_watch {
+            tracing::info!(
+                "cluster watch off: deciding with the GPU Operator's default operand switches"
+            );
+            None
+        } else {
+            start_cluster_watch(&config, report, facts_tx, metrics.clone(), &readiness).await
+        };
         let app = admission::router(Arc::new(webhook));
-        server::run(
-            options,
-            app,
-            metrics,
-            Readiness::new(),
-            server::shutdown_signal(),
-        )
-        .await
+        server::run(options, app, metrics, readiness, server::shutdown_signal()).await
     })
 }
 
+/// Starts watching the cluster; `/readyz` waits (bounded) for its first sync. Without any
+/// cluster access the webhook still serves, on the operator's defaults, and says so.
+async fn start_cluster_watch(
+    config: &Config,
+    report: bool,
+    facts_tx: tokio::sync::watch::Sender<Arc<ClusterFacts>>,
+    metrics: Arc<Metrics>,
+    readiness: &Readiness,
+) -> Option<AbortOnDrop> {
+    let client = match kube::Client::try_default().await {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(%error, "cannot reach the cluster: deciding with the GPU Operator's default operand switches");
+            let mut facts = operator_defaults();
+            facts.assumed = Some(format!(
+                "no cluster access ({error}): the GPU Operator's default operand switches are assumed"
+            ));
+            let _ = facts_tx.send(Arc::new(facts));
+            return None;
+        }
+    };
+    let gate = readiness.gate("cluster-sync");
+    let mut watch = WatchConfig::new(config.operator_namespace.clone(), config.policy.clone());
+    watch.report = report;
+    let task = tokio::spawn(watch_cluster(client, watch, facts_tx, metrics, move || {
+        gate.open()
+    }));
+    Some(AbortOnDrop(task))
+}
+
+/// Stops the cluster watch when serving ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 fn run_check(args: CheckArgs) -> ExitCode {
+    let facts = match &args.cluster_policy {
+        Some(path) => match facts_from_cluster_policy_file(path) {
+            Ok(facts) => facts,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => operator_defaults(),
+    };
     let input = CheckInput {
         node: args.node,
         old_node: args.old_node,
@@ -263,7 +335,7 @@ fn run_check(args: CheckArgs) -> ExitCode {
         user: args.user,
         groups: args.groups,
         config: args.config,
-        facts: ClusterFacts::default(),
+        facts,
     };
     match check::run(&input) {
         Ok(outcome) => {

@@ -92,6 +92,10 @@ impl Metrics {
             "Attempts to load a changed serving certificate, by result (success, failure)",
             cert_reloads.clone(),
         );
+        // Both results exist from the start, so `increase()` sees the first failure.
+        for result in ["success", "failure"] {
+            let _ = cert_reloads.get_or_create(&ResultLabels { result });
+        }
         Self {
             registry: Mutex::new(registry),
             reviews,

@@ -29,7 +29,7 @@ struct MetaParts {
     labels: Option<BTreeMap<String, String>>,
 }
 
-fn partial_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+pub(crate) fn partial_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     let parts = MetaParts::deserialize(d)?;
     Ok(ObjectMeta {
         name: parts.name,

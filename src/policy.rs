@@ -55,6 +55,15 @@ pub struct RuleSpec {
     pub summary: &'static str,
 }
 
+/// The rules that judge a node's state rather than a request's change: the ones [`assess`]
+/// evaluates, and so the ones the audit reports.
+pub const STATE_RULES: [Rule; 4] = [
+    Rule::DevicePluginWithoutToolkit,
+    Rule::OperandWithoutToolkit,
+    Rule::OperandWithoutValidator,
+    Rule::DevicePluginOnNonGpuNode,
+];
+
 /// The whole rule table.
 pub const RULES: [RuleSpec; 7] = [
     RuleSpec {
@@ -201,6 +210,9 @@ pub struct ClusterFacts {
     pub disabled: OperandSet,
     /// Operand DaemonSets whose nodeSelector is not the default `<deploy key>: "true"`.
     pub selectors: BTreeMap<Operand, Labels>,
+    /// Why these facts are assumed instead of read from the cluster (the ClusterPolicy CRD is
+    /// missing, RBAC forbids reading it, ...); `None` when they were read or given.
+    pub assumed: Option<String>,
 }
 
 impl Default for ClusterFacts {
@@ -209,6 +221,7 @@ impl Default for ClusterFacts {
             toolkit_managed: true,
             disabled: OperandSet::EMPTY,
             selectors: BTreeMap::new(),
+            assumed: None,
         }
     }
 }
@@ -302,6 +315,8 @@ pub struct Verdict {
     pub exempt: Option<String>,
     /// For an exempt request: what would have been refused.
     pub would_deny: Option<String>,
+    /// Set when the cluster facts behind the decision were assumed, not read.
+    pub assumed_facts: Option<String>,
 }
 
 impl Verdict {
@@ -338,6 +353,9 @@ impl Verdict {
         if let Some(msg) = &self.would_deny {
             out.push(("would-deny", msg.clone()));
         }
+        if let Some(why) = &self.assumed_facts {
+            out.push(("cluster-facts", why.clone()));
+        }
         out
     }
 }
@@ -372,6 +390,7 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
             facts,
             before,
             after,
+            assessing: false,
         };
         ctx.state_rules(&mut findings);
         ctx.change_rules(&mut findings);
@@ -414,7 +433,38 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         after,
         exempt,
         would_deny,
+        assumed_facts: facts.assumed.clone(),
     }
+}
+
+/// The state rules alone, on a node's current labels: what `audit` reports for a node that no
+/// request is changing. Every finding is [`Change::Existing`] and carries the configured action
+/// (rules set to `off` are left out); the change rules need a request and are not evaluated.
+pub fn assess(node: &str, labels: &Labels, facts: &ClusterFacts, policy: &Policy) -> Vec<Finding> {
+    let review = Review {
+        node,
+        operation: Operation::Update,
+        old_labels: Some(labels),
+        labels,
+        username: "",
+        groups: &[],
+        dry_run: false,
+    };
+    let running = simulate(labels, facts);
+    let ctx = Ctx {
+        review: &review,
+        facts,
+        before: running,
+        after: running,
+        assessing: true,
+    };
+    let mut findings = Vec::new();
+    ctx.state_rules(&mut findings);
+    findings.retain(|f| policy.action(f.rule) != Action::Off);
+    for f in &mut findings {
+        f.action = policy.action(f.rule);
+    }
+    findings
 }
 
 fn effective_action(policy: &Policy, operation: Operation, finding: &Finding) -> Action {
@@ -457,6 +507,8 @@ struct Ctx<'r, 'a> {
     facts: &'r ClusterFacts,
     before: OperandSet,
     after: OperandSet,
+    /// No request: the node's current state is judged ([`assess`]), so texts do not speak of one.
+    assessing: bool,
 }
 
 /// The operands that wait for the container toolkit (GFD, DCGM, DCGM exporter, MIG manager).
@@ -477,6 +529,15 @@ impl Ctx<'_, '_> {
             Change::Existing
         } else {
             Change::New
+        }
+    }
+
+    /// Said of an existing violation while judging a request; nothing to say in an assessment.
+    fn unchanged(&self) -> &'static str {
+        if self.assessing {
+            ""
+        } else {
+            "; this request does not change that"
         }
     }
 
@@ -545,9 +606,10 @@ impl Ctx<'_, '_> {
         let (message, warning) = match change {
             Change::Existing => (
                 format!(
-                    "node {node} already runs the NVIDIA device plugin without the container toolkit ({}); \
-                     this request does not change that: set {toolkit}=true or {plugin}=false to repair the node.",
-                    self.label_state(toolkit)
+                    "node {node} already runs the NVIDIA device plugin without the container toolkit ({}){}: \
+                     set {toolkit}=true or {plugin}=false to repair the node.",
+                    self.label_state(toolkit),
+                    self.unchanged()
                 ),
                 format!("{node} is already broken: device-plugin runs without container-toolkit"),
             ),
@@ -610,8 +672,9 @@ impl Ctx<'_, '_> {
                 ),
                 Change::Existing => (
                     format!(
-                        "node {node} already runs {names} without the container toolkit ({}); this request does not change that.",
-                        self.label_state(toolkit)
+                        "node {node} already runs {names} without the container toolkit ({}){}.",
+                        self.label_state(toolkit),
+                        self.unchanged()
                     ),
                     format!("{node}: {names} already wait for container-toolkit"),
                 ),
@@ -828,18 +891,36 @@ impl Ctx<'_, '_> {
                 ),
                 _ => continue,
             };
+            let done = if what == "removes" {
+                "removed"
+            } else {
+                "emptied"
+            };
+            // `container-toolkit=false` under a running device plugin is itself refused: the
+            // advice must name the device plugin too.
+            let plugin = Operand::DevicePlugin.key();
+            let strands_plugin = op == Operand::ContainerToolkit
+                && self.after.contains(Operand::DevicePlugin)
+                && self.facts.toolkit_managed;
+            let (fix, short_fix) = if strands_plugin {
+                (
+                    format!("set {key}=false together with {plugin}=false to keep the toolkit off"),
+                    "keep it off only with device-plugin=false too",
+                )
+            } else {
+                (
+                    format!("set {key}=false to keep {op} off"),
+                    "use =false to keep it off",
+                )
+            };
             out.push(Finding {
                 rule: Rule::OperatorWillRestore,
                 action: Action::Off,
                 change: Change::New,
                 message: format!(
-                    "node {node}: this request {what} {key}, but the GPU Operator sets it back to \"true\" {when}; \
-                     set {key}=false to keep {op} off."
+                    "node {node}: this request {what} {key}, but the GPU Operator sets it back to \"true\" {when}; {fix}."
                 ),
-                warning: format!(
-                    "{key} {}: the GPU Operator will set it back to true; use =false to keep it off",
-                    if what == "removes" { "removed" } else { "emptied" }
-                ),
+                warning: format!("{key} {done}: the GPU Operator will set it back to true; {short_fix}"),
             });
         }
     }

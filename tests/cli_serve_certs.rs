@@ -117,6 +117,7 @@ async fn certs_written_by_certs_are_served_and_sigterm_exits_0() {
             out.join("tls.key").to_str().unwrap(),
             "--shutdown-delay",
             "0s",
+            "--no-cluster-watch",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -219,7 +220,14 @@ fn serve_refuses_to_start_on_bad_files_naming_them() {
         ),
     ];
     for (extra, needle) in cases {
-        let mut args = vec!["serve", "--listen", &listen, "--admin-listen", &admin];
+        let mut args = vec![
+            "serve",
+            "--no-cluster-watch",
+            "--listen",
+            &listen,
+            "--admin-listen",
+            &admin,
+        ];
         args.extend(extra.iter());
         let o = run(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

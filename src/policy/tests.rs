@@ -208,7 +208,7 @@ fn removing_the_toolkit_label_of_lab_node_0_is_denied() {
         v.warnings,
         [
             "lab-node-0: gpu-feature-discovery, dcgm-exporter would hang without container-toolkit",
-            "nvidia.com/gpu.deploy.container-toolkit removed: the GPU Operator will set it back to true; use =false to keep it off",
+            "nvidia.com/gpu.deploy.container-toolkit removed: the GPU Operator will set it back to true; keep it off only with device-plugin=false too",
         ]
     );
 }
@@ -951,4 +951,89 @@ fn removing_the_toolkit_on_a_real_aks_node_is_denied() {
     assert_eq!(v.decision, Decision::Denied);
     // dcgm, dcgm-exporter, GFD and the MIG manager all lose the toolkit too.
     assert!(v.warnings[0].contains("gpu-feature-discovery, dcgm, dcgm-exporter, mig-manager"));
+}
+
+// ---- assessing a node's current state (the audit) ------------------------------------------
+
+#[test]
+fn assessing_a_healthy_lab_node_finds_nothing() {
+    let policy = Policy::default();
+    assert!(
+        assess(
+            "lab-node-0",
+            &lab_node_0(),
+            &ClusterFacts::default(),
+            &policy
+        )
+        .is_empty()
+    );
+    assert!(
+        assess(
+            "lab-node-1",
+            &lab_node_1(),
+            &ClusterFacts::default(),
+            &policy
+        )
+        .is_empty()
+    );
+    assert!(
+        assess(
+            "lab-node-2",
+            &lab_node_2(),
+            &ClusterFacts::default(),
+            &policy
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn assessing_lab_node_2_with_only_the_device_plugin_finds_the_webhook_rules() {
+    let l = with(&lab_node_2(), &[("device-plugin", Some("true"))]);
+    let found = assess(
+        "lab-node-2",
+        &l,
+        &ClusterFacts::default(),
+        &Policy::default(),
+    );
+    let got: Vec<(Rule, Action, Change)> =
+        found.iter().map(|f| (f.rule, f.action, f.change)).collect();
+    assert_eq!(
+        got,
+        [
+            (
+                Rule::DevicePluginWithoutToolkit,
+                Action::Deny,
+                Change::Existing
+            ),
+            (
+                Rule::DevicePluginOnNonGpuNode,
+                Action::Warn,
+                Change::Existing
+            ),
+        ]
+    );
+    // No request is being judged, so the text speaks of none.
+    assert_eq!(
+        found[0].message,
+        "node lab-node-2 already runs the NVIDIA device plugin without the container toolkit \
+         (nvidia.com/gpu.deploy.container-toolkit is not set): set \
+         nvidia.com/gpu.deploy.container-toolkit=true or nvidia.com/gpu.deploy.device-plugin=false \
+         to repair the node."
+    );
+}
+
+#[test]
+fn assessing_leaves_out_rules_that_are_off_and_follows_the_cluster_facts() {
+    let l = with(&lab_node_0(), &[("container-toolkit", Some("false"))]);
+    let mut policy = Policy::default();
+    policy.actions[Rule::OperandWithoutToolkit as usize] = Action::Off;
+    let found = assess("lab-node-0", &l, &ClusterFacts::default(), &policy);
+    let got: Vec<Rule> = found.iter().map(|f| f.rule).collect();
+    assert_eq!(got, [Rule::DevicePluginWithoutToolkit]);
+    let host_toolkit = ClusterFacts {
+        toolkit_managed: false,
+        ..ClusterFacts::default()
+    };
+    assert!(assess("lab-node-0", &l, &host_toolkit, &Policy::default()).is_empty());
 }

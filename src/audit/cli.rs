@@ -1,0 +1,224 @@
+//! `gpu-deploy-guard audit`: its flags and the shell that reads, audits and prints.
+//!
+//! Exit codes: 0 clean, 1 an operand missing or a broken pairing, 2 bad input
+//! (an unreadable or malformed file, an unknown node, no cluster to reach).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::cluster::{self, ClusterError};
+use super::files::{self, FileError};
+use super::report::{self, Timestamp};
+use super::{AuditReport, Cluster, PolicySource, audit, output};
+use crate::cluster_policy::{self, ClusterPolicyError};
+use crate::config::{Config, ConfigError};
+use crate::daemonset::{custom_selectors, operands_present};
+
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// `<node> OK` or `<node> MISSING <operand>`, then `<node> device-plugin-without-toolkit`.
+    #[default]
+    Lines,
+    /// `<node> driver=yes toolkit=yes ...` per node, then `TOTAL_PODS=<n>`.
+    Matrix,
+    /// Per node and operand: expected, running, pod, phase; and the findings.
+    Json,
+    /// A wgpolicyk8s.io/v1alpha2 ClusterPolicyReport, as YAML.
+    Report,
+}
+
+/// Checks that every operand a node's labels call for runs there, from a cluster or from files.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct AuditArgs {
+    /// Audit files instead of a cluster: the JSON of `kubectl get nodes -o json` (`-` reads
+    /// standard input).
+    #[arg(long, env = "GDG_AUDIT_NODES", value_name = "FILE", requires = "pods")]
+    pub nodes: Option<PathBuf>,
+    /// With --nodes: the JSON of `kubectl get pods -n gpu-operator -o json`.
+    #[arg(long, env = "GDG_AUDIT_PODS", value_name = "FILE", requires = "nodes")]
+    pub pods: Option<PathBuf>,
+    /// With --nodes: the JSON of `kubectl get daemonsets -n gpu-operator -o json`. Their real
+    /// nodeSelectors are used, and an operand without a DaemonSet is expected nowhere.
+    #[arg(
+        long,
+        env = "GDG_AUDIT_DAEMONSETS",
+        value_name = "FILE",
+        requires = "nodes"
+    )]
+    pub daemonsets: Option<PathBuf>,
+    /// With --nodes: the ClusterPolicy, as `kubectl get clusterpolicy -o yaml` writes it.
+    /// Without it the GPU Operator's default operand switches are assumed.
+    #[arg(
+        long,
+        env = "GDG_CLUSTER_POLICY",
+        value_name = "FILE",
+        requires = "nodes"
+    )]
+    pub cluster_policy: Option<PathBuf>,
+    /// Output format.
+    #[arg(short, long, env = "GDG_AUDIT_OUTPUT", value_enum, default_value_t = Format::Lines)]
+    pub output: Format,
+    /// Audit only this node.
+    #[arg(long, env = "GDG_AUDIT_NODE", value_name = "NAME")]
+    pub node: Option<String>,
+    /// With --node: print `device-plugin-without-toolkit` (exit 1) when the device plugin runs
+    /// there without the container toolkit, else `ok` (exit 0).
+    #[arg(long, env = "GDG_AUDIT_ORDER_CHECK", requires = "node")]
+    pub order_check: bool,
+    /// The webhook's configuration file: rule actions and the operator namespace.
+    #[arg(long, env = "GDG_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The GPU Operator's namespace [default: the config's operatorNamespace, else gpu-operator].
+    #[arg(
+        short = 'n',
+        long,
+        env = "GDG_OPERATOR_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    pub namespace: Option<String>,
+    /// Also write the audit to the cluster as ClusterPolicyReport gpu-deploy-guard
+    /// (server-side apply; needs create and patch on clusterpolicyreports.wgpolicyk8s.io).
+    #[arg(long, env = "GDG_AUDIT_REPORT", conflicts_with = "nodes")]
+    pub report: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error(transparent)]
+    ClusterPolicy(#[from] ClusterPolicyError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error("node {node} is not among the {count} nodes audited")]
+    UnknownNode { node: String, count: usize },
+    #[error("--nodes and --pods go together: give both files, or neither to audit the cluster")]
+    FilePair,
+    #[error("cannot start the runtime for the cluster calls: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Runs `audit` from a synchronous `main`. From an async `main`, await [`run_async`] instead.
+pub fn run(args: AuditArgs) -> ExitCode {
+    if args.nodes.is_some() || args.pods.is_some() {
+        return finish(audit_files(&args).and_then(|r| render(&args, r)));
+    }
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(run_async(args)),
+        Err(e) => finish(Err(AuditError::Runtime(e))),
+    }
+}
+
+/// Runs `audit` inside an existing tokio runtime.
+pub async fn run_async(args: AuditArgs) -> ExitCode {
+    let outcome = if args.nodes.is_some() || args.pods.is_some() {
+        audit_files(&args)
+    } else {
+        audit_cluster(&args).await
+    };
+    finish(outcome.and_then(|r| render(&args, r)))
+}
+
+fn load_config(args: &AuditArgs) -> Result<Config, AuditError> {
+    Ok(match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    })
+}
+
+/// The audit of `--nodes` and `--pods` (and the optional files next to them).
+pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
+    let (Some(nodes_path), Some(pods_path)) = (&args.nodes, &args.pods) else {
+        return Err(AuditError::FilePair);
+    };
+    let config = load_config(args)?;
+    let (nodes, pods) = files::read_nodes_and_pods(nodes_path, pods_path)?;
+    let mut cluster = Cluster::default();
+    if let Some(path) = &args.cluster_policy {
+        let p = cluster_policy::read_file(path)?;
+        cluster.facts = p.facts;
+        cluster.policy_source = PolicySource::Found(p.name);
+    }
+    if let Some(path) = &args.daemonsets {
+        let ds = files::read_daemonsets(path)?;
+        cluster.facts.selectors = custom_selectors(&ds);
+        cluster.daemonsets = Some(operands_present(&ds));
+    }
+    Ok(audit(&nodes, &pods, &cluster, &config.policy))
+}
+
+async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
+    let config = load_config(args)?;
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or(config.operator_namespace.clone());
+    let client = cluster::connect().await?;
+    let snap = cluster::snapshot(&client, &namespace).await?;
+    if snap.cluster.policy_source.is_unavailable() {
+        eprintln!("warning: {}", snap.cluster.policy_source.describe());
+    }
+    let result = audit(&snap.nodes, &snap.pods, &snap.cluster, &config.policy);
+    if args.report {
+        cluster::apply_report(&client, &report::build(&result, now())).await?;
+    }
+    Ok(result)
+}
+
+fn now() -> Timestamp {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+        // Whole seconds: the report changes only when its findings do.
+        nanos: 0,
+    }
+}
+
+/// The text to print and the exit code, for an audit already made.
+pub fn render(args: &AuditArgs, mut result: AuditReport) -> Result<(String, u8), AuditError> {
+    if let Some(name) = &args.node {
+        let count = result.nodes.len();
+        result.nodes.retain(|n| &n.name == name);
+        if result.nodes.is_empty() {
+            return Err(AuditError::UnknownNode {
+                node: name.clone(),
+                count,
+            });
+        }
+        if args.order_check {
+            return Ok(output::order_check(&result.nodes[0]));
+        }
+    }
+    let text = match args.output {
+        Format::Lines => output::lines(&result),
+        Format::Matrix => output::matrix(&result),
+        Format::Json => output::json(&result),
+        Format::Report => report::build(&result, now()).to_yaml(),
+    };
+    Ok((text, result.exit_code()))
+}
+
+fn finish(outcome: Result<(String, u8), AuditError>) -> ExitCode {
+    match outcome {
+        Ok((text, code)) => {
+            let mut stdout = std::io::stdout().lock();
+            // A closed pipe (`| head`) is not worth a panic.
+            let _ = stdout.write_all(text.as_bytes());
+            let _ = stdout.flush();
+            ExitCode::from(code)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The audit's view of a live cluster: a fixed number of list calls, however
+//! many nodes (one for nodes, one for the operator's pods, one for its
+//! DaemonSets, one for ClusterPolicies), and writing the ClusterPolicyReport.
+
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Client, Error as KubeError};
+use serde_json::Value;
+
+use super::report::{self, PolicyReport};
+use super::{Cluster, PolicySource};
+use crate::cluster_policy::{self, operator_defaults};
+use crate::daemonset::{DaemonSetView, custom_selectors, operands_present};
+use crate::node::NodeView;
+use crate::pod::PodView;
+
+/// The field manager of every write, and so the owner of the report's fields.
+pub const FIELD_MANAGER: &str = "gpu-deploy-guard";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cannot connect to the cluster (kubeconfig or in-cluster service account): {0}")]
+    Connect(#[source] KubeError),
+    #[error("cannot list {what}: {}", brief(.source))]
+    List {
+        what: String,
+        #[source]
+        source: KubeError,
+    },
+    #[error("cannot write ClusterPolicyReport {}: {}", report::NAME, brief(.source))]
+    Report {
+        #[source]
+        source: KubeError,
+    },
+}
+
+/// The API server's own sentence for an API error (kube's Display adds the whole Status).
+pub fn brief(error: &KubeError) -> String {
+    match error {
+        KubeError::Api(s) if !s.message.is_empty() => format!("{} ({})", s.message, s.code),
+        other => other.to_string(),
+    }
+}
+
+/// `nvidia.com/v1` ClusterPolicy, cluster-scoped.
+pub fn cluster_policy_resource() -> ApiResource {
+    ApiResource {
+        group: "nvidia.com".into(),
+        version: "v1".into(),
+        api_version: "nvidia.com/v1".into(),
+        kind: "ClusterPolicy".into(),
+        plural: "clusterpolicies".into(),
+    }
+}
+
+/// `wgpolicyk8s.io/v1alpha2` ClusterPolicyReport, cluster-scoped.
+pub fn report_resource() -> ApiResource {
+    ApiResource {
+        group: "wgpolicyk8s.io".into(),
+        version: "v1alpha2".into(),
+        api_version: report::API_VERSION.into(),
+        kind: report::KIND.into(),
+        plural: "clusterpolicyreports".into(),
+    }
+}
+
+/// A 404 or 403 answer. For a resource whose CRD is not installed the API server answers
+/// `404 page not found` in plain text, not a Status, so the code decides, not the reason.
+pub fn missing_or_forbidden(status: &kube::core::Status) -> Option<u16> {
+    match status.code {
+        404 | 403 => Some(status.code),
+        _ if status.is_not_found() => Some(404),
+        _ if status.is_forbidden() => Some(403),
+        _ => None,
+    }
+}
+
+/// Why the ClusterPolicy is unreadable, for a 404 (CRD missing) or a 403 (RBAC).
+pub fn unavailable_source(code: u16) -> PolicySource {
+    if code == 403 {
+        PolicySource::Forbidden("RBAC forbids listing clusterpolicies.nvidia.com".to_owned())
+    } else {
+        PolicySource::Missing(
+            "the ClusterPolicy CRD (clusterpolicies.nvidia.com) is not installed".to_owned(),
+        )
+    }
+}
+
+/// Why the ClusterPolicy cannot be read, for a 404 (no CRD) or 403 (RBAC); `None` for other
+/// errors, which may pass.
+pub fn policy_unavailable(error: &KubeError) -> Option<PolicySource> {
+    match error {
+        KubeError::Api(s) => missing_or_forbidden(s).map(unavailable_source),
+        _ => None,
+    }
+}
+
+/// The facts the ClusterPolicies (as listed) and the DaemonSets (when listed) give.
+pub fn cluster_from(
+    policies: Result<&[Value], PolicySource>,
+    daemonsets: Option<&[&DaemonSetView]>,
+) -> Cluster {
+    let (mut facts, policy_source) = match policies {
+        Ok(list) => match cluster_policy::choose(list).map(cluster_policy::from_object) {
+            Some(Ok(p)) => (p.facts, PolicySource::Found(p.name)),
+            Some(Err(e)) => (operator_defaults(), PolicySource::Failed(e.to_string())),
+            None => (
+                operator_defaults(),
+                PolicySource::Missing("no ClusterPolicy object exists".to_owned()),
+            ),
+        },
+        Err(source) => (operator_defaults(), source),
+    };
+    if let Some(ds) = daemonsets {
+        facts.selectors = custom_selectors(ds.iter().copied());
+    }
+    Cluster {
+        facts,
+        policy_source,
+        daemonsets: daemonsets.map(|ds| operands_present(ds.iter().copied())),
+    }
+}
+
+/// Everything one audit of a live cluster reads.
+pub struct Snapshot {
+    pub nodes: Vec<NodeView>,
+    pub pods: Vec<PodView>,
+    pub cluster: Cluster,
+}
+
+/// Connects with the kubeconfig (or the in-cluster service account).
+pub async fn connect() -> Result<Client, ClusterError> {
+    Client::try_default().await.map_err(ClusterError::Connect)
+}
+
+/// Lists what the audit needs: four calls, whatever the size of the cluster.
+pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, ClusterError> {
+    let list = |what: &str| {
+        let what = what.to_owned();
+        move |source| ClusterError::List { what, source }
+    };
+    let params = ListParams::default();
+    let nodes = Api::<NodeView>::all(client.clone())
+        .list(&params)
+        .await
+        .map_err(list("nodes"))?
+        .items;
+    let pods = Api::<PodView>::namespaced(client.clone(), namespace)
+        .list(&params)
+        .await
+        .map_err(list(&format!("pods in namespace {namespace}")))?
+        .items;
+    let daemonsets = Api::<DaemonSetView>::namespaced(client.clone(), namespace)
+        .list(&params)
+        .await
+        .map_err(list(&format!("daemonsets in namespace {namespace}")))?
+        .items;
+    let ar = cluster_policy_resource();
+    let policies = match Api::<DynamicObject>::all_with(client.clone(), &ar)
+        .list(&params)
+        .await
+    {
+        Ok(list) => Ok(list
+            .items
+            .iter()
+            .map(|o| serde_json::to_value(o).unwrap_or_default())
+            .collect::<Vec<Value>>()),
+        Err(e) => Err(policy_unavailable(&e).unwrap_or_else(|| PolicySource::Failed(brief(&e)))),
+    };
+    let ds_refs: Vec<&DaemonSetView> = daemonsets.iter().collect();
+    let cluster = cluster_from(policies.as_deref().map_err(Clone::clone), Some(&ds_refs));
+    Ok(Snapshot {
+        nodes,
+        pods,
+        cluster,
+    })
+}
+
+/// Writes the report with server-side apply: the report's fields belong to gpu-deploy-guard.
+pub async fn apply_report(client: &Client, report: &PolicyReport) -> Result<(), ClusterError> {
+    let api = Api::<DynamicObject>::all_with(client.clone(), &report_resource());
+    let body = serde_json::to_value(report).unwrap_or_default();
+    api.patch(
+        report::NAME,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| ClusterError::Report { source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operands::Operand;
+    use kube::core::Status;
+
+    #[test]
+    fn not_found_and_forbidden_fall_back_to_the_defaults() {
+        let status = |code: u16, reason: &str| {
+            KubeError::Api(Box::new(Status {
+                code,
+                reason: reason.to_owned(),
+                ..Status::default()
+            }))
+        };
+        assert_eq!(
+            policy_unavailable(&status(404, "NotFound")).map(|s| s.state()),
+            Some("missing")
+        );
+        assert_eq!(
+            policy_unavailable(&status(403, "Forbidden")).map(|s| s.state()),
+            Some("forbidden")
+        );
+        assert_eq!(policy_unavailable(&status(500, "InternalError")), None);
+        // What kube makes of the plain-text answer for a resource without a CRD.
+        assert_eq!(
+            policy_unavailable(&status(404, "Failed to parse error data")).map(|s| s.state()),
+            Some("missing")
+        );
+    }
+
+    #[test]
+    fn the_cluster_combines_policy_and_daemonsets() {
+        let cp = serde_json::json!({"apiVersion":"nvidia.com/v1","kind":"ClusterPolicy",
+            "metadata":{"name":"cluster-policy"},"spec":{"toolkit":{"enabled":false}}});
+        let ds: DaemonSetView = serde_json::from_value(
+            serde_json::json!({"metadata":{"name":"gpu-feature-discovery"},
+            "spec":{"template":{"spec":{"nodeSelector":{"pool":"a"}}}}}),
+        )
+        .unwrap();
+        let c = cluster_from(Ok(&[cp]), Some(&[&ds]));
+        assert_eq!(
+            c.policy_source,
+            PolicySource::Found("cluster-policy".into())
+        );
+        assert!(!c.facts.toolkit_managed);
+        assert!(
+            c.facts
+                .selectors
+                .contains_key(&Operand::GpuFeatureDiscovery)
+        );
+        assert_eq!(
+            c.daemonsets.map(|d| d.iter().collect::<Vec<_>>()),
+            Some(vec![Operand::GpuFeatureDiscovery])
+        );
+        let none = cluster_from(Ok(&[]), None);
+        assert_eq!(none.policy_source.state(), "missing");
+        assert_eq!(none.facts, operator_defaults());
+        assert_eq!(none.daemonsets, None);
+    }
+}

@@ -1,0 +1,468 @@
+//! The audit: which operands each node should run, which it does run, and what
+//! is broken, from one list of nodes and one list of the operator's pods.
+//!
+//! [`audit`] is pure: no I/O, no clock. Reading files ([`files`]), listing a
+//! cluster ([`cluster`]), printing ([`output`]), the ClusterPolicyReport
+//! ([`report`]) and the `/metrics` gauges ([`metrics`]) are shells around it.
+//! The label rules come from [`policy::assess`], the webhook's own code, so the
+//! audit and the webhook never disagree about a node.
+
+pub mod cli;
+pub mod cluster;
+pub mod files;
+pub mod metrics;
+pub mod output;
+pub mod report;
+pub mod split;
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::daemonset::{is_daemonset_pod, operand_of_pod};
+use crate::node::NodeView;
+use crate::operands::{Operand, OperandSet, is_gpu_node};
+use crate::pod::{PodPhase, PodView};
+use crate::policy::{self, Action, ClusterFacts, Policy, Rule, STATE_RULES};
+
+/// The lab's matrix columns, always shown, in this order.
+pub const BASE_COLUMNS: [Operand; 5] = [
+    Operand::Driver,
+    Operand::ContainerToolkit,
+    Operand::DevicePlugin,
+    Operand::GpuFeatureDiscovery,
+    Operand::DcgmExporter,
+];
+
+/// Where the ClusterPolicy facts came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicySource {
+    /// Read from the named ClusterPolicy.
+    Found(String),
+    /// None was given (an audit of files without `--cluster-policy`): the operator's defaults.
+    NotGiven,
+    /// The CRD is not installed or no ClusterPolicy exists: the operator's defaults.
+    Missing(String),
+    /// RBAC forbids reading ClusterPolicies: the operator's defaults.
+    Forbidden(String),
+    /// Reading failed otherwise: the operator's defaults.
+    Failed(String),
+}
+
+impl PolicySource {
+    /// The facts are the defaults because the ClusterPolicy could not be read.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            PolicySource::Missing(_) | PolicySource::Forbidden(_) | PolicySource::Failed(_)
+        )
+    }
+
+    pub fn state(&self) -> &'static str {
+        match self {
+            PolicySource::Found(_) => "found",
+            PolicySource::NotGiven => "not-given",
+            PolicySource::Missing(_) => "missing",
+            PolicySource::Forbidden(_) => "forbidden",
+            PolicySource::Failed(_) => "failed",
+        }
+    }
+
+    /// One sentence for logs, notes and the report.
+    pub fn describe(&self) -> String {
+        match self {
+            PolicySource::Found(name) => format!("operand switches read from ClusterPolicy {name}"),
+            PolicySource::NotGiven => {
+                "no ClusterPolicy given: the GPU Operator's default operand switches are assumed"
+                    .to_owned()
+            }
+            PolicySource::Missing(why)
+            | PolicySource::Forbidden(why)
+            | PolicySource::Failed(why) => {
+                format!(
+                    "ClusterPolicy unavailable ({why}): the GPU Operator's default operand switches are assumed"
+                )
+            }
+        }
+    }
+}
+
+/// Everything known about the cluster besides its nodes and pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cluster {
+    pub facts: ClusterFacts,
+    pub policy_source: PolicySource,
+    /// Operands whose DaemonSet exists, when the DaemonSets were listed. An operand whose
+    /// DaemonSet is known to be absent is expected nowhere.
+    pub daemonsets: Option<OperandSet>,
+}
+
+/// Nothing known: the operator's default switches, no DaemonSet list.
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster {
+            facts: crate::cluster_policy::operator_defaults(),
+            policy_source: PolicySource::NotGiven,
+            daemonsets: None,
+        }
+    }
+}
+
+/// A rule the audit reports: one of the webhook's state rules, or its own pod check.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AuditRule {
+    Policy(Rule),
+    /// An operand is expected on a node and has no Running pod there.
+    OperandNotRunning,
+}
+
+impl AuditRule {
+    pub fn id(self) -> &'static str {
+        match self {
+            AuditRule::Policy(rule) => rule.id(),
+            AuditRule::OperandNotRunning => "operand-not-running",
+        }
+    }
+
+    /// Every rule the audit evaluates, in report order.
+    pub fn all() -> impl Iterator<Item = AuditRule> {
+        STATE_RULES
+            .into_iter()
+            .map(AuditRule::Policy)
+            .chain(std::iter::once(AuditRule::OperandNotRunning))
+    }
+}
+
+impl fmt::Display for AuditRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+impl Serialize for AuditRule {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.id())
+    }
+}
+
+/// How bad a finding is, in the words of a PolicyReport result.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Fail,
+    Warn,
+}
+
+/// What a finding was concluded from.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Basis {
+    /// The pods actually running on the node.
+    Pods,
+    /// The node's labels, as the webhook judges them.
+    Labels,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AuditFinding {
+    pub rule: AuditRule,
+    pub level: Level,
+    pub basis: Basis,
+    pub message: String,
+}
+
+/// One operand on one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OperandState {
+    pub operand: Operand,
+    /// The DaemonSet controller should run it here (label, ClusterPolicy, real selector).
+    pub expected: bool,
+    /// A pod of it is Running here.
+    pub running: bool,
+    /// Its pod here (a Running one when there is one).
+    pub pod: Option<String>,
+    pub phase: Option<PodPhase>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeAudit {
+    pub name: String,
+    /// The operator sees an NVIDIA GPU on it.
+    pub gpu: bool,
+    /// The report's columns, then any other operand expected or with a pod here.
+    pub operands: Vec<OperandState>,
+    pub findings: Vec<AuditFinding>,
+}
+
+impl NodeAudit {
+    pub fn operand(&self, op: Operand) -> Option<&OperandState> {
+        self.operands.iter().find(|s| s.operand == op)
+    }
+
+    pub fn running(&self, op: Operand) -> bool {
+        self.operand(op).is_some_and(|s| s.running)
+    }
+
+    /// Expected operands without a Running pod.
+    pub fn missing(&self) -> impl Iterator<Item = Operand> + '_ {
+        self.operands
+            .iter()
+            .filter(|s| s.expected && !s.running)
+            .map(|s| s.operand)
+    }
+
+    /// The device plugin runs here and the container toolkit does not (the pods say so).
+    pub fn device_plugin_without_toolkit(&self) -> bool {
+        self.findings.iter().any(|f| {
+            f.rule == AuditRule::Policy(Rule::DevicePluginWithoutToolkit) && f.basis == Basis::Pods
+        })
+    }
+
+    pub fn has(&self, rule: AuditRule) -> bool {
+        self.findings.iter().any(|f| f.rule == rule)
+    }
+
+    /// Nothing missing, nothing broken.
+    pub fn is_ok(&self) -> bool {
+        self.missing().next().is_none() && !self.device_plugin_without_toolkit()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditReport {
+    /// Sorted by name.
+    pub nodes: Vec<NodeAudit>,
+    /// Operands shown for every node: [`BASE_COLUMNS`], then those whose DaemonSet exists.
+    pub columns: Vec<Operand>,
+    /// Running DaemonSet pods in the namespace (the matrix's `TOTAL_PODS`).
+    pub running_daemonset_pods: usize,
+    pub cluster: Cluster,
+    /// The rules evaluated: every [`AuditRule`] but those the policy switches off.
+    pub rules: Vec<AuditRule>,
+}
+
+impl AuditReport {
+    /// 0 when every node is clean, 1 when an operand is missing or a pairing is broken.
+    pub fn exit_code(&self) -> u8 {
+        if self.nodes.iter().all(NodeAudit::is_ok) {
+            0
+        } else {
+            1
+        }
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeAudit> {
+        self.nodes
+            .binary_search_by(|n| n.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.nodes[i])
+    }
+
+    /// Number of nodes with a finding of `rule`.
+    pub fn count(&self, rule: AuditRule) -> usize {
+        self.nodes.iter().filter(|n| n.has(rule)).count()
+    }
+}
+
+/// Audits every node against the operator's pods. O(nodes + pods): pods are indexed by node once.
+pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
+    nodes: &[N],
+    pods: &[P],
+    cluster: &Cluster,
+    policy: &Policy,
+) -> AuditReport {
+    let mut by_node: HashMap<&str, Vec<(Operand, &PodView)>> = HashMap::new();
+    let mut seen = OperandSet::EMPTY;
+    let mut running_daemonset_pods = 0;
+    for pod in pods {
+        let pod = pod.borrow();
+        if pod.is_running() && is_daemonset_pod(pod) {
+            running_daemonset_pods += 1;
+        }
+        let Some(op) = operand_of_pod(pod) else {
+            continue;
+        };
+        seen.insert(op);
+        if let Some(node) = pod.node.as_deref() {
+            by_node.entry(node).or_default().push((op, pod));
+        }
+    }
+    let present = cluster.daemonsets.unwrap_or(seen);
+    let columns: Vec<Operand> = BASE_COLUMNS
+        .into_iter()
+        .chain(Operand::all().filter(|op| present.contains(*op) && !BASE_COLUMNS.contains(op)))
+        .collect();
+
+    let mut out: Vec<NodeAudit> = nodes
+        .iter()
+        .map(|n| {
+            let n = n.borrow();
+            let pods = by_node.get(n.name()).map_or(&[][..], Vec::as_slice);
+            audit_node(n, pods, &columns, cluster, policy)
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    AuditReport {
+        nodes: out,
+        columns,
+        running_daemonset_pods,
+        cluster: cluster.clone(),
+        rules: AuditRule::all()
+            .filter(|r| match r {
+                AuditRule::Policy(rule) => policy.action(*rule) != Action::Off,
+                AuditRule::OperandNotRunning => true,
+            })
+            .collect(),
+    }
+}
+
+fn audit_node(
+    node: &NodeView,
+    pods: &[(Operand, &PodView)],
+    columns: &[Operand],
+    cluster: &Cluster,
+    policy: &Policy,
+) -> NodeAudit {
+    let labels = node.labels();
+    let expected: OperandSet = policy::simulate(labels, &cluster.facts)
+        .iter()
+        .filter(|op| op.info().daemonset.is_some())
+        .filter(|op| cluster.daemonsets.is_none_or(|ds| ds.contains(*op)))
+        .collect();
+    let with_pods: OperandSet = pods.iter().map(|(op, _)| *op).collect();
+    let operands: Vec<OperandState> = Operand::all()
+        .filter(|op| columns.contains(op) || expected.contains(*op) || with_pods.contains(*op))
+        .map(|op| {
+            // Prefer a Running pod, then the most advanced phase, then the name: deterministic.
+            let pod = pods
+                .iter()
+                .filter(|(o, _)| *o == op)
+                .map(|(_, p)| *p)
+                .min_by(|a, b| (a.phase, a.name()).cmp(&(b.phase, b.name())));
+            OperandState {
+                operand: op,
+                expected: expected.contains(op),
+                running: pod.is_some_and(PodView::is_running),
+                pod: pod.map(|p| p.name().to_owned()),
+                phase: pod.map(|p| p.phase),
+            }
+        })
+        .collect();
+    let mut audit = NodeAudit {
+        name: node.name().to_owned(),
+        gpu: is_gpu_node(labels),
+        operands,
+        findings: Vec::new(),
+    };
+    audit.findings = findings(&audit, node, cluster, policy);
+    audit
+}
+
+fn findings(
+    audit: &NodeAudit,
+    node: &NodeView,
+    cluster: &Cluster,
+    policy: &Policy,
+) -> Vec<AuditFinding> {
+    let mut out = Vec::new();
+    let dp_rule = Rule::DevicePluginWithoutToolkit;
+    let plugin_runs = audit.running(Operand::DevicePlugin);
+    let toolkit_runs = audit.running(Operand::ContainerToolkit);
+    if plugin_runs
+        && !toolkit_runs
+        && cluster.facts.toolkit_managed
+        && policy.action(dp_rule) != Action::Off
+    {
+        out.push(AuditFinding {
+            rule: AuditRule::Policy(dp_rule),
+            level: level(policy.action(dp_rule)),
+            basis: Basis::Pods,
+            message: plugin_without_toolkit_message(audit),
+        });
+    }
+    let missing: Vec<&OperandState> = audit
+        .operands
+        .iter()
+        .filter(|s| s.expected && !s.running)
+        .collect();
+    if !missing.is_empty() {
+        out.push(AuditFinding {
+            rule: AuditRule::OperandNotRunning,
+            level: Level::Fail,
+            basis: Basis::Pods,
+            message: not_running_message(&audit.name, &missing, &cluster.facts),
+        });
+    }
+    for f in policy::assess(&audit.name, node.labels(), &cluster.facts, policy) {
+        let rule = AuditRule::Policy(f.rule);
+        // What the pods show says more than what the labels imply.
+        if out.iter().any(|o| o.rule == rule) {
+            continue;
+        }
+        out.push(AuditFinding {
+            rule,
+            level: level(f.action),
+            basis: Basis::Labels,
+            message: f.message,
+        });
+    }
+    out.sort_by_key(|f| f.rule);
+    out
+}
+
+fn level(action: Action) -> Level {
+    if action == Action::Deny {
+        Level::Fail
+    } else {
+        Level::Warn
+    }
+}
+
+fn plugin_without_toolkit_message(audit: &NodeAudit) -> String {
+    let node = &audit.name;
+    let plugin = audit
+        .operand(Operand::DevicePlugin)
+        .and_then(|s| s.pod.as_deref())
+        .unwrap_or_default();
+    let toolkit = match audit.operand(Operand::ContainerToolkit) {
+        Some(OperandState {
+            pod: Some(pod),
+            phase: Some(phase),
+            ..
+        }) => format!("its container toolkit pod {pod} is {}", phase.as_str()),
+        _ => "no container toolkit pod runs there".to_owned(),
+    };
+    format!(
+        "node {node} runs the NVIDIA device plugin (pod {plugin}) but {toolkit}, so GPU pods scheduled \
+         there fail to start; set {}=true or {}=false.",
+        Operand::ContainerToolkit.key(),
+        Operand::DevicePlugin.key()
+    )
+}
+
+fn not_running_message(node: &str, missing: &[&OperandState], facts: &ClusterFacts) -> String {
+    let parts: Vec<String> = missing
+        .iter()
+        .map(|s| {
+            let op = s.operand;
+            let why = match (&s.pod, s.phase) {
+                (Some(pod), Some(phase)) => format!("pod {pod} is {}", phase.as_str()),
+                _ => "no pod".to_owned(),
+            };
+            let selected_by = match facts.selectors.get(&op) {
+                Some(_) => "its DaemonSet's nodeSelector".to_owned(),
+                None => format!("{}=true", op.key()),
+            };
+            format!("{op} ({selected_by}; {why})")
+        })
+        .collect();
+    format!(
+        "node {node}: expected operands are not running: {}.",
+        parts.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,152 @@
+//! The audit's text and JSON forms. Each takes a finished [`AuditReport`] and
+//! only formats it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{AuditFinding, AuditReport, NodeAudit, OperandState, PolicySource};
+use crate::operands::Operand;
+use crate::policy::Rule;
+
+/// The matrix's name for an operand. The lab's `dcgm` column was the DCGM exporter, and stays
+/// so; the standalone DCGM host engine (`nvidia-dcgm`), when its DaemonSet exists, gets a column
+/// of its own named `dcgm-hostengine`. Every other operand goes by its deploy-label name.
+pub fn column_name(op: Operand) -> &'static str {
+    match op {
+        Operand::ContainerToolkit => "toolkit",
+        Operand::GpuFeatureDiscovery => "gfd",
+        Operand::DcgmExporter => "dcgm",
+        Operand::Dcgm => "dcgm-hostengine",
+        other => other.name(),
+    }
+}
+
+/// `-o lines`: per node `<node> MISSING <operand>` for each gap or `<node> OK`, then
+/// `<node> device-plugin-without-toolkit` per broken pairing.
+pub fn lines(report: &AuditReport) -> String {
+    let mut out = String::new();
+    for node in &report.nodes {
+        let mut missing = node.missing().peekable();
+        if missing.peek().is_none() {
+            let _ = writeln!(out, "{} OK", node.name);
+        }
+        for op in missing {
+            let _ = writeln!(out, "{} MISSING {op}", node.name);
+        }
+    }
+    for node in report
+        .nodes
+        .iter()
+        .filter(|n| n.device_plugin_without_toolkit())
+    {
+        let _ = writeln!(out, "{} {}", node.name, Rule::DevicePluginWithoutToolkit);
+    }
+    out
+}
+
+/// `-o matrix`: per node `<column>=<yes|no>` for each column (yes: a Running pod there), then
+/// `TOTAL_PODS=<Running DaemonSet pods in the namespace>`.
+pub fn matrix(report: &AuditReport) -> String {
+    let mut out = String::new();
+    for node in &report.nodes {
+        out.push_str(&node.name);
+        for op in &report.columns {
+            let yes = if node.running(*op) { "yes" } else { "no" };
+            let _ = write!(out, " {}={yes}", column_name(*op));
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(out, "TOTAL_PODS={}", report.running_daemonset_pods);
+    out
+}
+
+/// `--order-check` for one node: the text to print and the exit code.
+pub fn order_check(node: &NodeAudit) -> (String, u8) {
+    if node.device_plugin_without_toolkit() {
+        (format!("{}\n", Rule::DevicePluginWithoutToolkit), 1)
+    } else {
+        ("ok\n".to_owned(), 0)
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonReport<'a> {
+    cluster_policy: JsonPolicy<'a>,
+    toolkit_managed: bool,
+    disabled_operands: Vec<Operand>,
+    custom_selectors: Vec<Operand>,
+    summary: JsonSummary,
+    nodes: Vec<JsonNode<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonPolicy<'a> {
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    message: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonSummary {
+    nodes: usize,
+    nodes_ok: usize,
+    running_daemon_set_pods: usize,
+    /// Nodes with each finding, by rule id.
+    findings: BTreeMap<&'static str, usize>,
+}
+
+#[derive(Serialize)]
+struct JsonNode<'a> {
+    name: &'a str,
+    gpu: bool,
+    ok: bool,
+    operands: &'a [OperandState],
+    findings: &'a [AuditFinding],
+}
+
+/// `-o json`: the same facts, per node and operand, with the findings.
+pub fn json(report: &AuditReport) -> String {
+    let source = &report.cluster.policy_source;
+    let facts = &report.cluster.facts;
+    let out = JsonReport {
+        cluster_policy: JsonPolicy {
+            state: source.state(),
+            name: match source {
+                PolicySource::Found(name) => Some(name),
+                _ => None,
+            },
+            message: source.describe(),
+        },
+        toolkit_managed: facts.toolkit_managed,
+        disabled_operands: facts.disabled.iter().collect(),
+        custom_selectors: facts.selectors.keys().copied().collect(),
+        summary: JsonSummary {
+            nodes: report.nodes.len(),
+            nodes_ok: report.nodes.iter().filter(|n| n.is_ok()).count(),
+            running_daemon_set_pods: report.running_daemonset_pods,
+            findings: report
+                .rules
+                .iter()
+                .map(|r| (r.id(), report.count(*r)))
+                .collect(),
+        },
+        nodes: report
+            .nodes
+            .iter()
+            .map(|n| JsonNode {
+                name: &n.name,
+                gpu: n.gpu,
+                ok: n.is_ok(),
+                operands: &n.operands,
+                findings: &n.findings,
+            })
+            .collect(),
+    };
+    // Plain data with string keys: serialization cannot fail.
+    serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"
+}

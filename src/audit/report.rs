@@ -1,0 +1,236 @@
+//! The audit as a `ClusterPolicyReport` (`wgpolicyk8s.io/v1alpha2`), the format
+//! Kyverno and Policy Reporter read: one result per node and rule.
+//!
+//! Pure: the caller passes the time. Nodes that have nothing to do with GPUs
+//! (no GPU, nothing expected, no operand pod) get no results. A report must fit
+//! in one object (etcd stores at most ~1.5 MiB), so at most [`MAX_RESULTS`]
+//! results are listed, failures and warnings first; `summary` still counts all
+//! of them and an annotation says how many were left out.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{AuditReport, AuditRule, Level, NodeAudit};
+use crate::policy::Rule;
+
+pub const API_VERSION: &str = "wgpolicyk8s.io/v1alpha2";
+pub const KIND: &str = "ClusterPolicyReport";
+/// Name of the report object, of the policy and of the source in every result.
+pub const NAME: &str = "gpu-deploy-guard";
+/// Results listed at most; a result is ~400 bytes, so this stays well under etcd's limit.
+pub const MAX_RESULTS: usize = 2000;
+/// Rule id of the report-level result saying the ClusterPolicy could not be read.
+pub const CLUSTER_POLICY_UNAVAILABLE: &str = "cluster-policy-unavailable";
+pub const OMITTED_ANNOTATION: &str = "gpu-deploy-guard.nvidia.com/omitted-results";
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Timestamp {
+    pub seconds: i64,
+    pub nanos: i32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyReport {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub metadata: Metadata,
+    pub results: Vec<ReportResult>,
+    pub summary: Summary,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Metadata {
+    pub name: &'static str,
+    pub labels: BTreeMap<&'static str, &'static str>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<&'static str, String>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Fail,
+    Warn,
+    Pass,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportResult {
+    pub policy: &'static str,
+    pub rule: &'static str,
+    pub result: Outcome,
+    pub severity: &'static str,
+    pub message: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ResourceRef>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<&'static str, &'static str>,
+    pub source: &'static str,
+    pub timestamp: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceRef {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    pub pass: usize,
+    pub fail: usize,
+    pub warn: usize,
+    pub error: usize,
+    pub skip: usize,
+}
+
+/// How much a rule's failure hurts, in the report's words.
+pub fn severity(rule: AuditRule) -> &'static str {
+    match rule {
+        AuditRule::Policy(Rule::DevicePluginWithoutToolkit) => "high",
+        AuditRule::OperandNotRunning => "medium",
+        AuditRule::Policy(Rule::OperandWithoutToolkit | Rule::OperandWithoutValidator) => "medium",
+        AuditRule::Policy(_) => "low",
+    }
+}
+
+/// What a pass means, per rule.
+fn passed(rule: AuditRule, node: &str) -> String {
+    let what = match rule {
+        AuditRule::Policy(Rule::DevicePluginWithoutToolkit) => {
+            "the device plugin does not run without the container toolkit"
+        }
+        AuditRule::Policy(Rule::OperandWithoutToolkit) => {
+            "no operand waits for a container toolkit that does not run"
+        }
+        AuditRule::Policy(Rule::OperandWithoutValidator) => {
+            "no operand waits for an operator validator that is labelled off"
+        }
+        AuditRule::Policy(Rule::DevicePluginOnNonGpuNode) => {
+            "the device plugin does not run on a node without a GPU label"
+        }
+        AuditRule::Policy(_) => "no finding",
+        AuditRule::OperandNotRunning => "every expected operand runs",
+    };
+    format!("node {node}: {what}")
+}
+
+impl NodeAudit {
+    /// The node takes part in the GPU stack: worth a line in the report.
+    pub fn is_relevant(&self) -> bool {
+        self.gpu
+            || !self.findings.is_empty()
+            || self.operands.iter().any(|s| s.expected || s.pod.is_some())
+    }
+}
+
+/// Builds the report of one audit.
+pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
+    let mut results = Vec::new();
+    let source = &report.cluster.policy_source;
+    if source.is_unavailable() {
+        results.push(ReportResult {
+            policy: NAME,
+            rule: CLUSTER_POLICY_UNAVAILABLE,
+            result: Outcome::Warn,
+            severity: "info",
+            message: source.describe(),
+            resources: Vec::new(),
+            properties: BTreeMap::new(),
+            source: NAME,
+            timestamp: now,
+        });
+    }
+    for node in report.nodes.iter().filter(|n| n.is_relevant()) {
+        for rule in &report.rules {
+            let finding = node.findings.iter().find(|f| f.rule == *rule);
+            let (result, message, properties) = match finding {
+                Some(f) => (
+                    match f.level {
+                        Level::Fail => Outcome::Fail,
+                        Level::Warn => Outcome::Warn,
+                    },
+                    f.message.clone(),
+                    BTreeMap::from([(
+                        "basis",
+                        match f.basis {
+                            super::Basis::Pods => "pods",
+                            super::Basis::Labels => "labels",
+                        },
+                    )]),
+                ),
+                None => (Outcome::Pass, passed(*rule, &node.name), BTreeMap::new()),
+            };
+            results.push(ReportResult {
+                policy: NAME,
+                rule: rule.id(),
+                result,
+                severity: severity(*rule),
+                message,
+                resources: vec![ResourceRef {
+                    api_version: "v1",
+                    kind: "Node",
+                    name: node.name.clone(),
+                }],
+                properties,
+                source: NAME,
+                timestamp: now,
+            });
+        }
+    }
+    let mut summary = Summary::default();
+    for r in &results {
+        match r.result {
+            Outcome::Pass => summary.pass += 1,
+            Outcome::Fail => summary.fail += 1,
+            Outcome::Warn => summary.warn += 1,
+        }
+    }
+    let mut annotations = BTreeMap::new();
+    if results.len() > MAX_RESULTS {
+        // Stable: failures, then warnings, then passes, each in node and rule order.
+        results.sort_by_key(|r| r.result);
+        annotations.insert(
+            OMITTED_ANNOTATION,
+            (results.len() - MAX_RESULTS).to_string(),
+        );
+        results.truncate(MAX_RESULTS);
+    }
+    PolicyReport {
+        api_version: API_VERSION,
+        kind: KIND,
+        metadata: Metadata {
+            name: NAME,
+            labels: BTreeMap::from([("app.kubernetes.io/managed-by", NAME)]),
+            annotations,
+        },
+        results,
+        summary,
+    }
+}
+
+impl PolicyReport {
+    /// YAML, for `audit -o report`.
+    pub fn to_yaml(&self) -> String {
+        // Plain data with string keys: serialization cannot fail.
+        serde_norway::to_string(self).unwrap_or_default()
+    }
+
+    /// The same report with every timestamp zeroed: two audits that found the same things
+    /// compare equal, so an unchanged report is not written again.
+    pub fn without_timestamps(&self) -> PolicyReport {
+        let mut copy = self.clone();
+        for r in &mut copy.results {
+            r.timestamp = Timestamp {
+                seconds: 0,
+                nanos: 0,
+            };
+        }
+        copy
+    }
+}

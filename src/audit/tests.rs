@@ -1,0 +1,520 @@
+//! The audit on the lab of GPU-OPERATOR.md (fixtures made by
+//! `tests/fixtures/audit/make-audit.py`), then one case per behaviour.
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+use crate::audit::files;
+use crate::audit::output::{self, column_name};
+use crate::audit::report::{self, Outcome, Timestamp};
+use crate::cluster_policy;
+use crate::daemonset::{custom_selectors, operands_present};
+use crate::operands::Labels;
+
+fn fixture(case: &str, file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/audit")
+        .join(case)
+        .join(file)
+}
+
+fn lab(case: &str) -> (Vec<NodeView>, Vec<PodView>) {
+    let nodes = files::read_nodes(&fixture(case, "nodes.json")).unwrap();
+    let pods = files::read_pods(&fixture(case, "pods.json")).unwrap();
+    (nodes, pods)
+}
+
+fn run(case: &str) -> AuditReport {
+    let (nodes, pods) = lab(case);
+    audit(&nodes, &pods, &Cluster::default(), &Policy::default())
+}
+
+fn node(name: &str, labels: &[(&str, &str)]) -> NodeView {
+    let mut n = NodeView::default();
+    n.metadata.name = Some(name.to_owned());
+    n.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| {
+                let key = if k.contains('/') {
+                    (*k).to_owned()
+                } else {
+                    format!("nvidia.com/gpu.deploy.{k}")
+                };
+                (key, (*v).to_owned())
+            })
+            .collect::<Labels>(),
+    );
+    n
+}
+
+fn pod(name: &str, ds: &str, node: &str, phase: PodPhase) -> PodView {
+    let mut p = PodView {
+        node: Some(node.to_owned()),
+        phase,
+        daemonset: Some(ds.to_owned()),
+        app: Some(ds.to_owned()),
+        owned: true,
+        ..PodView::default()
+    };
+    p.metadata.name = Some(name.to_owned());
+    p
+}
+
+const RUNNING: PodPhase = PodPhase::Running;
+
+// ---- the lab -------------------------------------------------------------------------------
+
+#[test]
+fn the_lab_as_set_up_is_clean() {
+    let r = run("lab");
+    assert_eq!(
+        output::lines(&r),
+        "lab-node-0 OK\nlab-node-1 OK\nlab-node-2 OK\n"
+    );
+    assert_eq!(r.exit_code(), 0);
+    assert_eq!(
+        output::matrix(&r),
+        "lab-node-0 driver=yes toolkit=yes device-plugin=yes gfd=yes dcgm=yes\n\
+         lab-node-1 driver=no toolkit=yes device-plugin=yes gfd=yes dcgm=yes\n\
+         lab-node-2 driver=no toolkit=no device-plugin=no gfd=no dcgm=no\n\
+         TOTAL_PODS=9\n"
+    );
+    assert!(r.nodes.iter().all(|n| n.findings.is_empty()));
+}
+
+#[test]
+fn device_plugin_alone_on_lab_node_2_is_a_broken_pairing() {
+    let r = run("lab-device-plugin-only");
+    assert_eq!(
+        output::lines(&r),
+        "lab-node-0 OK\nlab-node-1 OK\nlab-node-2 OK\nlab-node-2 device-plugin-without-toolkit\n"
+    );
+    assert_eq!(r.exit_code(), 1);
+    assert_eq!(
+        output::matrix(&r),
+        "lab-node-0 driver=yes toolkit=yes device-plugin=yes gfd=yes dcgm=yes\n\
+         lab-node-1 driver=no toolkit=yes device-plugin=yes gfd=yes dcgm=yes\n\
+         lab-node-2 driver=no toolkit=no device-plugin=yes gfd=no dcgm=no\n\
+         TOTAL_PODS=10\n"
+    );
+    assert_eq!(
+        output::order_check(r.node("lab-node-2").unwrap()),
+        ("device-plugin-without-toolkit\n".to_owned(), 1)
+    );
+    assert_eq!(
+        output::order_check(r.node("lab-node-0").unwrap()),
+        ("ok\n".to_owned(), 0)
+    );
+    let n2 = r.node("lab-node-2").unwrap();
+    let rules: Vec<(&str, Level, Basis)> = n2
+        .findings
+        .iter()
+        .map(|f| (f.rule.id(), f.level, f.basis))
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            ("device-plugin-without-toolkit", Level::Fail, Basis::Pods),
+            ("device-plugin-on-non-gpu-node", Level::Warn, Basis::Labels),
+        ]
+    );
+    assert_eq!(
+        n2.findings[0].message,
+        "node lab-node-2 runs the NVIDIA device plugin (pod nvidia-device-plugin-daemonset-efc45) but no \
+         container toolkit pod runs there, so GPU pods scheduled there fail to start; set \
+         nvidia.com/gpu.deploy.container-toolkit=true or nvidia.com/gpu.deploy.device-plugin=false."
+    );
+}
+
+#[test]
+fn gaps_are_listed_per_node_and_operand() {
+    let r = run("lab-gaps");
+    assert_eq!(
+        output::lines(&r),
+        "lab-node-0 MISSING dcgm-exporter\nlab-node-1 MISSING gpu-feature-discovery\nlab-node-2 OK\n"
+    );
+    assert_eq!(r.exit_code(), 1);
+    let gfd = r
+        .node("lab-node-1")
+        .unwrap()
+        .operand(Operand::GpuFeatureDiscovery)
+        .unwrap();
+    assert_eq!(
+        gfd,
+        &OperandState {
+            operand: Operand::GpuFeatureDiscovery,
+            expected: true,
+            running: false,
+            pod: Some("gpu-feature-discovery-fbcda".to_owned()),
+            phase: Some(PodPhase::Pending),
+        }
+    );
+    let n1 = r.node("lab-node-1").unwrap();
+    assert_eq!(n1.findings.len(), 1);
+    assert_eq!(
+        n1.findings[0].message,
+        "node lab-node-1: expected operands are not running: gpu-feature-discovery \
+         (nvidia.com/gpu.deploy.gpu-feature-discovery=true; pod gpu-feature-discovery-fbcda is Pending)."
+    );
+    assert_eq!(
+        r.node("lab-node-0").unwrap().findings[0].message,
+        "node lab-node-0: expected operands are not running: dcgm-exporter \
+         (nvidia.com/gpu.deploy.dcgm-exporter=true; no pod)."
+    );
+    assert_eq!(r.count(AuditRule::OperandNotRunning), 2);
+}
+
+#[test]
+fn real_daemonsets_narrow_what_is_expected_and_add_columns() {
+    let (nodes, pods) = lab("lab-gaps");
+    let ds = files::read_daemonsets(&fixture("lab-gaps", "daemonsets.json")).unwrap();
+    let cluster = Cluster {
+        facts: ClusterFacts {
+            selectors: custom_selectors(&ds),
+            ..crate::cluster_policy::operator_defaults()
+        },
+        policy_source: PolicySource::NotGiven,
+        daemonsets: Some(operands_present(&ds)),
+    };
+    let r = audit(&nodes, &pods, &cluster, &Policy::default());
+    // GFD's DaemonSet selects a pool no lab node is in: its Pending pod is no gap.
+    assert_eq!(
+        output::lines(&r),
+        "lab-node-0 MISSING dcgm-exporter\nlab-node-1 OK\nlab-node-2 OK\n"
+    );
+    assert_eq!(
+        output::matrix(&r),
+        "lab-node-0 driver=yes toolkit=yes device-plugin=yes gfd=yes dcgm=no dcgm-hostengine=no\n\
+         lab-node-1 driver=no toolkit=yes device-plugin=yes gfd=no dcgm=yes dcgm-hostengine=no\n\
+         lab-node-2 driver=no toolkit=no device-plugin=no gfd=no dcgm=no dcgm-hostengine=no\n\
+         TOTAL_PODS=7\n"
+    );
+    assert_eq!(
+        r.node("lab-node-0").unwrap().findings[0].message,
+        "node lab-node-0: expected operands are not running: dcgm-exporter \
+         (nvidia.com/gpu.deploy.dcgm-exporter=true; no pod)."
+    );
+}
+
+#[test]
+fn a_host_provided_toolkit_makes_the_lone_device_plugin_normal() {
+    let (nodes, mut pods) = lab("lab-device-plugin-only");
+    pods.retain(|p| p.daemonset.as_deref() != Some("nvidia-container-toolkit-daemonset"));
+    let cp = cluster_policy::read_file(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/audit/cluster-policy-host-toolkit.yaml"),
+    )
+    .unwrap();
+    let cluster = Cluster {
+        facts: cp.facts,
+        policy_source: PolicySource::Found(cp.name),
+        daemonsets: None,
+    };
+    let r = audit(&nodes, &pods, &cluster, &Policy::default());
+    assert_eq!(
+        output::lines(&r),
+        "lab-node-0 OK\nlab-node-1 OK\nlab-node-2 OK\n"
+    );
+    assert_eq!(r.exit_code(), 0);
+    let toolkit = r
+        .node("lab-node-0")
+        .unwrap()
+        .operand(Operand::ContainerToolkit)
+        .unwrap();
+    assert!(!toolkit.expected, "switched off in the ClusterPolicy");
+}
+
+// ---- one behaviour each ----------------------------------------------------------------------
+
+#[test]
+fn a_running_pod_wins_over_a_terminated_one_on_the_same_node() {
+    let nodes = [node(
+        "n",
+        &[("device-plugin", "true"), ("container-toolkit", "true")],
+    )];
+    let pods = [
+        pod(
+            "tk-old",
+            "nvidia-container-toolkit-daemonset",
+            "n",
+            PodPhase::Failed,
+        ),
+        pod("tk-new", "nvidia-container-toolkit-daemonset", "n", RUNNING),
+        pod("dp", "nvidia-device-plugin-daemonset", "n", RUNNING),
+    ];
+    let r = audit(&nodes, &pods, &Cluster::default(), &Policy::default());
+    let tk = r.nodes[0].operand(Operand::ContainerToolkit).unwrap();
+    assert_eq!(tk.pod.as_deref(), Some("tk-new"));
+    assert!(tk.running);
+    assert_eq!(r.exit_code(), 0);
+    assert_eq!(r.running_daemonset_pods, 2);
+}
+
+#[test]
+fn a_toolkit_pod_that_is_not_running_still_breaks_the_pairing() {
+    let nodes = [node(
+        "n",
+        &[("device-plugin", "true"), ("container-toolkit", "true")],
+    )];
+    let pods = [
+        pod(
+            "tk",
+            "nvidia-container-toolkit-daemonset",
+            "n",
+            PodPhase::Pending,
+        ),
+        pod("dp", "nvidia-device-plugin-daemonset", "n", RUNNING),
+    ];
+    let r = audit(&nodes, &pods, &Cluster::default(), &Policy::default());
+    assert_eq!(
+        output::lines(&r),
+        "n MISSING container-toolkit\nn device-plugin-without-toolkit\n"
+    );
+    assert!(
+        r.nodes[0].findings[0]
+            .message
+            .contains("but its container toolkit pod tk is Pending")
+    );
+}
+
+#[test]
+fn pods_without_owner_references_are_matched_by_their_app_label() {
+    let nodes = [node("n", &[("dcgm-exporter", "true")])];
+    let mut p = pod("exp", "nvidia-dcgm-exporter", "n", RUNNING);
+    p.daemonset = None;
+    p.owned = false;
+    let r = audit(&nodes, &[p], &Cluster::default(), &Policy::default());
+    assert!(r.nodes[0].running(Operand::DcgmExporter));
+    assert_eq!(r.running_daemonset_pods, 1);
+}
+
+#[test]
+fn unscheduled_pods_and_pods_of_other_nodes_count_only_in_the_total() {
+    let nodes = [node("n", &[])];
+    let mut unscheduled = pod("u", "nvidia-dcgm-exporter", "x", PodPhase::Pending);
+    unscheduled.node = None;
+    let elsewhere = pod("e", "nvidia-dcgm-exporter", "gone-node", RUNNING);
+    let r = audit(
+        &nodes,
+        &[unscheduled, elsewhere],
+        &Cluster::default(),
+        &Policy::default(),
+    );
+    assert!(!r.nodes[0].running(Operand::DcgmExporter));
+    assert_eq!(r.running_daemonset_pods, 1);
+    assert_eq!(r.exit_code(), 0);
+}
+
+#[test]
+fn only_the_exact_value_true_makes_an_operand_expected() {
+    let nodes = [node(
+        "n",
+        &[
+            ("driver", "pre-installed"),
+            ("container-toolkit", "True"),
+            ("device-plugin", "paused-for-mig-change"),
+            ("nvsm", "true"),
+        ],
+    )];
+    let r = audit(
+        &nodes,
+        &[] as &[PodView],
+        &Cluster::default(),
+        &Policy::default(),
+    );
+    assert_eq!(
+        r.nodes[0].missing().count(),
+        0,
+        "nvsm has no operator DaemonSet"
+    );
+    assert_eq!(output::lines(&r), "n OK\n");
+}
+
+#[test]
+fn an_operand_switched_off_or_without_a_daemonset_is_expected_nowhere() {
+    let nodes = [node("n", &[("dcgm", "true"), ("mig-manager", "true")])];
+    let mut cluster = Cluster::default();
+    cluster.facts.disabled.insert(Operand::Dcgm);
+    cluster.daemonsets = Some(OperandSet::EMPTY);
+    let r = audit(&nodes, &[] as &[PodView], &cluster, &Policy::default());
+    assert_eq!(output::lines(&r), "n OK\n");
+    cluster.daemonsets = Some([Operand::MigManager].into_iter().collect());
+    let r = audit(&nodes, &[] as &[PodView], &cluster, &Policy::default());
+    assert_eq!(output::lines(&r), "n MISSING mig-manager\n");
+}
+
+#[test]
+fn without_a_cluster_policy_the_operators_default_switches_apply() {
+    // The operator labels every GPU node node-status-exporter=true, yet runs it only when
+    // spec.nodeStatusExporter.enabled is set: not a gap.
+    let nodes = [node("n", &[("node-status-exporter", "true")])];
+    let r = audit(
+        &nodes,
+        &[] as &[PodView],
+        &Cluster::default(),
+        &Policy::default(),
+    );
+    assert_eq!(output::lines(&r), "n OK\n");
+}
+
+#[test]
+fn a_rule_switched_off_in_the_config_is_not_reported() {
+    let (nodes, pods) = lab("lab-device-plugin-only");
+    let mut policy = Policy::default();
+    policy.actions[Rule::DevicePluginWithoutToolkit as usize] = Action::Off;
+    let r = audit(&nodes, &pods, &Cluster::default(), &policy);
+    assert_eq!(r.exit_code(), 0);
+    assert!(
+        !r.rules
+            .contains(&AuditRule::Policy(Rule::DevicePluginWithoutToolkit))
+    );
+    assert!(
+        !r.node("lab-node-2")
+            .unwrap()
+            .has(AuditRule::Policy(Rule::DevicePluginWithoutToolkit))
+    );
+}
+
+#[test]
+fn nodes_come_out_sorted_by_name() {
+    let nodes = [node("b", &[]), node("a", &[]), node("c", &[])];
+    let r = audit(
+        &nodes,
+        &[] as &[PodView],
+        &Cluster::default(),
+        &Policy::default(),
+    );
+    assert_eq!(output::lines(&r), "a OK\nb OK\nc OK\n");
+    assert!(r.node("b").is_some() && r.node("d").is_none());
+}
+
+#[test]
+fn the_dcgm_column_is_the_exporter_and_the_host_engine_gets_its_own() {
+    assert_eq!(column_name(Operand::DcgmExporter), "dcgm");
+    assert_eq!(column_name(Operand::Dcgm), "dcgm-hostengine");
+    assert_eq!(column_name(Operand::MigManager), "mig-manager");
+    // Without a DaemonSet list, a DaemonSet exists when one of its pods does.
+    let nodes = [node("n", &[("dcgm", "true")])];
+    let pods = [pod("d", "nvidia-dcgm", "n", RUNNING)];
+    let r = audit(&nodes, &pods, &Cluster::default(), &Policy::default());
+    assert_eq!(
+        output::matrix(&r),
+        "n driver=no toolkit=no device-plugin=no gfd=no dcgm=no dcgm-hostengine=yes\nTOTAL_PODS=1\n"
+    );
+}
+
+// ---- JSON and the ClusterPolicyReport ----------------------------------------------------------
+
+#[test]
+fn json_output_has_every_fact_per_node_and_operand() {
+    let mut r = run("lab-device-plugin-only");
+    r.nodes.retain(|n| n.name == "lab-node-2");
+    let expected =
+        include_str!("../../tests/fixtures/audit/lab-device-plugin-only/lab-node-2.audit.json");
+    assert_eq!(output::json(&r), expected);
+}
+
+fn at() -> Timestamp {
+    Timestamp {
+        seconds: 1_796_032_800,
+        nanos: 0,
+    }
+}
+
+#[test]
+fn the_report_has_one_result_per_relevant_node_and_rule() {
+    let r = run("lab-device-plugin-only");
+    let rep = report::build(&r, at());
+    // Three nodes take part (two GPUs, one with the plugin), five rules each.
+    assert_eq!(rep.results.len(), 15);
+    assert_eq!(
+        (rep.summary.pass, rep.summary.fail, rep.summary.warn),
+        (13, 1, 1)
+    );
+    let fail = rep
+        .results
+        .iter()
+        .find(|x| x.result == Outcome::Fail)
+        .unwrap();
+    assert_eq!(fail.rule, "device-plugin-without-toolkit");
+    assert_eq!(fail.severity, "high");
+    assert_eq!(fail.resources[0].name, "lab-node-2");
+    assert!(rep.metadata.annotations.is_empty());
+}
+
+#[test]
+fn the_report_yaml_follows_the_wgpolicyk8s_schema() {
+    let nodes = [node(
+        "n",
+        &[
+            ("device-plugin", "true"),
+            ("nvidia.com/gpu.present", "true"),
+        ],
+    )];
+    let pods = [pod("dp", "nvidia-device-plugin-daemonset", "n", RUNNING)];
+    let mut policy = Policy::default();
+    for rule in [
+        Rule::OperandWithoutToolkit,
+        Rule::OperandWithoutValidator,
+        Rule::DevicePluginOnNonGpuNode,
+    ] {
+        policy.actions[rule as usize] = Action::Off;
+    }
+    let cluster = Cluster {
+        policy_source: PolicySource::Forbidden(
+            "RBAC forbids listing clusterpolicies.nvidia.com".into(),
+        ),
+        ..Cluster::default()
+    };
+    let r = audit(&nodes, &pods, &cluster, &policy);
+    let expected = include_str!("../../tests/fixtures/audit/report-one-node.yaml");
+    assert_eq!(report::build(&r, at()).to_yaml(), expected);
+}
+
+#[test]
+fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
+    let nodes: Vec<NodeView> = (0..1000)
+        .map(|i| {
+            node(
+                &format!("gpu-{i:04}"),
+                &[("nvidia.com/gpu.present", "true"), ("driver", "true")],
+            )
+        })
+        .collect();
+    let r = audit(
+        &nodes,
+        &[] as &[PodView],
+        &Cluster::default(),
+        &Policy::default(),
+    );
+    let rep = report::build(&r, at());
+    assert_eq!(rep.results.len(), report::MAX_RESULTS);
+    assert_eq!(rep.summary.fail, 1000);
+    assert_eq!(rep.summary.pass, 4000);
+    assert_eq!(
+        rep.metadata
+            .annotations
+            .get(report::OMITTED_ANNOTATION)
+            .map(String::as_str),
+        Some("3000")
+    );
+    assert!(
+        rep.results[..1000]
+            .iter()
+            .all(|x| x.result == Outcome::Fail)
+    );
+}
+
+#[test]
+fn an_unchanged_audit_gives_an_equal_report_apart_from_time() {
+    let r = run("lab");
+    let later = Timestamp {
+        seconds: at().seconds + 60,
+        nanos: 0,
+    };
+    let a = report::build(&r, at());
+    let b = report::build(&r, later);
+    assert_ne!(a, b);
+    assert_eq!(a.without_timestamps(), b.without_timestamps());
+}

@@ -1,0 +1,272 @@
+//! The operator's DaemonSets: which operand each one runs, and which nodes its
+//! real `nodeSelector` picks.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+
+use crate::operands::{Labels, OPERANDS, Operand, OperandSet};
+use crate::pod::PodView;
+
+/// Precompiled drivers get one DaemonSet per kernel, named after it.
+const PRECOMPILED_DRIVER_PREFIX: &str = "nvidia-driver-daemonset-";
+
+/// The operand a DaemonSet (or an `app` label, which carries the same name) runs.
+pub fn operand_of(daemonset: &str) -> Option<Operand> {
+    OPERANDS
+        .iter()
+        .find(|i| i.daemonset == Some(daemonset))
+        .map(|i| i.operand)
+        .or_else(|| {
+            daemonset
+                .starts_with(PRECOMPILED_DRIVER_PREFIX)
+                .then_some(Operand::Driver)
+        })
+}
+
+/// The operand a pod belongs to: its owning DaemonSet's, or, for a pod without owner
+/// references, its `app` label's.
+pub fn operand_of_pod(pod: &PodView) -> Option<Operand> {
+    match (&pod.daemonset, pod.owned) {
+        (Some(ds), _) => operand_of(ds),
+        (None, false) => pod.app.as_deref().and_then(operand_of),
+        (None, true) => None,
+    }
+}
+
+/// A pod that a DaemonSet runs: owned by one, or, lacking owner references, labelled like an
+/// operand's. `TOTAL_PODS` of the matrix counts these.
+pub fn is_daemonset_pod(pod: &PodView) -> bool {
+    pod.daemonset.is_some() || (!pod.owned && operand_of_pod(pod).is_some())
+}
+
+/// A DaemonSet reduced to its name and `spec.template.spec.nodeSelector`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(from = "RawDaemonSet")]
+pub struct DaemonSetView {
+    pub metadata: ObjectMeta,
+    pub node_selector: Labels,
+}
+
+impl DaemonSetView {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct RawDaemonSet {
+    #[serde(default)]
+    pub(crate) kind: Option<String>,
+    #[serde(default)]
+    metadata: RawMeta,
+    #[serde(default)]
+    spec: RawSpec,
+}
+
+#[derive(Default, Deserialize)]
+struct RawMeta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
+#[derive(Default, Deserialize)]
+struct RawSpec {
+    #[serde(default)]
+    template: RawTemplate,
+}
+
+#[derive(Default, Deserialize)]
+struct RawTemplate {
+    #[serde(default)]
+    spec: RawPodSpec,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawPodSpec {
+    #[serde(default)]
+    node_selector: Option<Labels>,
+}
+
+impl From<RawDaemonSet> for DaemonSetView {
+    fn from(raw: RawDaemonSet) -> Self {
+        DaemonSetView {
+            metadata: ObjectMeta {
+                name: raw.metadata.name,
+                namespace: raw.metadata.namespace,
+                ..ObjectMeta::default()
+            },
+            node_selector: raw.spec.template.spec.node_selector.unwrap_or_default(),
+        }
+    }
+}
+
+impl kube::Resource for DaemonSetView {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("DaemonSet")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("apps")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("daemonsets")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// The operands whose DaemonSet exists.
+pub fn operands_present<'a>(daemonsets: impl IntoIterator<Item = &'a DaemonSetView>) -> OperandSet {
+    daemonsets
+        .into_iter()
+        .filter_map(|ds| operand_of(ds.name()))
+        .collect()
+}
+
+/// Real selectors that differ from the default `<deploy key>: "true"`, for
+/// [`ClusterFacts::selectors`](crate::policy::ClusterFacts). An operand with several
+/// DaemonSets (precompiled drivers, one per kernel) keeps the default: each of them also
+/// requires the deploy label, and together they cover every kernel.
+pub fn custom_selectors<'a>(
+    daemonsets: impl IntoIterator<Item = &'a DaemonSetView>,
+) -> BTreeMap<Operand, Labels> {
+    let mut by_operand: BTreeMap<Operand, Vec<&Labels>> = BTreeMap::new();
+    for ds in daemonsets {
+        if let Some(op) = operand_of(ds.name()) {
+            by_operand.entry(op).or_default().push(&ds.node_selector);
+        }
+    }
+    by_operand
+        .into_iter()
+        .filter_map(|(op, selectors)| match selectors.as_slice() {
+            [one] if !is_default(op, one) => Some((op, (*one).clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn is_default(op: Operand, selector: &Labels) -> bool {
+    selector.len() == 1 && selector.get(op.key()).is_some_and(|v| v == "true")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ds(name: &str, selector: &[(&str, &str)]) -> DaemonSetView {
+        DaemonSetView {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            node_selector: selector
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn daemonset_names_map_to_operands() {
+        assert_eq!(operand_of("nvidia-driver-daemonset"), Some(Operand::Driver));
+        assert_eq!(
+            operand_of("nvidia-driver-daemonset-5.15.0-1026-nvidia-ubuntu22.04"),
+            Some(Operand::Driver)
+        );
+        assert_eq!(
+            operand_of("gpu-feature-discovery"),
+            Some(Operand::GpuFeatureDiscovery)
+        );
+        assert_eq!(operand_of("nvidia-dcgm"), Some(Operand::Dcgm));
+        assert_eq!(
+            operand_of("nvidia-dcgm-exporter"),
+            Some(Operand::DcgmExporter)
+        );
+        assert_eq!(operand_of("nvidia-device-plugin-mps-control-daemon"), None);
+        assert_eq!(
+            operand_of("gpu-operator-node-feature-discovery-worker"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_owner_decides_and_the_app_label_is_the_fallback() {
+        let mut pod = PodView {
+            daemonset: Some("nvidia-container-toolkit-daemonset".into()),
+            owned: true,
+            app: Some("something-else".into()),
+            ..PodView::default()
+        };
+        assert_eq!(operand_of_pod(&pod), Some(Operand::ContainerToolkit));
+        assert!(is_daemonset_pod(&pod));
+        pod.daemonset = None;
+        assert_eq!(operand_of_pod(&pod), None, "owned by something else");
+        assert!(!is_daemonset_pod(&pod));
+        pod.owned = false;
+        pod.app = Some("nvidia-dcgm-exporter".into());
+        assert_eq!(operand_of_pod(&pod), Some(Operand::DcgmExporter));
+        assert!(is_daemonset_pod(&pod));
+    }
+
+    #[test]
+    fn only_selectors_that_differ_from_the_default_are_kept() {
+        let list = [
+            ds(
+                "nvidia-device-plugin-daemonset",
+                &[("nvidia.com/gpu.deploy.device-plugin", "true")],
+            ),
+            ds(
+                "gpu-feature-discovery",
+                &[
+                    ("nvidia.com/gpu.deploy.gpu-feature-discovery", "true"),
+                    ("example.com/pool", "a"),
+                ],
+            ),
+            ds("nvidia-driver-daemonset-5.15", &[("k", "5.15")]),
+            ds("nvidia-driver-daemonset-6.8", &[("k", "6.8")]),
+            ds("unrelated", &[("x", "y")]),
+        ];
+        let got = custom_selectors(&list);
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[&Operand::GpuFeatureDiscovery].get("example.com/pool"),
+            Some(&"a".to_owned())
+        );
+        let present = operands_present(&list);
+        assert_eq!(
+            present.iter().collect::<Vec<_>>(),
+            [
+                Operand::Driver,
+                Operand::DevicePlugin,
+                Operand::GpuFeatureDiscovery
+            ]
+        );
+    }
+
+    #[test]
+    fn a_daemonset_file_entry_gives_name_and_selector() {
+        let d: DaemonSetView = serde_json::from_str(
+            r#"{"kind":"DaemonSet","metadata":{"name":"nvidia-dcgm-exporter","namespace":"gpu-operator"},
+              "spec":{"selector":{"matchLabels":{"app":"nvidia-dcgm-exporter"}},"template":{"spec":
+              {"nodeSelector":{"nvidia.com/gpu.deploy.dcgm-exporter":"true"},"containers":[]}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(d.name(), "nvidia-dcgm-exporter");
+        assert_eq!(d.node_selector.len(), 1);
+    }
+}

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Static checks of deploy/monitoring that promtool does not do.
+
+    check.py metric-names   every metric in the rules and the dashboard is one
+                            gpu-deploy-guard exports (or Prometheus' own `up`)
+    check.py alert-coverage every alert has a test where it fires and one
+                            where it stays silent, and no test names an
+                            alert that does not exist
+    check.py crd            the PrometheusRule's spec is the plain rule file
+    check.py configmap      the dashboard ConfigMap carries the JSON file
+    check.py dashboard      the dashboard is Grafana JSON as we mean it:
+                            schema, templated data source, ids, panels
+
+Each prints one line per problem and exits 1 if there is any.
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+MON = ROOT / "deploy" / "monitoring"
+RULES = MON / "rules" / "gpu-deploy-guard.rules.yaml"
+CRD = MON / "prometheusrule.yaml"
+DASHBOARD = MON / "grafana-dashboard.json"
+CONFIGMAP = MON / "grafana-dashboard.yaml"
+ALERT_TESTS = Path(__file__).resolve().parent / "alerts_test.yaml"
+
+# What the binary exposes on :8080/metrics (src/metrics.rs and the cluster
+# audit), plus the series Prometheus itself writes for every target. A rule
+# or panel that names anything else would silently never match.
+HISTOGRAM = "gpu_deploy_guard_admission_review_duration_seconds"
+KNOWN_METRICS = {
+    "gpu_deploy_guard_admission_reviews_total",
+    "gpu_deploy_guard_admission_findings_total",
+    "gpu_deploy_guard_admission_bad_requests_total",
+    HISTOGRAM + "_bucket",
+    HISTOGRAM + "_sum",
+    HISTOGRAM + "_count",
+    "gpu_deploy_guard_tls_certificate_expiry_timestamp_seconds",
+    "gpu_deploy_guard_tls_certificate_reloads_total",
+    "gpu_deploy_guard_operand_expected",
+    "gpu_deploy_guard_operand_running",
+    "gpu_deploy_guard_audit_findings",
+    "gpu_deploy_guard_audit_last_run_timestamp_seconds",
+    "gpu_deploy_guard_audit_nodes",
+    "gpu_deploy_guard_cluster_policy_available",
+    "up",
+}
+
+PROMQL_KEYWORDS = {
+    "and", "or", "unless", "by", "without", "on", "ignoring",
+    "group_left", "group_right", "bool", "offset", "inf", "nan",
+    "atan2", "start", "end",
+}
+
+
+def metric_names(expr):
+    """The metric names a PromQL expression selects.
+
+    Not a parser: it blanks out what cannot be a metric name (strings, label
+    matchers, ranges, grouping label lists, Grafana variables, numbers), then
+    every identifier left that is neither a function call nor a keyword is a
+    metric name. Enough for the expressions we write, and it errs towards
+    reporting too much, never too little.
+    """
+    s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
+    s = re.sub(r"\$\{[^}]*\}|\$\w+", " ", s)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(
+        r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s
+    )
+    s = re.sub(r"\b\d+(\.\d+)?([eE][-+]?\d+)?(ms|s|m|h|d|w|y)?\b", " ", s)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):
+        word = m.group(0)
+        if word.lower() in PROMQL_KEYWORDS:
+            continue
+        if re.match(r"\s*\(", s[m.end():]):
+            continue  # a function or an aggregation
+        names.add(word)
+    return names
+
+
+def rule_exprs():
+    doc = yaml.safe_load(RULES.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            yield rule.get("alert") or rule.get("record"), rule["expr"]
+
+
+def dashboard_exprs():
+    dash = json.loads(DASHBOARD.read_text())
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            yield f'panel "{panel["title"]}" {target["refId"]}', target["expr"]
+
+
+def check_metric_names():
+    problems = []
+    checked = 0
+    for where, expr in list(rule_exprs()) + list(dashboard_exprs()):
+        names = metric_names(expr)
+        if not names:
+            problems.append(f"{where}: no metric name found in {expr!r}")
+        for name in sorted(names - KNOWN_METRICS):
+            problems.append(f"{where}: unknown metric {name}")
+        checked += 1
+    return problems, f"{checked} expressions use only known metrics"
+
+
+def check_alert_coverage():
+    alerts = [name for name, _ in rule_exprs()]
+    fires, silent = set(), set()
+    problems = []
+    doc = yaml.safe_load(ALERT_TESTS.read_text())
+    for group in doc["tests"]:
+        for case in group.get("alert_rule_test", []):
+            name = case["alertname"]
+            if name not in alerts:
+                problems.append(f'test group "{group.get("name")}": no alert named {name}')
+            (fires if case.get("exp_alerts") else silent).add(name)
+    for name in alerts:
+        if name not in fires:
+            problems.append(f"{name}: no test where it fires")
+        if name not in silent:
+            problems.append(f"{name}: no test where it stays silent")
+    return problems, f"{len(alerts)} alerts each fire in one test and stay silent in another"
+
+
+def check_crd():
+    plain = yaml.safe_load(RULES.read_text())
+    crd = yaml.safe_load(CRD.read_text())
+    problems = []
+    if crd.get("apiVersion") != "monitoring.coreos.com/v1" or crd.get("kind") != "PrometheusRule":
+        problems.append(f"{CRD.name}: not a monitoring.coreos.com/v1 PrometheusRule")
+    if crd.get("spec") != plain:
+        problems.append(f"{CRD.name}: spec differs from {RULES.name}")
+    return problems, "PrometheusRule spec equals the plain rule file"
+
+
+def check_configmap():
+    cm = yaml.safe_load(CONFIGMAP.read_text())
+    problems = []
+    if cm.get("kind") != "ConfigMap":
+        problems.append(f"{CONFIGMAP.name}: not a ConfigMap")
+    if cm.get("metadata", {}).get("labels", {}).get("grafana_dashboard") != "1":
+        problems.append(f'{CONFIGMAP.name}: label grafana_dashboard: "1" missing')
+    data = cm.get("data", {})
+    if list(data) != ["gpu-deploy-guard.json"]:
+        problems.append(f"{CONFIGMAP.name}: data keys {list(data)}, want [gpu-deploy-guard.json]")
+    elif data["gpu-deploy-guard.json"] != DASHBOARD.read_text():
+        problems.append(f"{CONFIGMAP.name}: data differs from {DASHBOARD.name}")
+    return problems, "dashboard ConfigMap carries the JSON file"
+
+
+def check_dashboard():
+    dash = json.loads(DASHBOARD.read_text())
+    problems = []
+    want_ds = {"type": "prometheus", "uid": "${datasource}"}
+    if dash.get("schemaVersion", 0) < 36:
+        problems.append(f"schemaVersion {dash.get('schemaVersion')} < 36")
+    if not dash.get("uid") or not dash.get("title"):
+        problems.append("uid and title are required")
+    variables = {v["name"]: v for v in dash.get("templating", {}).get("list", [])}
+    ds = variables.get("datasource")
+    if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+        problems.append("templating: no datasource variable of type prometheus")
+    ids = set()
+    exprs = []
+    for panel in dash.get("panels", []):
+        title = panel.get("title", "?")
+        if panel.get("id") in ids:
+            problems.append(f'panel "{title}": duplicate id {panel.get("id")}')
+        ids.add(panel.get("id"))
+        gp = panel.get("gridPos", {})
+        if not all(k in gp for k in ("x", "y", "w", "h")) or gp.get("x", 0) + gp.get("w", 0) > 24:
+            problems.append(f'panel "{title}": bad gridPos {gp}')
+        if panel.get("datasource") != want_ds:
+            problems.append(f'panel "{title}": datasource is not ${{datasource}}')
+        if not panel.get("targets"):
+            problems.append(f'panel "{title}": no query')
+        for target in panel.get("targets", []):
+            if target.get("datasource") != want_ds:
+                problems.append(f'panel "{title}" {target.get("refId")}: datasource is not ${{datasource}}')
+            exprs.append((panel.get("type"), target.get("expr", "")))
+    # The views the dashboard exists for.
+    wanted = {
+        "node x operand grid (table or state-timeline of expected vs running)": lambda t, e: t in ("table", "state-timeline", "status-history")
+        and "gpu_deploy_guard_operand_expected" in e and "gpu_deploy_guard_operand_running" in e,
+        "decisions per second by decision": lambda t, e: "rate(gpu_deploy_guard_admission_reviews_total" in e and "by (decision)" in e,
+        "findings by rule": lambda t, e: "gpu_deploy_guard_admission_findings_total" in e and "rule" in e,
+        "review latency p50": lambda t, e: e.startswith("histogram_quantile(0.5,") and HISTOGRAM in e,
+        "review latency p99": lambda t, e: e.startswith("histogram_quantile(0.99,") and HISTOGRAM in e,
+        "certificate days left": lambda t, e: "gpu_deploy_guard_tls_certificate_expiry_timestamp_seconds" in e and "86400" in e,
+    }
+    for what, test in wanted.items():
+        if not any(test(t, e) for t, e in exprs):
+            problems.append(f"no panel shows {what}")
+    return problems, f"dashboard: {len(ids)} panels, schemaVersion {dash.get('schemaVersion')}, data source templated"
+
+
+CHECKS = {
+    "metric-names": check_metric_names,
+    "alert-coverage": check_alert_coverage,
+    "crd": check_crd,
+    "configmap": check_configmap,
+    "dashboard": check_dashboard,
+}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in CHECKS:
+        sys.exit(f"usage: {sys.argv[0]} {{{'|'.join(CHECKS)}}}")
+    problems, summary = CHECKS[sys.argv[1]]()
+    for p in problems:
+        print(p)
+    if problems:
+        sys.exit(1)
+    print(summary)

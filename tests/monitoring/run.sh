@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Tests of deploy/monitoring: the alert rules (promtool check + unit tests),
+# the generated PrometheusRule and dashboard ConfigMap, the Grafana JSON, and
+# the metric names used everywhere.
+#
+#   tests/monitoring/run.sh
+#
+# Installs what it needs when it is missing and it runs as root on Debian
+# (as CI does): promtool from Debian's `prometheus` package, and PyYAML from
+# `python3-yaml`. Ends with "N passed, M failed" and exits 1 on any failure.
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root" || exit 2
+mon=deploy/monitoring
+here=tests/monitoring
+
+die() { echo "monitoring tests: $*" >&2; exit 2; }
+
+apt_install() {
+  if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null; then
+    die "cannot install $* (needs root and apt-get); install it yourself or put promtool on PATH"
+  fi
+  echo "== installing $* with apt-get"
+  # Debian's prometheus package starts the Prometheus server from its
+  # postinst. We only want promtool: on a machine without a policy-rc.d
+  # (container images ship one), forbid service starts for this install.
+  local policy=/usr/sbin/policy-rc.d made_policy=
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
+  fi
+  local rc=0
+  { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"; } >/tmp/gdg-monitoring-apt.log 2>&1 || rc=$?
+  [[ -n $made_policy ]] && rm -f "$policy"
+  if [[ $rc != 0 ]]; then
+    tail -20 /tmp/gdg-monitoring-apt.log >&2
+    die "apt-get install $* failed"
+  fi
+}
+
+command -v promtool >/dev/null || apt_install prometheus
+command -v promtool >/dev/null || die "promtool still missing after installing prometheus"
+
+# The first python3 with PyYAML: pyenv's, else Debian's.
+python=
+for p in python3 /usr/bin/python3; do
+  if command -v "$p" >/dev/null && "$p" -c 'import yaml' 2>/dev/null; then python=$p; break; fi
+done
+if [[ -z $python ]]; then
+  apt_install python3-yaml
+  python=/usr/bin/python3
+  "$python" -c 'import yaml' || die "PyYAML still missing after installing python3-yaml"
+fi
+
+echo "== $(promtool --version 2>&1 | head -1)"
+
+passed=0 failed=0 skipped=0
+check() {
+  local name=$1; shift
+  local out line
+  if out=$("$@" 2>&1); then
+    passed=$((passed + 1))
+    echo "ok   $name"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name"
+    while IFS= read -r line; do echo "     $line"; done <<<"$out"
+  fi
+}
+
+check "promtool check rules" promtool check rules --lint-fatal "$mon/rules/gpu-deploy-guard.rules.yaml"
+check "promtool test rules (alerts_test.yaml)" promtool test rules "$here/alerts_test.yaml"
+check "every alert fires in a test and stays silent in another" "$python" "$here/check.py" alert-coverage
+check "prometheusrule.yaml is rendered from the rule file" "$mon/render-prometheusrule.sh" --check
+check "PrometheusRule spec equals the rule file" "$python" "$here/check.py" crd
+check "grafana-dashboard.json parses" "$python" -m json.tool "$mon/grafana-dashboard.json"
+check "dashboard structure and data source" "$python" "$here/check.py" dashboard
+check "grafana-dashboard.yaml is rendered from the JSON" "$mon/render-dashboard-configmap.sh" --check
+check "dashboard ConfigMap carries the JSON" "$python" "$here/check.py" configmap
+check "rules and dashboard use only exported metric names" "$python" "$here/check.py" metric-names
+
+kubectl=${KUBECTL:-}
+if [[ -z $kubectl ]]; then
+  for k in /usr/lib/google-cloud-sdk/bin/kubectl.1.33 kubectl; do
+    if command -v "$k" >/dev/null; then kubectl=$k; break; fi
+  done
+fi
+if [[ -n $kubectl ]]; then
+  check "kubectl kustomize deploy/monitoring" "$kubectl" kustomize "$mon"
+else
+  skipped=$((skipped + 1))
+  echo "skip kubectl kustomize deploy/monitoring (no kubectl)"
+fi
+
+if [[ $skipped -gt 0 ]]; then
+  echo "$passed passed, $failed failed, $skipped skipped"
+else
+  echo "$passed passed, $failed failed"
+fi
+[[ $failed == 0 ]]
