@@ -13,7 +13,7 @@
 #      the highest rate, then p50/p99 at half of the floor's highest rate
 #   4. resident memory of both servers, idle and at peak
 #   5. every executable bench/sections/*.sh, see "Extra sections" below
-#   6. benches/audit.rs through criterion, when that file exists
+#   6. the audit at cluster scale (benches/audit.rs, its own table), when that file exists
 # and, since timings on a shared 2-core machine move with whatever else runs, the same costs as
 # instruction counts under callgrind, which do not: per decision and per in-process review
 # (bench/count.sh), and per request for both servers over TLS (user space, all threads).
@@ -107,14 +107,20 @@ for line in sys.stdin:
         print(m["executable"])')
 [[ -x $FLOOR ]] || { log "cannot find the floor_server executable"; exit 1; }
 
-# --- 1, 2 and 6: criterion ----------------------------------------------------------------
-benches=(decision review)
-[[ -f benches/audit.rs ]] && benches+=(audit)
-for bench in "${benches[@]}"; do
+# --- 1 and 2: criterion ------------------------------------------------------------------
+for bench in decision review; do
     log "criterion: $bench"
     "$CARGO" bench --locked --quiet --bench "$bench" -- "${CRITERION[@]}" >"$OUT/criterion-$bench.log" 2>&1 ||
         { cat "$OUT/criterion-$bench.log" >&2; exit 1; }
 done
+
+# --- 6: the audit at cluster scale --------------------------------------------------------
+rm -f "$OUT/audit.txt"
+if [[ -f benches/audit.rs ]]; then
+    log "audit bench"
+    GDG_BENCH_SMOKE=$SMOKE "$CARGO" bench --locked --quiet --bench audit >"$OUT/audit.txt" 2>"$OUT/audit.log" ||
+        { cat "$OUT/audit.log" >&2; exit 1; }
+fi
 
 if command -v valgrind >/dev/null; then
     log "callgrind: instructions per decision and per review"

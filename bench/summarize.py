@@ -220,6 +220,15 @@ def main():
               f"{verdict(memory.get('ours_peak_rss_kib', 1 << 30) < MAX_PEAK_RSS_KIB)} |",
               f"| floor | {mib('floor_idle_rss_kib')} | {mib('floor_peak_rss_kib')} | | |"]
 
+    audit = os.path.join(out, "audit.txt")
+    if os.path.exists(audit):
+        with open(audit) as f:
+            table = f.read().rstrip()
+        if len(table.splitlines()) < 2:
+            problems.append("audit bench: no rows")
+        lines += ["", "## 6. The audit at cluster scale (benches/audit.rs, best of its runs)", "",
+                  "```text", table, "```"]
+
     for path in sorted(glob.glob(os.path.join(out, "sections", "*.md"))):
         with open(path) as f:
             text = f.read().strip()

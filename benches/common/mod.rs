@@ -77,7 +77,7 @@ pub fn main(group: &str, mut cases: Vec<Case>) {
         }
         return;
     }
-    if let Some(count) = std::env::var("GDG_BENCH_COUNT").ok() {
+    if let Ok(count) = std::env::var("GDG_BENCH_COUNT") {
         let count: u64 = count.parse().expect("GDG_BENCH_COUNT: a number");
         let name = std::env::var("GDG_BENCH_CASE").expect("GDG_BENCH_CASE: a case name");
         let case = cases
