@@ -67,7 +67,9 @@ TOOLS=${XDG_CACHE_HOME:-$HOME/.cache}/gpu-deploy-guard/bench-tools-oha-$OHA_VERS
 BODY_ALLOWED=$ROOT/benches/fixtures/large-node-review-allowed.json
 BODY_DENIED=$ROOT/benches/fixtures/large-node-review-denied.json
 
-rm -rf "$OUT/load" "$OUT/sections"
+# Nothing from an earlier run may pass for this one's.
+rm -rf "$OUT/load" "$OUT/sections" "$OUT/callgrind"
+rm -f "$OUT"/{instructions,server-instructions,audit,memory,env}.txt "$OUT/summary.md"
 mkdir -p "$OUT/load" "$OUT/sections"
 # The summary takes criterion results newer than this; older ones stay as criterion's baseline.
 touch "$OUT/started"
@@ -115,7 +117,6 @@ for bench in decision review; do
 done
 
 # --- 6: the audit at cluster scale --------------------------------------------------------
-rm -f "$OUT/audit.txt"
 if [[ -f benches/audit.rs ]]; then
     log "audit bench"
     GDG_BENCH_SMOKE=$SMOKE "$CARGO" bench --locked --quiet --bench audit >"$OUT/audit.txt" 2>"$OUT/audit.log" ||
@@ -275,7 +276,6 @@ server_instructions() {
 
 if command -v valgrind >/dev/null; then
     log "callgrind: instructions per request, both servers"
-    rm -rf "$OUT/callgrind" "$OUT/server-instructions.txt"
     mkdir -p "$OUT/callgrind"
     for proto in h1 h2; do
         server_instructions "$proto-floor" "$proto" "$FLOOR" --serve "127.0.0.1:PORT" \
