@@ -4,7 +4,7 @@
 CARGO ?= cargo
 BIN := target/release/gpu-deploy-guard
 
-.PHONY: all build test unit lint e2e monitoring-test cel-test playground playground-down bench clean
+.PHONY: all build test unit lint e2e monitoring-test cel-test playground playground-down bench bench-smoke clean
 
 all: build
 
@@ -12,7 +12,7 @@ build:
 	$(CARGO) build --release --locked
 
 ## test: everything CI runs: formatting, lints, unit/integration tests, end-to-end tests.
-test: lint unit monitoring-test e2e cel-test
+test: lint unit monitoring-test e2e cel-test bench-smoke
 
 unit:
 	$(CARGO) test --locked
@@ -70,6 +70,14 @@ playground-down:
 	kill $$pid; \
 	for i in $$(seq 1 120); do alive || { echo "playground (pid $$pid) stopped"; exit 0; }; sleep 0.5; done; \
 	echo "playground (pid $$pid) still running after 60s; its log: $(PLAYGROUND_LOG)" >&2; exit 1
+
+## bench: every benchmark in one go (a few minutes): prints the table, writes target/bench/summary.md.
+bench:
+	bash bench/run.sh
+
+## bench-smoke: the bench harness at tiny sizes (under a minute once built), so it cannot rot.
+bench-smoke:
+	bash bench/run.sh --smoke
 
 clean:
 	$(CARGO) clean
