@@ -1,7 +1,6 @@
 //! The operator's DaemonSets: which operand each one runs, and which nodes its
 //! real `nodeSelector` picks.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -114,29 +113,7 @@ impl From<RawDaemonSet> for DaemonSetView {
     }
 }
 
-impl kube::Resource for DaemonSetView {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("DaemonSet")
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("apps")
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("daemonsets")
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+partial_resource!(DaemonSetView, k8s_openapi::NamespaceResourceScope, kind: "DaemonSet", group: "apps", version: "v1", plural: "daemonsets");
 
 /// The operands whose DaemonSet exists.
 pub fn operands_present<'a>(daemonsets: impl IntoIterator<Item = &'a DaemonSetView>) -> OperandSet {

@@ -4,7 +4,6 @@
 //! managedFields. Deserializing into [`NodeView`] skips all of it without
 //! building it, and fails with a path when a label value is not a string.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -58,29 +57,7 @@ impl NodeView {
     }
 }
 
-impl kube::Resource for NodeView {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("Node")
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("nodes")
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+partial_resource!(NodeView, k8s_openapi::ClusterResourceScope, kind: "Node", group: "", version: "v1", plural: "nodes");
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeFileError {

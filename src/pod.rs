@@ -7,8 +7,6 @@
 //! skip the rest without building it; the same type feeds the `serve`
 //! reflector, so the watch cache stays small too.
 
-use std::borrow::Cow;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
@@ -174,29 +172,7 @@ impl From<RawPod> for PodView {
     }
 }
 
-impl kube::Resource for PodView {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("Pod")
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("")
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("v1")
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed("pods")
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+partial_resource!(PodView, k8s_openapi::NamespaceResourceScope, kind: "Pod", group: "", version: "v1", plural: "pods");
 
 #[cfg(test)]
 mod tests {
