@@ -44,7 +44,7 @@ pub enum Action {
     Warn,
     /// Allow silently; record the finding in the audit annotations only.
     Audit,
-    /// Do not evaluate the rule.
+    /// Drop the rule's findings: no warning, no annotation, no metric.
     Off,
 }
 

@@ -446,25 +446,8 @@ func (cp *ControlPlane) WriteUserKubeconfig(user string, groups ...string) (stri
 // `kubectl create token`, and returns its path.
 func (cp *ControlPlane) WriteTokenKubeconfig(name, token string) (string, error) {
 	path := cp.KubeconfigPathFor(name)
-	content := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: e2e
-  cluster:
-    server: %s
-    certificate-authority-data: %s
-users:
-- name: %s
-  user:
-    token: %s
-contexts:
-- name: e2e
-  context:
-    cluster: e2e
-    user: %s
-current-context: e2e
-`, cp.APIServerURL, base64.StdEncoding.EncodeToString(cp.CA.CertPEM), strconv.Quote(name), strconv.Quote(token), strconv.Quote(name))
-	return path, os.WriteFile(path, []byte(content), 0o600)
+	return path, writeKubeconfigAuth(path, cp.APIServerURL, name, cp.CA.CertPEM,
+		"    token: "+strconv.Quote(token)+"\n")
 }
 
 // AddCleanup registers f to run when the control plane stops, before its
@@ -595,6 +578,13 @@ func httpOK(c *http.Client, url, want string) (bool, string) {
 
 func writeKubeconfig(path, server, user string, caPEM, certPEM, keyPEM []byte) error {
 	b64 := base64.StdEncoding.EncodeToString
+	return writeKubeconfigAuth(path, server, user, caPEM,
+		"    client-certificate-data: "+b64(certPEM)+"\n    client-key-data: "+b64(keyPEM)+"\n")
+}
+
+// writeKubeconfigAuth writes a one-context kubeconfig for server, trusting
+// caPEM; auth holds the user's credential lines (indented under `user:`).
+func writeKubeconfigAuth(path, server, user string, caPEM []byte, auth string) error {
 	content := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -605,14 +595,12 @@ clusters:
 users:
 - name: %s
   user:
-    client-certificate-data: %s
-    client-key-data: %s
-contexts:
+%scontexts:
 - name: e2e
   context:
     cluster: e2e
     user: %s
 current-context: e2e
-`, server, b64(caPEM), strconv.Quote(user), b64(certPEM), b64(keyPEM), strconv.Quote(user))
+`, server, base64.StdEncoding.EncodeToString(caPEM), strconv.Quote(user), auth, strconv.Quote(user))
 	return os.WriteFile(path, []byte(content), 0o600)
 }
