@@ -4,7 +4,6 @@
 //! read as a Node AdmissionReview gets a 4xx whose body names the problem; the
 //! API server then applies the webhook's failurePolicy.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,15 +13,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use kube::core::admission::{
-    AdmissionRequest, AdmissionResponse, AdmissionReview, Operation as KubeOperation,
-};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionResponse, AdmissionReview};
 use tokio::sync::watch;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::metrics::Metrics;
-use crate::node::NodeView;
 use crate::policy::{self, ClusterFacts, Decision, Operation, Policy, Review, Verdict};
+use crate::request::{NodeLabels, RequestView, ReviewBody};
 
 /// Limits that protect the server from slow or oversized clients.
 #[derive(Clone, Copy, Debug)]
@@ -175,7 +173,7 @@ async fn validate(State(hook): State<Arc<Webhook>>, headers: HeaderMap, body: Bo
         Err((bad, uid)) => return refuse(&hook, bad, uid),
     };
     let facts = hook.facts.borrow().clone();
-    let (verdict, operation) = match review_request(&request, &facts, &hook.policy) {
+    let verdict = match review_request(&request, &facts, &hook.policy) {
         Ok(v) => v,
         Err(bad) => return refuse(&hook, bad, Some(request.uid.clone())),
     };
@@ -183,7 +181,7 @@ async fn validate(State(hook): State<Arc<Webhook>>, headers: HeaderMap, body: Bo
     let seconds = started.elapsed().as_secs_f64();
     hook.metrics.observe_review(
         verdict.decision.as_str(),
-        operation.as_str(),
+        request.operation.as_str(),
         verdict
             .findings
             .iter()
@@ -243,33 +241,33 @@ fn is_length_limit(error: &axum::Error) -> bool {
 
 /// Reads the body as a v1 Node AdmissionReview. On failure, returns the uid when it was readable,
 /// so the API server can match even an error answer.
-pub fn parse_review(
-    bytes: &[u8],
-) -> Result<AdmissionRequest<NodeView>, (BadRequest, Option<String>)> {
+pub fn parse_review(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option<String>)> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err((BadRequest::Empty, None));
     }
-    // Read without tracking the path: serde_path_to_error copies every map key it passes, the
-    // ~200 labels of a large Node's object and oldObject included, a fifth of the parse's
-    // instructions (benches/review.rs). Only a body that fails is read again, to say where.
-    let review: AdmissionReview<NodeView> = match serde_json::from_slice(bytes) {
+    // Read without tracking the path: serde_path_to_error copies every map key it passes, a
+    // large Node's ~200 labels included. Only a body that fails is read again, to say where.
+    let review: ReviewBody<'_> = match serde_json::from_slice(bytes) {
         Ok(review) => review,
         Err(error) => return Err(unreadable(bytes, error)),
     };
-    if review.types.kind != "AdmissionReview" {
-        return Err((BadRequest::Kind(review.types.kind), None));
+    if review.kind.as_str() != "AdmissionReview" {
+        return Err((BadRequest::Kind(review.kind.as_str().to_owned()), None));
     }
-    if review.types.api_version != "admission.k8s.io/v1" {
-        return Err((BadRequest::Version(review.types.api_version), None));
+    if review.api_version.as_str() != "admission.k8s.io/v1" {
+        return Err((
+            BadRequest::Version(review.api_version.as_str().to_owned()),
+            None,
+        ));
     }
-    review.try_into().map_err(|_| (BadRequest::NoRequest, None))
+    review.request.ok_or((BadRequest::NoRequest, None))
 }
 
 /// Why serde_json refused a body, with the path to the field at fault and the uid when it can
 /// still be found.
 fn unreadable(bytes: &[u8], error: serde_json::Error) -> (BadRequest, Option<String>) {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let e = match serde_path_to_error::deserialize::<_, AdmissionReview<NodeView>>(&mut de) {
+    let e = match serde_path_to_error::deserialize::<_, ReviewBody<'_>>(&mut de) {
         Err(e) => e,
         // The document itself was fine; what follows it is not.
         Ok(_) => return (BadRequest::NotJson(error.to_string()), None),
@@ -304,12 +302,13 @@ fn uid_of(bytes: &[u8]) -> Option<String> {
     serde_json::from_slice::<Outer>(bytes).ok()?.request?.uid
 }
 
-/// Checks what the request is about and runs the policy on it.
+/// Checks what the request is about and runs the policy on it. Only the labels the policy reads
+/// under `facts` are copied out of the request (`policy::reads_label`).
 pub fn review_request(
-    req: &AdmissionRequest<NodeView>,
+    req: &RequestView<'_>,
     facts: &ClusterFacts,
     policy: &Policy,
-) -> Result<(Verdict, Operation), BadRequest> {
+) -> Result<Verdict, BadRequest> {
     let kind = &req.kind;
     if !(kind.group.is_empty() && kind.version == "v1" && kind.kind == "Node") {
         let group = if kind.group.is_empty() {
@@ -322,12 +321,7 @@ pub fn review_request(
             kind.version, kind.kind
         )));
     }
-    let operation = match req.operation {
-        KubeOperation::Create => Operation::Create,
-        KubeOperation::Update => Operation::Update,
-        KubeOperation::Delete => Operation::Delete,
-        KubeOperation::Connect => Operation::Connect,
-    };
+    let operation = req.operation;
     let object = match (&req.object, operation) {
         (Some(object), _) => Some(object),
         (None, Operation::Create | Operation::Update) => {
@@ -344,12 +338,14 @@ pub fn review_request(
             field: "oldObject",
         });
     }
-    let empty = Default::default();
-    let labels = object
-        .or(req.old_object.as_ref())
-        .map_or(&empty, NodeView::labels);
+    let old_labels = req.old_object.as_ref().map(|o| o.labels(facts));
+    let labels = match object {
+        Some(object) => object.labels(facts),
+        // DELETE and CONNECT carry only the old object.
+        None => old_labels.clone().unwrap_or_default(),
+    };
     let node = if req.name.is_empty() {
-        object.map_or("", NodeView::name)
+        object.map_or("", NodeLabels::name)
     } else {
         req.name.as_str()
     };
@@ -357,21 +353,22 @@ pub fn review_request(
     let review = Review {
         node,
         operation,
-        old_labels: req.old_object.as_ref().map(NodeView::labels),
-        labels,
+        old_labels: old_labels.as_ref(),
+        labels: &labels,
         username: req.user_info.username.as_deref().unwrap_or_default(),
         groups: req.user_info.groups.as_ref().unwrap_or(&no_groups),
         dry_run: req.dry_run,
     };
-    Ok((policy::decide(&review, facts, policy), operation))
+    Ok(policy::decide(&review, facts, policy))
 }
 
 /// The AdmissionReview answering `req` with `verdict`.
-pub fn respond(
-    req: &AdmissionRequest<NodeView>,
-    verdict: &Verdict,
-) -> AdmissionReview<kube::core::DynamicObject> {
-    let mut resp = AdmissionResponse::from(req);
+pub fn respond(req: &RequestView<'_>, verdict: &Verdict) -> AdmissionReview<DynamicObject> {
+    // kube builds a response from its own request type only; start from its v1 template.
+    let mut resp = AdmissionResponse::invalid("");
+    resp.allowed = true;
+    resp.result = Default::default();
+    resp.uid = req.uid.clone();
     if let Some(message) = &verdict.message {
         resp = resp.deny(message);
         resp.result.code = StatusCode::FORBIDDEN.as_u16();
@@ -384,11 +381,11 @@ pub fn respond(
         .audit_annotations()
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
-        .collect::<HashMap<_, _>>();
+        .collect();
     resp.into_review()
 }
 
-fn log_verdict(req: &AdmissionRequest<NodeView>, verdict: &Verdict) {
+fn log_verdict(req: &RequestView<'_>, verdict: &Verdict) {
     let user = req.user_info.username.as_deref().unwrap_or_default();
     let findings: Vec<String> = verdict
         .findings

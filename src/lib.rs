@@ -52,5 +52,6 @@ pub mod node;
 pub mod operands;
 pub mod pod;
 pub mod policy;
+pub mod request;
 pub mod server;
 pub mod tls;

@@ -18,8 +18,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::operands::{
-    DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, OPERANDS_KEY, Operand, OperandSet, Value,
-    closest_known, is_gpu_node,
+    DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, OperandSet,
+    Value, closest_known, is_gpu_node,
 };
 
 /// A rule's id is part of the interface: config keys, JSON output, metrics and annotations use it.
@@ -226,7 +226,7 @@ impl Default for ClusterFacts {
     }
 }
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Operation {
     Create,
@@ -358,6 +358,17 @@ impl Verdict {
         }
         out
     }
+}
+
+/// Whether [`decide`] may read the label `key` under these facts: the deploy labels, the labels
+/// that mark a GPU node, and the keys of non-default operand nodeSelectors. The webhook copies
+/// only these from a reviewed Node (a GPU node has ~100 labels; these are 10–20); the tests
+/// check that dropping the others never changes a verdict.
+pub fn reads_label(key: &str, facts: &ClusterFacts) -> bool {
+    key.starts_with(DEPLOY_PREFIX)
+        || key == GPU_PRESENT_KEY
+        || NFD_NVIDIA_PCI_KEYS.contains(&key)
+        || facts.selectors.values().any(|sel| sel.contains_key(key))
 }
 
 /// The operands the DaemonSet controller runs on a node with these labels.

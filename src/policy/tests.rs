@@ -1037,3 +1037,153 @@ fn assessing_leaves_out_rules_that_are_off_and_follows_the_cluster_facts() {
     };
     assert!(assess("lab-node-0", &l, &host_toolkit, &Policy::default()).is_empty());
 }
+
+/// The webhook hands `decide` only the labels `reads_label` keeps. Over many label states,
+/// transitions, cluster facts and policies, the verdict on the kept labels must be the verdict on
+/// all of them; a rule that starts reading another label fails here until `reads_label` says so.
+#[test]
+fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
+    // A small deterministic generator (xorshift): the same states on every run.
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let custom_pool = "example.com/gpu-pool";
+    let kernel = "feature.node.kubernetes.io/kernel-version.full";
+    let mut keys: Vec<String> = Operand::all().map(|op| op.key().to_owned()).collect();
+    keys.extend(
+        [
+            OPERANDS_KEY,
+            "nvidia.com/gpu.deploy.device-plugn",
+            "nvidia.com/gpu.deploy.",
+            GPU_PRESENT_KEY,
+            NFD_NVIDIA_PCI_KEYS[0],
+            NFD_NVIDIA_PCI_KEYS[2],
+            custom_pool,
+            kernel,
+            "kubernetes.io/hostname",
+            "nvidia.com/gpu.product",
+            "nvidia.com/mig.config",
+            "nvidia.com/gpu.deploy",
+            "node-role.kubernetes.io/gpu",
+        ]
+        .map(str::to_owned),
+    );
+    let values = [
+        "true",
+        "false",
+        "",
+        "pre-installed",
+        "paused-for-mig-change",
+        "a",
+        "yes",
+    ];
+    let facts = [
+        ClusterFacts::default(),
+        ClusterFacts {
+            toolkit_managed: false,
+            ..ClusterFacts::default()
+        },
+        ClusterFacts {
+            disabled: [Operand::ContainerToolkit, Operand::DcgmExporter]
+                .into_iter()
+                .collect(),
+            assumed: Some("no ClusterPolicy".to_owned()),
+            ..ClusterFacts::default()
+        },
+        ClusterFacts {
+            selectors: [
+                (
+                    Operand::DevicePlugin,
+                    labels(&[(custom_pool, "a"), ("device-plugin", "true")]),
+                ),
+                (Operand::ContainerToolkit, labels(&[(kernel, "true")])),
+                (Operand::OperatorValidator, labels(&[(custom_pool, "a")])),
+            ]
+            .into_iter()
+            .collect(),
+            ..ClusterFacts::default()
+        },
+    ];
+    let mut strict = Policy::default();
+    strict.actions = [Action::Deny; RULES.len()];
+    strict.enforce_on_create = true;
+    let mut warn_only = Policy::default();
+    warn_only.mode = Mode::Warn;
+    warn_only.exemptions.usernames.push("admin".to_owned());
+    let policies = [Policy::default(), strict, warn_only];
+
+    let random_labels = |next: &mut dyn FnMut(usize) -> usize| -> Labels {
+        let count = next(keys.len());
+        (0..count)
+            .map(|_| {
+                (
+                    keys[next(keys.len())].clone(),
+                    values[next(values.len())].to_owned(),
+                )
+            })
+            .collect()
+    };
+    let kept = |l: &Labels, facts: &ClusterFacts| -> Labels {
+        l.iter()
+            .filter(|(k, _)| reads_label(k, facts))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let mut dropped_some = 0;
+    let mut denied = 0;
+    for i in 0..3000 {
+        let old = random_labels(&mut next);
+        // Half the new states are small edits of the old one, like a real `kubectl label`.
+        let new = if i % 2 == 0 {
+            let mut new = old.clone();
+            for _ in 0..=next(3) {
+                let key = keys[next(keys.len())].clone();
+                match next(3) {
+                    0 => new.remove(&key),
+                    _ => new.insert(key, values[next(values.len())].to_owned()),
+                };
+            }
+            new
+        } else {
+            random_labels(&mut next)
+        };
+        let operation = [Operation::Update, Operation::Create, Operation::Delete][next(3)];
+        let username = ["admin", "system:serviceaccount:gpu-operator:gpu-operator"][next(2)];
+        for facts in &facts {
+            let (old_kept, new_kept) = (kept(&old, facts), kept(&new, facts));
+            dropped_some += usize::from(new_kept.len() < new.len());
+            for policy in &policies {
+                let review = |old: &Labels, new: &Labels| {
+                    let old = (operation != Operation::Create).then_some(old);
+                    let review = Review {
+                        node: "n",
+                        operation,
+                        old_labels: old,
+                        labels: new,
+                        username,
+                        groups: &[],
+                        dry_run: false,
+                    };
+                    decide(&review, facts, policy)
+                };
+                let full = review(&old, &new);
+                denied += usize::from(!full.allowed());
+                assert_eq!(
+                    review(&old_kept, &new_kept),
+                    full,
+                    "{operation:?} by {username}, facts {facts:?}, policy {policy:?}\nold {old:?}\nnew {new:?}"
+                );
+            }
+        }
+    }
+    // The generator must reach both sides of the question, or the test proves nothing.
+    assert!(
+        dropped_some > 1000,
+        "labels dropped in {dropped_some} states"
+    );
+    assert!(denied > 100, "{denied} denials");
+}

@@ -1,0 +1,272 @@
+//! The part of an AdmissionReview the webhook reads, borrowed from the request body.
+//!
+//! The API server sends the whole Node twice (object and oldObject): on a real GPU node that is
+//! ~100 labels, images and managedFields each, tens of kilobytes. The decision reads a handful
+//! of labels (see [`policy::reads_label`]), so this view skips everything else unparsed and keeps
+//! the labels as strings borrowed from the body; [`NodeLabels::labels`] then copies only the
+//! ones the policy reads. Every label is still checked to be a string, so a malformed object is
+//! refused whatever label is wrong.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+use crate::operands::Labels;
+use crate::policy::{self, ClusterFacts, Operation};
+
+/// A JSON string, borrowed from the body unless it contains escapes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Text<'a>(pub Cow<'a, str>);
+
+impl Text<'_> {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(TextVisitor)
+    }
+}
+
+/// `apiVersion`, `kind` and the request of an AdmissionReview.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReviewBody<'a> {
+    #[serde(borrow)]
+    pub api_version: Text<'a>,
+    #[serde(borrow)]
+    pub kind: Text<'a>,
+    #[serde(default, borrow)]
+    pub request: Option<RequestView<'a>>,
+}
+
+/// The fields of `request` the webhook reads; the others (resource, options, ...) are skipped.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestView<'a> {
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    #[serde(default)]
+    pub name: String,
+    pub operation: Operation,
+    #[serde(default)]
+    pub user_info: UserInfo,
+    #[serde(default, borrow)]
+    pub object: Option<NodeLabels<'a>>,
+    #[serde(default, borrow)]
+    pub old_object: Option<NodeLabels<'a>>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+pub struct GroupVersionKind {
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct UserInfo {
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub groups: Option<Vec<String>>,
+}
+
+/// A Node reduced to its name and its labels, in the body's order.
+#[derive(Debug, Default, Deserialize)]
+pub struct NodeLabels<'a> {
+    #[serde(default, borrow)]
+    metadata: Metadata<'a>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Metadata<'a> {
+    #[serde(default, borrow)]
+    name: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    labels: Option<LabelPairs<'a>>,
+}
+
+#[derive(Debug, Default)]
+struct LabelPairs<'a>(Vec<(Text<'a>, Text<'a>)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for LabelPairs<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct PairsVisitor;
+        impl<'de> Visitor<'de> for PairsVisitor {
+            type Value = LabelPairs<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of label keys to string values")
+            }
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                // A GPU node has ~100 labels; JSON does not say how many are coming.
+                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(128));
+                while let Some(pair) = map.next_entry()? {
+                    pairs.push(pair);
+                }
+                Ok(LabelPairs(pairs))
+            }
+        }
+        d.deserialize_map(PairsVisitor)
+    }
+}
+
+impl NodeLabels<'_> {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_ref().map_or("", Text::as_str)
+    }
+
+    /// How many labels the object has.
+    pub fn len(&self) -> usize {
+        self.metadata.labels.as_ref().map_or(0, |l| l.0.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The labels the policy reads under `facts`, copied; a key given twice keeps its last value,
+    /// as the API server would.
+    pub fn labels(&self, facts: &ClusterFacts) -> Labels {
+        self.pairs()
+            .filter(|(key, _)| policy::reads_label(key, facts))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    /// Every label, copied: what `labels` would give if the policy read them all.
+    pub fn all_labels(&self) -> Labels {
+        self.pairs()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.metadata
+            .labels
+            .iter()
+            .flat_map(|l| l.0.iter())
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::operands::Operand;
+
+    fn node(json: &str) -> NodeLabels<'_> {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn labels_are_borrowed_from_the_body_unless_escaped() {
+        let n = node(
+            r#"{"metadata":{"name":"n1","labels":{"a":"b","nvidia.com\/gpu.present":"tr\u0075e"}}}"#,
+        );
+        let pairs = &n.metadata.labels.as_ref().unwrap().0;
+        assert!(matches!(pairs[0].0.0, Cow::Borrowed("a")));
+        assert!(matches!(pairs[0].1.0, Cow::Borrowed("b")));
+        assert!(matches!(&pairs[1].0.0, Cow::Owned(k) if k == "nvidia.com/gpu.present"));
+        assert_eq!(pairs[1].1.as_str(), "true");
+        assert_eq!(n.name(), "n1");
+        assert_eq!(n.len(), 2);
+    }
+
+    #[test]
+    fn only_the_labels_the_policy_reads_are_copied() {
+        let n = node(
+            r#"{"metadata":{"labels":{
+                "kubernetes.io/hostname":"n","nvidia.com/gpu.product":"A100",
+                "nvidia.com/gpu.present":"true","nvidia.com/gpu.deploy.driver":"false",
+                "feature.node.kubernetes.io/pci-10de.present":"true",
+                "example.com/pool":"gpu"}},"status":{"images":[{"names":["x"]}]}}"#,
+        );
+        let kept: Vec<String> = n.labels(&ClusterFacts::default()).into_keys().collect();
+        assert_eq!(
+            kept,
+            [
+                "feature.node.kubernetes.io/pci-10de.present",
+                "nvidia.com/gpu.deploy.driver",
+                "nvidia.com/gpu.present"
+            ]
+        );
+        // A DaemonSet selecting on another label makes that label matter too.
+        let facts = ClusterFacts {
+            selectors: BTreeMap::from([(
+                Operand::DevicePlugin,
+                Labels::from([("example.com/pool".to_owned(), "gpu".to_owned())]),
+            )]),
+            ..ClusterFacts::default()
+        };
+        assert_eq!(n.labels(&facts).get("example.com/pool").unwrap(), "gpu");
+        assert_eq!(n.all_labels().len(), 6);
+    }
+
+    #[test]
+    fn a_repeated_label_keeps_its_last_value() {
+        let n = node(
+            r#"{"metadata":{"labels":{"nvidia.com/gpu.deploy.driver":"true","nvidia.com/gpu.deploy.driver":"false"}}}"#,
+        );
+        let labels = n.labels(&ClusterFacts::default());
+        assert_eq!(labels["nvidia.com/gpu.deploy.driver"], "false");
+        assert_eq!(n.all_labels(), labels);
+    }
+
+    #[test]
+    fn a_label_that_is_not_a_string_is_an_error_even_when_unread() {
+        let err = serde_json::from_str::<NodeLabels<'_>>(
+            r#"{"metadata":{"labels":{"kubernetes.io/hostname":7}}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid type: integer `7`, expected a string at line 1 column 49"
+        );
+        let err =
+            serde_json::from_str::<NodeLabels<'_>>(r#"{"metadata":{"labels":["a"]}}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("invalid type: sequence, expected a map of label keys"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn null_and_missing_parts_are_empty() {
+        for json in [
+            r#"{}"#,
+            r#"{"metadata":{}}"#,
+            r#"{"metadata":{"labels":null}}"#,
+        ] {
+            let n = node(json);
+            assert!(n.is_empty(), "{json}");
+            assert_eq!(n.name(), "");
+        }
+    }
+}
