@@ -1108,11 +1108,15 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
             ..ClusterFacts::default()
         },
     ];
-    let mut strict = Policy::default();
-    strict.actions = [Action::Deny; RULES.len()];
-    strict.enforce_on_create = true;
-    let mut warn_only = Policy::default();
-    warn_only.mode = Mode::Warn;
+    let strict = Policy {
+        actions: [Action::Deny; RULES.len()],
+        enforce_on_create: true,
+        ..Policy::default()
+    };
+    let mut warn_only = Policy {
+        mode: Mode::Warn,
+        ..Policy::default()
+    };
     warn_only.exemptions.usernames.push("admin".to_owned());
     let policies = [Policy::default(), strict, warn_only];
 
