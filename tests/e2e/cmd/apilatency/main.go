@@ -120,6 +120,8 @@ type options struct {
 	smoke                    bool
 	variants                 string
 	hostIP                   string
+	gap                      time.Duration
+	nodeLabels, nodeImages   int
 }
 
 func main() {
@@ -132,8 +134,12 @@ func main() {
 	flag.StringVar(&o.variants, "variants", "", "extra webhook modes, comma-separated; each is a +-joined list of changes to "+
 		"the shipped configuration: nomc (no matchConditions), enforce (the enforce webhook only), http1 (serve on a "+
 		"non-loopback address: the API server then speaks HTTP/1.1, as it does to a Service), tokio1 (serve with "+
-		"TOKIO_WORKER_THREADS=1), file=PATH (a ValidatingWebhookConfiguration of service clientConfigs instead of "+
+		"TOKIO_WORKER_THREADS=1), idle=DURATION (serve --header-timeout DURATION, which also closes idle HTTP/1.1 "+
+		"connections: with -gap above it, every review opens a new connection, as reviews minutes apart do), file=PATH (a ValidatingWebhookConfiguration of service clientConfigs instead of "+
 		"deploy/base's); e.g. -variants nomc,enforce,enforce+nomc,http1")
+	flag.IntVar(&o.nodeLabels, "node-labels", 0, "extra labels on the bench node (a GPU node carries dozens from feature discovery)")
+	flag.IntVar(&o.nodeImages, "node-images", 0, "images in the bench node's status (a kubelet reports up to 50), with the usual conditions")
+	flag.DurationVar(&o.gap, "gap", 0, "pause before each measured PATCH (e.g. longer than a variant's idle=)")
 	flag.StringVar(&o.hostIP, "host-ip", "", "the non-loopback address for http1 (default: the first global IPv4 address)")
 	flag.Parse()
 	if o.smoke {
@@ -199,7 +205,7 @@ func run(o options) error {
 	if err := b.addVariants(o, root); err != nil {
 		return err
 	}
-	if err := b.createNodes(root); err != nil {
+	if err := b.createNodes(root, o); err != nil {
 		return err
 	}
 	if err := b.checkDecisions(); err != nil {
@@ -339,7 +345,7 @@ func (b *bench) addVariants(o options, root string) error {
 		if spec == "" {
 			continue
 		}
-		source, ip, tokio1, name := shipped, "127.0.0.1", false, spec
+		source, ip, tokio1, name, idle := shipped, "127.0.0.1", false, spec, ""
 		var keepEnforceOnly, noMatchConditions bool
 		var about []string
 		for _, change := range strings.Split(spec, "+") {
@@ -357,6 +363,12 @@ func (b *bench) addVariants(o options, root string) error {
 					}
 				}
 				about = append(about, "serve on "+ip+" (HTTP/1.1)")
+			case strings.HasPrefix(change, "idle="):
+				idle = strings.TrimPrefix(change, "idle=")
+				if _, err := time.ParseDuration(idle); err != nil {
+					return fmt.Errorf("variant %s: %w", spec, err)
+				}
+				about = append(about, "serve --header-timeout "+idle)
 			case change == "tokio1":
 				tokio1 = true
 				about = append(about, "serve with TOKIO_WORKER_THREADS=1")
@@ -376,12 +388,17 @@ func (b *bench) addVariants(o options, root string) error {
 				name = strings.Replace(spec, change, filepath.Base(path), 1)
 				about = append(about, path+" instead of deploy/base")
 			default:
-				return fmt.Errorf("variant %s: unknown change %q (want nomc, enforce, http1, tokio1 or file=PATH)", spec, change)
+				return fmt.Errorf("variant %s: unknown change %q (want nomc, enforce, http1, tokio1, idle=DURATION or file=PATH)", spec, change)
 			}
 		}
 		key := ip
 		if tokio1 {
 			key += "/tokio1"
+		}
+		args := []string{"--no-cluster-watch"}
+		if idle != "" {
+			key += "/idle" + idle
+			args = append(args, "--header-timeout", idle)
 		}
 		g := guards[key]
 		if g == nil {
@@ -395,7 +412,7 @@ func (b *bench) addVariants(o options, root string) error {
 			}
 			configFile := filepath.Join(b.cp.Dir, "gpu-deploy-guard", "config.yaml")
 			g, err = framework.StartGuard(framework.GuardConfig{Bin: b.guard.Bin, Dir: dir, LogDir: b.cp.LogDir, ConfigFile: configFile,
-				Name: "gpu-deploy-guard-" + filepath.Base(dir), Env: env, IP: ip, ExtraArgs: []string{"--no-cluster-watch"}})
+				Name: "gpu-deploy-guard-" + filepath.Base(dir), Env: env, IP: ip, ExtraArgs: args})
 			if g != nil {
 				b.cp.AddCleanup(g.Stop)
 			}
@@ -445,7 +462,7 @@ func firstGlobalIPv4() (string, error) {
 // createNodes creates the lab's nodes, lab-node-3 (registered already
 // broken: the device plugin without the toolkit, which no mechanism judges
 // on CREATE) and the node the PATCHes go to.
-func (b *bench) createNodes(root string) error {
+func (b *bench) createNodes(root string, o options) error {
 	data, err := os.ReadFile(filepath.Join(root, "tests", "e2e", "testdata", "lab-nodes.yaml"))
 	if err != nil {
 		return err
@@ -475,10 +492,53 @@ func (b *bench) createNodes(root string) error {
 			deployPrefix + "device-plugin":     "true",
 			deployPrefix + "dcgm-exporter":     "true",
 		}))
+	bench := nodes[len(nodes)-1]
+	for i := 0; i < o.nodeLabels; i++ {
+		bench.Labels[fmt.Sprintf("feature.node.kubernetes.io/bench-feature-%03d", i)] = "true"
+	}
 	for _, n := range nodes {
 		if _, err := b.client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create node %s: %w", n.Name, err)
 		}
+	}
+	if o.nodeImages > 0 {
+		// What a kubelet reports: the images on the node, each by digest
+		// and tag, and the usual conditions.
+		n, err := b.client.CoreV1().Nodes().Get(context.Background(), benchNode, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for i := 0; i < o.nodeImages; i++ {
+			name := fmt.Sprintf("registry.example.com/bench/operand-image-%03d", i)
+			n.Status.Images = append(n.Status.Images, corev1.ContainerImage{
+				Names:     []string{fmt.Sprintf("%s@sha256:%064x", name, i+1), name + ":v25.3.1"},
+				SizeBytes: int64(100_000_000 + i),
+			})
+		}
+		now := metav1.Now()
+		for _, c := range []corev1.NodeConditionType{"MemoryPressure", "DiskPressure", "PIDPressure", corev1.NodeReady} {
+			status := corev1.ConditionFalse
+			if c == corev1.NodeReady {
+				status = corev1.ConditionTrue
+			}
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: c, Status: status,
+				LastHeartbeatTime: now, LastTransitionTime: now, Reason: "Bench" + string(c), Message: "set by apilatency"})
+		}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}, {Type: corev1.NodeHostName, Address: benchNode}}
+		n.Status.NodeInfo = corev1.NodeSystemInfo{MachineID: "bench", SystemUUID: "bench", BootID: "bench", KernelVersion: "6.8.0",
+			OSImage: "Ubuntu 24.04 LTS", ContainerRuntimeVersion: "containerd://1.7.0", KubeletVersion: "v1.34.12",
+			OperatingSystem: "linux", Architecture: "amd64"}
+		if _, err := b.client.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("status of node %s: %w", benchNode, err)
+		}
+	}
+	if o.nodeLabels > 0 || o.nodeImages > 0 {
+		n, err := b.client.CoreV1().Nodes().Get(context.Background(), benchNode, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		raw, _ := json.Marshal(n)
+		logf("node %s: %d labels, %d images, %d bytes of JSON", benchNode, len(n.Labels), len(n.Status.Images), len(raw))
 	}
 	return nil
 }
@@ -1005,6 +1065,7 @@ func (b *bench) measure(o options) (*results, error) {
 			}
 			round := make([]time.Duration, 0, o.perRound)
 			for i := 0; i < o.perRound; i++ {
+				time.Sleep(o.gap)
 				t0 := time.Now()
 				err := flip()
 				d := time.Since(t0)
@@ -1184,6 +1245,12 @@ func report(o options, res *results, started time.Time) string {
 		"%d per mode before the first round. Warning headers on measured requests: %d. %d CPUs (GOMAXPROCS %d), load average %s at the start, %s at the end; "+
 		"%s in all.\n", benchNode, o.warmup, res.warnings, runtime.NumCPU(), runtime.GOMAXPROCS(0), res.loadAvg[0], res.loadAvg[1],
 		time.Since(started).Round(time.Second))
+	if o.nodeLabels > 0 || o.nodeImages > 0 {
+		fmt.Fprintf(&b, "The bench node carries %d extra labels and %d images in its status.\n", o.nodeLabels, o.nodeImages)
+	}
+	if o.gap > 0 {
+		fmt.Fprintf(&b, "Pause before each measured PATCH: %v (the CPU times above include what the processes did meanwhile).\n", o.gap)
+	}
 	return b.String()
 }
 
