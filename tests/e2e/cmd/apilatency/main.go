@@ -20,6 +20,17 @@
 // each mode is measured as often early and late in a round, and next to
 // each other mode; slow drift of a busy machine hits all modes alike.
 //
+// -variants adds webhook modes with a changed configuration (no
+// matchConditions, one webhook, a file), a serve process on a non-loopback
+// address (the API server speaks HTTP/2 only to loopback URLs; to a Service,
+// as in a cluster, HTTP/1.1) or with other settings, measured in the same
+// rounds: k modes run in the k rotations of their list and of its reverse.
+// Each variant must decide the lab like the shipped webhook. The report then
+// adds a comparison paired by round, more of the API server's admission
+// metrics, connections, and the CPU time of each process per PATCH.
+// -node-labels and -node-images make the bench node kubelet-sized; -gap
+// pauses before each measured PATCH.
+//
 // Exit status: 0 after printing the table (whether or not the targets are
 // met: the table says so), 1 when anything fails (a PATCH, a probe, the
 // decisions disagreeing).
@@ -135,8 +146,9 @@ func main() {
 		"the shipped configuration: nomc (no matchConditions), enforce (the enforce webhook only), http1 (serve on a "+
 		"non-loopback address: the API server then speaks HTTP/1.1, as it does to a Service), tokio1 (serve with "+
 		"TOKIO_WORKER_THREADS=1), idle=DURATION (serve --header-timeout DURATION, which also closes idle HTTP/1.1 "+
-		"connections: with -gap above it, every review opens a new connection, as reviews minutes apart do), file=PATH (a ValidatingWebhookConfiguration of service clientConfigs instead of "+
-		"deploy/base's); e.g. -variants nomc,enforce,enforce+nomc,http1")
+		"connections: with -gap above it, every review opens a new connection, as reviews minutes apart do), "+
+		"file=PATH (a ValidatingWebhookConfiguration of service clientConfigs instead of deploy/base's); "+
+		"e.g. -variants nomc,enforce,enforce+nomc,http1")
 	flag.IntVar(&o.nodeLabels, "node-labels", 0, "extra labels on the bench node (a GPU node carries dozens from feature discovery)")
 	flag.IntVar(&o.nodeImages, "node-images", 0, "images in the bench node's status (a kubelet reports up to 50), with the usual conditions")
 	flag.DurationVar(&o.gap, "gap", 0, "pause before each measured PATCH (e.g. longer than a variant's idle=)")
