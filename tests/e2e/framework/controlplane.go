@@ -107,6 +107,20 @@ type ControlPlane struct {
 	certsDir string
 }
 
+// Pids are the process ids of the running components, by name (etcd,
+// kube-apiserver, kube-controller-manager).
+func (cp *ControlPlane) Pids() map[string]int {
+	pids := map[string]int{}
+	for name, p := range map[string]*process{"etcd": cp.etcd, "kube-apiserver": cp.apiSrv, "kube-controller-manager": cp.kcm} {
+		if p != nil && p.cmd != nil && p.cmd.Process != nil {
+			if gone, _ := p.exited(); !gone {
+				pids[name] = p.cmd.Process.Pid
+			}
+		}
+	}
+	return pids
+}
+
 // Start brings up etcd, kube-apiserver and kube-controller-manager and
 // returns once the API server is ready and the controller manager has done
 // visible work. On error everything started so far is stopped again; the

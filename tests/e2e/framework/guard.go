@@ -19,14 +19,18 @@ import (
 )
 
 // Guard is a running `gpu-deploy-guard serve` (the product binary), with a
-// serving certificate made by `gpu-deploy-guard certs` for 127.0.0.1. The
-// API server reaches it at URL(); there is no Service in between.
+// serving certificate made by `gpu-deploy-guard certs` for its IP (127.0.0.1
+// unless GuardConfig.IP says otherwise). The API server reaches it at URL();
+// there is no Service in between.
 type Guard struct {
 	Bin        string
 	Dir        string // certs/ (ca.crt, tls.crt, tls.key) and whatever the caller put there
 	ConfigFile string // passed as --config; empty: the binary's defaults
 	Port       int    // HTTPS, POST /validate
 	AdminPort  int    // plain HTTP: /readyz, /metrics
+	// IP is the address of the HTTPS listener and of URL(); the admin port
+	// stays on 127.0.0.1.
+	IP string
 	// CABundle is the PEM CA the API server must trust: the base64 text
 	// `certs` printed, decoded (and checked to equal the ca.crt it wrote).
 	CABundle []byte
@@ -52,23 +56,31 @@ type GuardConfig struct {
 	Name       string   // log file <LogDir>/<Name>.log; default gpu-deploy-guard
 	Env        []string // added to the environment of serve, e.g. KUBECONFIG=<path>
 	ExtraArgs  []string // added to serve's arguments, e.g. --report
+	// IP the HTTPS listener binds and the certificate names; default
+	// 127.0.0.1. The API server speaks HTTP/2 to a loopback URL but only
+	// HTTP/1.1 to any other address (and to a Service), so a local
+	// non-loopback address gives the protocol a real cluster sees.
+	IP string
 }
 
 // StartGuard makes certificates with `gpu-deploy-guard certs`, picks two free
 // loopback ports and starts `gpu-deploy-guard serve` on them. It returns once
 // /readyz answers 200 and the HTTPS port presents a certificate that
-// verifies against CABundle for 127.0.0.1.
+// verifies against CABundle for the guard's IP.
 func StartGuard(cfg GuardConfig) (*Guard, error) {
 	g := &Guard{Bin: cfg.Bin, Dir: cfg.Dir, ConfigFile: cfg.ConfigFile, logDir: cfg.LogDir,
-		Name: cfg.Name, Env: cfg.Env, ExtraArgs: cfg.ExtraArgs,
+		Name: cfg.Name, Env: cfg.Env, ExtraArgs: cfg.ExtraArgs, IP: cfg.IP,
 		admin: &http.Client{Timeout: 5 * time.Second}}
 	if g.Name == "" {
 		g.Name = "gpu-deploy-guard"
 	}
+	if g.IP == "" {
+		g.IP = "127.0.0.1"
+	}
 	if err := os.MkdirAll(g.certsDir(), 0o755); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(g.Bin, "certs", "--out", g.certsDir(), "--ip", "127.0.0.1", "--dns", "localhost")
+	cmd := exec.Command(g.Bin, "certs", "--out", g.certsDir(), "--ip", g.IP, "--dns", "localhost")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -101,7 +113,17 @@ func StartGuard(cfg GuardConfig) (*Guard, error) {
 func (g *Guard) certsDir() string { return filepath.Join(g.Dir, "certs") }
 
 // URL is what the webhook configuration's clientConfig.url must say.
-func (g *Guard) URL() string { return "https://127.0.0.1:" + strconv.Itoa(g.Port) + "/validate" }
+func (g *Guard) URL() string {
+	return "https://" + net.JoinHostPort(g.IP, strconv.Itoa(g.Port)) + "/validate"
+}
+
+// Pid is the serve process's id, 0 when it is not running.
+func (g *Guard) Pid() int {
+	if !g.Running() {
+		return 0
+	}
+	return g.proc.cmd.Process.Pid
+}
 
 // AdminURL is the base of /readyz and /metrics.
 func (g *Guard) AdminURL() string { return "http://127.0.0.1:" + strconv.Itoa(g.AdminPort) }
@@ -122,7 +144,7 @@ func (g *Guard) Start() error {
 		return fmt.Errorf("gpu-deploy-guard already running (pid %d)", g.proc.cmd.Process.Pid)
 	}
 	args := []string{"serve",
-		"--listen", "127.0.0.1:" + strconv.Itoa(g.Port),
+		"--listen", net.JoinHostPort(g.IP, strconv.Itoa(g.Port)),
 		"--admin-listen", "127.0.0.1:" + strconv.Itoa(g.AdminPort),
 		"--tls-cert", filepath.Join(g.certsDir(), "tls.crt"),
 		"--tls-key", filepath.Join(g.certsDir(), "tls.key"),
@@ -149,9 +171,9 @@ func (g *Guard) Start() error {
 		if ok, status := httpOK(g.admin, g.AdminURL()+"/readyz", ""); !ok {
 			return false, status
 		}
-		// What the API server will do: TLS to 127.0.0.1, trusting only caBundle.
-		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 2 * time.Second}, "tcp", "127.0.0.1:"+strconv.Itoa(g.Port),
-			&tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+		// What the API server will do: TLS to the IP, trusting only caBundle.
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 2 * time.Second}, "tcp", net.JoinHostPort(g.IP, strconv.Itoa(g.Port)),
+			&tls.Config{RootCAs: pool, ServerName: g.IP})
 		if err != nil {
 			return false, "TLS handshake: " + err.Error()
 		}

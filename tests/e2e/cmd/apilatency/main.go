@@ -20,6 +20,17 @@
 // each mode is measured as often early and late in a round, and next to
 // each other mode; slow drift of a busy machine hits all modes alike.
 //
+// -variants adds webhook modes with a changed configuration (no
+// matchConditions, one webhook, a file), a serve process on a non-loopback
+// address (the API server speaks HTTP/2 only to loopback URLs; to a Service,
+// as in a cluster, HTTP/1.1) or with other settings, measured in the same
+// rounds: k modes run in the k rotations of their list and of its reverse.
+// Each variant must decide the lab like the shipped webhook. The report then
+// adds a comparison paired by round, more of the API server's admission
+// metrics, connections, and the CPU time of each process per PATCH.
+// -node-labels and -node-images make the bench node kubelet-sized; -gap
+// pauses before each measured PATCH.
+//
 // Exit status: 0 after printing the table (whether or not the targets are
 // met: the table says so), 1 when anything fails (a PATCH, a probe, the
 // decisions disagreeing).
@@ -32,6 +43,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -71,6 +83,17 @@ const (
 		`'gpu-deploy-guard-device-plugin-needs-toolkit' denied request: `
 )
 
+// mechanism is what answers the probe: nothing, a webhook, the CEL policy.
+type mechanism int
+
+const (
+	noMechanism mechanism = iota
+	webhookMechanism
+	celMechanism
+)
+
+// mode is an index into variants: the three modes every run measures, then
+// the -variants, in the order given.
 type mode int
 
 const (
@@ -81,14 +104,35 @@ const (
 
 var modes = []mode{none, webhook, cel}
 
-func (m mode) String() string {
-	return [...]string{"no admission", "gpu-deploy-guard webhook", "CEL ValidatingAdmissionPolicy"}[m]
+// variant is one measured mode: which mechanism, and for webhook modes the
+// configuration registered and the serve process it points at.
+type variant struct {
+	name  string
+	mech  mechanism
+	vwc   *admissionregistrationv1.ValidatingWebhookConfiguration
+	guard *framework.Guard
+	// spec is the -variants entry; about says what it changes.
+	spec, about string
 }
+
+var variants = []variant{
+	{name: "no admission", mech: noMechanism},
+	{name: "gpu-deploy-guard webhook", mech: webhookMechanism},
+	{name: "CEL ValidatingAdmissionPolicy", mech: celMechanism},
+}
+
+func (m mode) String() string { return variants[m].name }
+
+func (m mode) mech() mechanism { return variants[m].mech }
 
 type options struct {
 	rounds, perRound, warmup int
 	bin                      string
 	smoke                    bool
+	variants                 string
+	hostIP                   string
+	gap                      time.Duration
+	nodeLabels, nodeImages   int
 }
 
 func main() {
@@ -98,6 +142,17 @@ func main() {
 	flag.IntVar(&o.warmup, "warmup", 100, "unmeasured PATCHes per mode before the first round")
 	flag.StringVar(&o.bin, "bin", os.Getenv("GDG_BIN"), "gpu-deploy-guard binary (default $GDG_BIN)")
 	flag.BoolVar(&o.smoke, "smoke", false, "a tiny run for CI: 2 rounds of 5 PATCHes per mode, 10 warm-up")
+	flag.StringVar(&o.variants, "variants", "", "extra webhook modes, comma-separated; each is a +-joined list of changes to "+
+		"the shipped configuration: nomc (no matchConditions), enforce (the enforce webhook only), http1 (serve on a "+
+		"non-loopback address: the API server then speaks HTTP/1.1, as it does to a Service), tokio1 (serve with "+
+		"TOKIO_WORKER_THREADS=1), idle=DURATION (serve --header-timeout DURATION, which also closes idle HTTP/1.1 "+
+		"connections: with -gap above it, every review opens a new connection, as reviews minutes apart do), "+
+		"file=PATH (a ValidatingWebhookConfiguration of service clientConfigs instead of deploy/base's); "+
+		"e.g. -variants nomc,enforce,enforce+nomc,http1")
+	flag.IntVar(&o.nodeLabels, "node-labels", 0, "extra labels on the bench node (a GPU node carries dozens from feature discovery)")
+	flag.IntVar(&o.nodeImages, "node-images", 0, "images in the bench node's status (a kubelet reports up to 50), with the usual conditions")
+	flag.DurationVar(&o.gap, "gap", 0, "pause before each measured PATCH (e.g. longer than a variant's idle=)")
+	flag.StringVar(&o.hostIP, "host-ip", "", "the non-loopback address for http1 (default: the first global IPv4 address)")
 	flag.Parse()
 	if o.smoke {
 		o.rounds, o.perRound, o.warmup = 2, 5, 10
@@ -159,7 +214,10 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	if err := b.createNodes(root); err != nil {
+	if err := b.addVariants(o, root); err != nil {
+		return err
+	}
+	if err := b.createNodes(root, o); err != nil {
 		return err
 	}
 	if err := b.checkDecisions(); err != nil {
@@ -252,6 +310,7 @@ func newBench(cp *framework.ControlPlane, root, bin string) (*bench, error) {
 	if b.vwc, err = framework.Loopback(shipped, b.guard.URL(), b.guard.CABundle); err != nil {
 		return nil, err
 	}
+	variants[webhook].vwc, variants[webhook].guard = b.vwc, b.guard
 
 	objs, err := cp.Kustomize(filepath.Join(root, "deploy", "cel"))
 	if err != nil {
@@ -281,10 +340,141 @@ func newBench(cp *framework.ControlPlane, root, bin string) (*bench, error) {
 	return b, nil
 }
 
+// addVariants parses -variants and appends one webhook mode per entry, each
+// with the serve process it needs (one per distinct address and runtime;
+// the shipped mode's process when nothing differs).
+func (b *bench) addVariants(o options, root string) error {
+	if strings.TrimSpace(o.variants) == "" {
+		return nil
+	}
+	shipped, err := b.cp.ShippedWebhookConfiguration(root)
+	if err != nil {
+		return err
+	}
+	guards := map[string]*framework.Guard{"127.0.0.1": b.guard}
+	for _, spec := range strings.Split(o.variants, ",") {
+		spec = strings.TrimSpace(spec)
+		if spec == "" {
+			continue
+		}
+		source, ip, tokio1, name, idle := shipped, "127.0.0.1", false, spec, ""
+		var keepEnforceOnly, noMatchConditions bool
+		var about []string
+		for _, change := range strings.Split(spec, "+") {
+			switch {
+			case change == "nomc":
+				noMatchConditions = true
+				about = append(about, "no matchConditions")
+			case change == "enforce":
+				keepEnforceOnly = true
+				about = append(about, "the enforce webhook only")
+			case change == "http1":
+				if ip = o.hostIP; ip == "" {
+					if ip, err = firstGlobalIPv4(); err != nil {
+						return fmt.Errorf("variant %s: %w", spec, err)
+					}
+				}
+				about = append(about, "serve on "+ip+" (HTTP/1.1)")
+			case strings.HasPrefix(change, "idle="):
+				idle = strings.TrimPrefix(change, "idle=")
+				if _, err := time.ParseDuration(idle); err != nil {
+					return fmt.Errorf("variant %s: %w", spec, err)
+				}
+				about = append(about, "serve --header-timeout "+idle)
+			case change == "tokio1":
+				tokio1 = true
+				about = append(about, "serve with TOKIO_WORKER_THREADS=1")
+			case strings.HasPrefix(change, "file="):
+				path := strings.TrimPrefix(change, "file=")
+				data, err := os.ReadFile(path)
+				if err != nil {
+					return fmt.Errorf("variant %s: %w", spec, err)
+				}
+				source = &admissionregistrationv1.ValidatingWebhookConfiguration{}
+				if err := yaml.UnmarshalStrict(data, source); err != nil {
+					return fmt.Errorf("variant %s: %s: %w", spec, path, err)
+				}
+				if source.Name != shipped.Name {
+					return fmt.Errorf("variant %s: %s names the configuration %q, not %q", spec, path, source.Name, shipped.Name)
+				}
+				name = strings.Replace(spec, change, filepath.Base(path), 1)
+				about = append(about, path+" instead of deploy/base")
+			default:
+				return fmt.Errorf("variant %s: unknown change %q (want nomc, enforce, http1, tokio1, idle=DURATION or file=PATH)", spec, change)
+			}
+		}
+		key := ip
+		if tokio1 {
+			key += "/tokio1"
+		}
+		args := []string{"--no-cluster-watch"}
+		if idle != "" {
+			key += "/idle" + idle
+			args = append(args, "--header-timeout", idle)
+		}
+		g := guards[key]
+		if g == nil {
+			var env []string
+			if tokio1 {
+				env = []string{"TOKIO_WORKER_THREADS=1"}
+			}
+			dir := filepath.Join(b.cp.Dir, "gpu-deploy-guard-"+strings.NewReplacer(".", "-", "/", "-", ":", "-").Replace(key))
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			configFile := filepath.Join(b.cp.Dir, "gpu-deploy-guard", "config.yaml")
+			g, err = framework.StartGuard(framework.GuardConfig{Bin: b.guard.Bin, Dir: dir, LogDir: b.cp.LogDir, ConfigFile: configFile,
+				Name: "gpu-deploy-guard-" + filepath.Base(dir), Env: env, IP: ip, ExtraArgs: args})
+			if g != nil {
+				b.cp.AddCleanup(g.Stop)
+			}
+			if err != nil {
+				return fmt.Errorf("variant %s: gpu-deploy-guard serve: %w", spec, err)
+			}
+			guards[key] = g
+		}
+		vwc, err := framework.Loopback(source, g.URL(), g.CABundle)
+		if err != nil {
+			return fmt.Errorf("variant %s: %w", spec, err)
+		}
+		if keepEnforceOnly {
+			vwc.Webhooks = slices.DeleteFunc(vwc.Webhooks, func(w admissionregistrationv1.ValidatingWebhook) bool {
+				return w.Name != "enforce.gpu-deploy-guard.io"
+			})
+			if len(vwc.Webhooks) != 1 {
+				return fmt.Errorf("variant %s: no webhook enforce.gpu-deploy-guard.io", spec)
+			}
+		}
+		if noMatchConditions {
+			for i := range vwc.Webhooks {
+				vwc.Webhooks[i].MatchConditions = nil
+			}
+		}
+		modes = append(modes, mode(len(variants)))
+		variants = append(variants, variant{name: "webhook: " + name, mech: webhookMechanism, vwc: vwc, guard: g,
+			spec: spec, about: strings.Join(about, ", ")})
+	}
+	return nil
+}
+
+// firstGlobalIPv4 is an address of this machine that is not loopback.
+func firstGlobalIPv4() (string, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", err
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsGlobalUnicast() {
+			return n.IP.String(), nil
+		}
+	}
+	return "", errors.New("no global IPv4 address to serve on; pass -host-ip")
+}
+
 // createNodes creates the lab's nodes, lab-node-3 (registered already
 // broken: the device plugin without the toolkit, which no mechanism judges
 // on CREATE) and the node the PATCHes go to.
-func (b *bench) createNodes(root string) error {
+func (b *bench) createNodes(root string, o options) error {
 	data, err := os.ReadFile(filepath.Join(root, "tests", "e2e", "testdata", "lab-nodes.yaml"))
 	if err != nil {
 		return err
@@ -314,10 +504,53 @@ func (b *bench) createNodes(root string) error {
 			deployPrefix + "device-plugin":     "true",
 			deployPrefix + "dcgm-exporter":     "true",
 		}))
+	bench := nodes[len(nodes)-1]
+	for i := 0; i < o.nodeLabels; i++ {
+		bench.Labels[fmt.Sprintf("feature.node.kubernetes.io/bench-feature-%03d", i)] = "true"
+	}
 	for _, n := range nodes {
 		if _, err := b.client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create node %s: %w", n.Name, err)
 		}
+	}
+	if o.nodeImages > 0 {
+		// What a kubelet reports: the images on the node, each by digest
+		// and tag, and the usual conditions.
+		n, err := b.client.CoreV1().Nodes().Get(context.Background(), benchNode, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for i := 0; i < o.nodeImages; i++ {
+			name := fmt.Sprintf("registry.example.com/bench/operand-image-%03d", i)
+			n.Status.Images = append(n.Status.Images, corev1.ContainerImage{
+				Names:     []string{fmt.Sprintf("%s@sha256:%064x", name, i+1), name + ":v25.3.1"},
+				SizeBytes: int64(100_000_000 + i),
+			})
+		}
+		now := metav1.Now()
+		for _, c := range []corev1.NodeConditionType{"MemoryPressure", "DiskPressure", "PIDPressure", corev1.NodeReady} {
+			status := corev1.ConditionFalse
+			if c == corev1.NodeReady {
+				status = corev1.ConditionTrue
+			}
+			n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: c, Status: status,
+				LastHeartbeatTime: now, LastTransitionTime: now, Reason: "Bench" + string(c), Message: "set by apilatency"})
+		}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}, {Type: corev1.NodeHostName, Address: benchNode}}
+		n.Status.NodeInfo = corev1.NodeSystemInfo{MachineID: "bench", SystemUUID: "bench", BootID: "bench", KernelVersion: "6.8.0",
+			OSImage: "Ubuntu 24.04 LTS", ContainerRuntimeVersion: "containerd://1.7.0", KubeletVersion: "v1.34.12",
+			OperatingSystem: "linux", Architecture: "amd64"}
+		if _, err := b.client.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("status of node %s: %w", benchNode, err)
+		}
+	}
+	if o.nodeLabels > 0 || o.nodeImages > 0 {
+		n, err := b.client.CoreV1().Nodes().Get(context.Background(), benchNode, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		raw, _ := json.Marshal(n)
+		logf("node %s: %d labels, %d images, %d bytes of JSON", benchNode, len(n.Labels), len(n.Status.Images), len(raw))
 	}
 	return nil
 }
@@ -340,20 +573,24 @@ func patch(ctx context.Context, client *kubernetes.Clientset, node string, body 
 
 // probe is a dry run that both mechanisms refuse: the toolkit switched off
 // under the bench node's device plugin. It tells which one is active.
-func (b *bench) probe() (mode, error) {
+func (b *bench) probe() (mechanism, error) {
 	err := patch(context.Background(), b.client, benchNode, labelPatch(map[string]*string{deployPrefix + "container-toolkit": str("false")}), true)
 	switch {
 	case err == nil:
-		return none, nil
-	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), webhookDenied):
-		return webhook, nil
+		return noMechanism, nil
+	case apierrors.IsForbidden(err) && webhookDeniedRE.MatchString(err.Error()):
+		return webhookMechanism, nil
 	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), celDenied):
-		return cel, nil
+		return celMechanism, nil
 	}
-	return none, fmt.Errorf("probe: %w", err)
+	return noMechanism, fmt.Errorf("probe: %w", err)
 }
 
-func (b *bench) waitActive(want mode) error {
+func (m mechanism) String() string {
+	return [...]string{"no admission", "a webhook", "the CEL policy"}[m]
+}
+
+func (b *bench) waitActive(want mechanism) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		got, err := b.probe()
@@ -389,14 +626,14 @@ func (b *bench) use(m mode) error {
 	if err := ignore(ar.ValidatingAdmissionPolicies().Delete(ctx, b.policy.Name, metav1.DeleteOptions{})); err != nil {
 		return err
 	}
-	if err := b.waitActive(none); err != nil {
+	if err := b.waitActive(noMechanism); err != nil {
 		return fmt.Errorf("unregistering everything: %w", err)
 	}
 	var err error
-	switch m {
-	case webhook:
-		_, err = ar.ValidatingWebhookConfigurations().Create(ctx, b.vwc.DeepCopy(), metav1.CreateOptions{})
-	case cel:
+	switch m.mech() {
+	case webhookMechanism:
+		_, err = ar.ValidatingWebhookConfigurations().Create(ctx, variants[m].vwc.DeepCopy(), metav1.CreateOptions{})
+	case celMechanism:
 		if _, err = ar.ValidatingAdmissionPolicies().Create(ctx, b.policy.DeepCopy(), metav1.CreateOptions{}); err == nil {
 			_, err = ar.ValidatingAdmissionPolicyBindings().Create(ctx, b.binding.DeepCopy(), metav1.CreateOptions{})
 		}
@@ -404,7 +641,7 @@ func (b *bench) use(m mode) error {
 	if err != nil {
 		return fmt.Errorf("registering %v: %w", m, err)
 	}
-	if err := b.waitActive(m); err != nil {
+	if err := b.waitActive(m.mech()); err != nil {
 		return fmt.Errorf("registering %v: %w", m, err)
 	}
 	return nil
@@ -455,10 +692,15 @@ func (b *bench) decide(c decisionCase, m mode) (string, error) {
 	if err == nil {
 		return "allowed", nil
 	}
-	opening := map[mode]string{webhook: webhookDenied, cel: celDenied}[m]
+	opening := map[mechanism]string{webhookMechanism: webhookDenied, celMechanism: celDenied}[m.mech()]
 	msg := err.Error()
 	if i := strings.Index(msg, opening); apierrors.IsForbidden(err) && i >= 0 {
 		return "refused: " + msg[i+len(opening):], nil
+	}
+	// Variants without matchConditions also send people's changes to the
+	// observe webhook, and its refusal may come first.
+	if loc := webhookDeniedRE.FindStringIndex(msg); m != webhook && m.mech() == webhookMechanism && apierrors.IsForbidden(err) && loc != nil {
+		return "refused: " + msg[loc[1]:], nil
 	}
 	return "", fmt.Errorf("%s under %v: %w", c, m, err)
 }
@@ -495,6 +737,27 @@ func (b *bench) checkDecisions() error {
 	}
 	logf("decisions: the webhook and the CEL policy agree on all %d lab changes (%d refused with the same sentence)",
 		len(decisionCases), countRefused())
+	// Every extra webhook mode must decide the lab like the shipped one.
+	for _, m := range modes[len(orders[0]):] {
+		if err := b.use(m); err != nil {
+			return err
+		}
+		for i, c := range decisionCases {
+			d, err := b.decide(c, m)
+			if err != nil {
+				return err
+			}
+			if d != got[webhook][i] {
+				problems = append(problems, fmt.Sprintf("%s: %v %s, the shipped webhook %s", c, m, d, got[webhook][i]))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("a variant does not decide the lab like the shipped webhook:\n%s", strings.Join(problems, "\n"))
+	}
+	if len(modes) > len(orders[0]) {
+		logf("decisions: the %d variants decide all lab changes like the shipped webhook", len(modes)-len(orders[0]))
+	}
 	return nil
 }
 
@@ -517,6 +780,61 @@ type results struct {
 	costs    map[mode]costs
 	warnings int64
 	loadAvg  [2]string
+	// Per measured block: TCP connections accepted on this machine
+	// (PassiveOpens: the API server opening one to serve, as nothing else
+	// connects during a block) and those established to the mode's serve
+	// port at the end of the block.
+	blocks              map[mode]int
+	newConns, openConns map[mode]float64
+	// cpu is the CPU time the processes of cpuOf spent during the measured
+	// blocks, in ns, by process.
+	cpu map[mode]map[string]float64
+}
+
+// cpuProcesses are the processes whose CPU time is shown, in table order.
+var cpuProcesses = []string{"kube-apiserver", "etcd", "serve", "this program"}
+
+// cpuOf reads the CPU time so far of each of cpuProcesses (serve: m's).
+func (b *bench) cpuOf(m mode) (map[string]float64, error) {
+	pids := b.cp.Pids()
+	pids["serve"] = b.guardOf(m).Pid()
+	pids["this program"] = os.Getpid()
+	out := map[string]float64{}
+	for _, name := range cpuProcesses {
+		ns, err := cpuNanos(pids[name])
+		if err != nil {
+			return nil, fmt.Errorf("CPU time of %s: %w", name, err)
+		}
+		out[name] = ns
+	}
+	return out, nil
+}
+
+// cpuNanos is the CPU time of all threads of pid so far (the first field of
+// each thread's schedstat, in ns).
+func cpuNanos(pid int) (float64, error) {
+	if pid == 0 {
+		return 0, errors.New("not running")
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	total := 0.0
+	for _, t := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+		if err != nil {
+			continue // the thread has exited
+		}
+		if f := strings.Fields(string(data)); len(f) > 0 {
+			v, err := strconv.ParseFloat(f[0], 64)
+			if err != nil {
+				return 0, err
+			}
+			total += v
+		}
+	}
+	return total, nil
 }
 
 // A step of a request, as a histogram's sum and count.
@@ -524,22 +842,42 @@ type cost struct{ sum, n float64 }
 
 type costs map[string]cost
 
-// The steps read from /metrics, in table order.
-var steps = []struct {
-	key, metric string
-	labels      map[string]string
-	fromGuard   bool
-}{
-	{"PATCH in the API server", "apiserver_request_duration_seconds",
-		map[string]string{"verb": "PATCH", "resource": "nodes", "dry_run": ""}, false},
-	{"ValidatingAdmissionPolicy step", "apiserver_admission_controller_admission_duration_seconds",
-		map[string]string{"name": "ValidatingAdmissionPolicy", "operation": "UPDATE"}, false},
-	{"ValidatingAdmissionWebhook step", "apiserver_admission_controller_admission_duration_seconds",
-		map[string]string{"name": "ValidatingAdmissionWebhook", "operation": "UPDATE"}, false},
-	{"enforce webhook call", "apiserver_admission_webhook_admission_duration_seconds",
-		map[string]string{"name": "enforce.gpu-deploy-guard.io", "operation": "UPDATE"}, false},
-	{"review inside serve", "gpu_deploy_guard_admission_review_duration_seconds", nil, true},
+// step is a histogram (or a counter) read from /metrics.
+type step struct {
+	key, metric      string
+	labels           map[string]string
+	fromGuard        bool
+	extra, isCounter bool
 }
+
+// The steps read from /metrics, in table order. extra ones are shown only
+// with -variants, in a table of their own; a counter's sum is its increase.
+var steps = []step{
+	{"PATCH in the API server", "apiserver_request_duration_seconds",
+		map[string]string{"verb": "PATCH", "resource": "nodes", "dry_run": ""}, false, false, false},
+	{"ValidatingAdmissionPolicy step", "apiserver_admission_controller_admission_duration_seconds",
+		map[string]string{"name": "ValidatingAdmissionPolicy", "operation": "UPDATE"}, false, false, false},
+	{"ValidatingAdmissionWebhook step", "apiserver_admission_controller_admission_duration_seconds",
+		map[string]string{"name": "ValidatingAdmissionWebhook", "operation": "UPDATE"}, false, false, false},
+	{"enforce webhook call", "apiserver_admission_webhook_admission_duration_seconds",
+		map[string]string{"name": "enforce.gpu-deploy-guard.io", "operation": "UPDATE"}, false, false, false},
+	{"review inside serve", "gpu_deploy_guard_admission_review_duration_seconds", nil, true, false, false},
+	{"validating admission (all plugins)", "apiserver_admission_step_admission_duration_seconds",
+		map[string]string{"type": "validate", "operation": "UPDATE"}, false, true, false},
+	{"observe webhook call", "apiserver_admission_webhook_admission_duration_seconds",
+		map[string]string{"name": "observe.gpu-deploy-guard.io", "operation": "UPDATE"}, false, true, false},
+	// Observed only when a condition is false or fails: a webhook that
+	// matches (all true) adds nothing here.
+	{"matchConditions evaluation (when excluded)", "apiserver_admission_match_condition_evaluation_seconds",
+		map[string]string{"kind": "webhook", "operation": "UPDATE"}, false, true, false},
+	{"matchConditions exclusions", "apiserver_admission_match_condition_exclusions_total",
+		map[string]string{"kind": "webhook", "operation": "UPDATE"}, false, true, true},
+	{"webhook requests", "apiserver_admission_webhook_request_total",
+		map[string]string{"type": "validating", "operation": "UPDATE"}, false, true, true},
+}
+
+// webhookDeniedRE is a refusal by either of the configuration's webhooks.
+var webhookDeniedRE = regexp.MustCompile(`admission webhook "[a-z]+\.gpu-deploy-guard\.io" denied the request: `)
 
 var labelRE = regexp.MustCompile(`([a-zA-Z_]+)="([^"]*)"`)
 
@@ -548,15 +886,21 @@ var labelRE = regexp.MustCompile(`([a-zA-Z_]+)="([^"]*)"`)
 func addHistograms(c costs, text string, fromGuard bool, sign float64) {
 	for _, line := range strings.Split(text, "\n") {
 		for _, st := range steps {
-			if st.fromGuard != fromGuard || !strings.HasPrefix(line, st.metric+"_") {
+			if st.fromGuard != fromGuard || !strings.HasPrefix(line, st.metric) {
 				continue
 			}
 			rest := strings.TrimPrefix(line, st.metric)
 			var field string
 			switch {
-			case strings.HasPrefix(rest, "_sum"):
+			// Exactly the metric: apiserver_admission_step_admission_duration_seconds
+			// has a sibling ..._summary, whose samples start with "_sum" too.
+			case st.isCounter && (strings.HasPrefix(rest, "{") || strings.HasPrefix(rest, " ")):
 				field = "sum"
-			case strings.HasPrefix(rest, "_count"):
+			case st.isCounter:
+				continue
+			case strings.HasPrefix(rest, "_sum{") || strings.HasPrefix(rest, "_sum "):
+				field = "sum"
+			case strings.HasPrefix(rest, "_count{") || strings.HasPrefix(rest, "_count "):
 				field = "count"
 			default:
 				continue
@@ -589,13 +933,13 @@ func addHistograms(c costs, text string, fromGuard bool, sign float64) {
 
 // snapshot reads the API server's and serve's metrics into c, added with
 // sign (+1 after a block, -1 before it).
-func (b *bench) snapshot(c costs, sign float64) error {
+func (b *bench) snapshot(c costs, sign float64, guard *framework.Guard) error {
 	raw, err := b.client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
 	if err != nil {
 		return fmt.Errorf("API server /metrics: %w", err)
 	}
 	addHistograms(c, string(raw), false, sign)
-	guardText, err := b.guard.MetricsText()
+	guardText, err := guard.MetricsText()
 	if err != nil {
 		return fmt.Errorf("gpu-deploy-guard /metrics: %w", err)
 	}
@@ -609,8 +953,82 @@ var orders = [][]mode{
 	{none, cel, webhook}, {cel, webhook, none}, {webhook, none, cel},
 }
 
+// order is round r's order. With -variants (k modes): the k rotations of
+// the modes, then the k rotations of the reversed list, so each mode is as
+// often at each position and before and after each neighbour.
+func order(r int) []mode {
+	k := len(modes)
+	if k == len(orders[0]) {
+		return orders[r%len(orders)]
+	}
+	base := slices.Clone(modes)
+	if (r/k)%2 == 1 {
+		slices.Reverse(base)
+	}
+	i := r % k
+	return append(base[i:], base[:i]...)
+}
+
+// guardOf is the serve process whose metrics count for m.
+func (b *bench) guardOf(m mode) *framework.Guard {
+	if g := variants[m].guard; g != nil {
+		return g
+	}
+	return b.guard
+}
+
+// passiveOpens is the kernel's count of TCP connections accepted so far.
+func passiveOpens() (float64, error) {
+	data, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		return 0, err
+	}
+	var header []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Tcp:" {
+			continue
+		}
+		if header == nil {
+			header = f
+			continue
+		}
+		for i, h := range header {
+			if h == "PassiveOpens" && i < len(f) {
+				return strconv.ParseFloat(f[i], 64)
+			}
+		}
+	}
+	return 0, errors.New("/proc/net/snmp has no Tcp PassiveOpens")
+}
+
+// established counts the TCP connections in state ESTABLISHED whose local
+// port is port.
+func established(port int) (float64, error) {
+	n := 0.0
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 4 || f[3] != "01" {
+				continue
+			}
+			if i := strings.LastIndexByte(f[1], ':'); i >= 0 {
+				if p, err := strconv.ParseInt(f[1][i+1:], 16, 32); err == nil && int(p) == port {
+					n++
+				}
+			}
+		}
+	}
+	return n, nil
+}
+
 func (b *bench) measure(o options) (*results, error) {
-	res := &results{all: map[mode][]time.Duration{}, perRound: map[mode][][]time.Duration{}, costs: map[mode]costs{}}
+	res := &results{all: map[mode][]time.Duration{}, perRound: map[mode][][]time.Duration{}, costs: map[mode]costs{},
+		blocks: map[mode]int{}, newConns: map[mode]float64{}, openConns: map[mode]float64{}, cpu: map[mode]map[string]float64{}}
 	for _, m := range modes {
 		res.costs[m] = costs{}
 	}
@@ -635,7 +1053,7 @@ func (b *bench) measure(o options) (*results, error) {
 	}
 	b.warnings.Store(0)
 	for r := 0; r < o.rounds; r++ {
-		for _, m := range orders[r%len(orders)] {
+		for _, m := range order(r) {
 			if err := b.use(m); err != nil {
 				return nil, err
 			}
@@ -646,11 +1064,20 @@ func (b *bench) measure(o options) (*results, error) {
 					return nil, fmt.Errorf("round %d, %v: %w", r+1, m, err)
 				}
 			}
-			if err := b.snapshot(res.costs[m], -1); err != nil {
+			if err := b.snapshot(res.costs[m], -1, b.guardOf(m)); err != nil {
+				return nil, err
+			}
+			opens0, err := passiveOpens()
+			if err != nil {
+				return nil, err
+			}
+			cpu0, err := b.cpuOf(m)
+			if err != nil {
 				return nil, err
 			}
 			round := make([]time.Duration, 0, o.perRound)
 			for i := 0; i < o.perRound; i++ {
+				time.Sleep(o.gap)
 				t0 := time.Now()
 				err := flip()
 				d := time.Since(t0)
@@ -659,13 +1086,34 @@ func (b *bench) measure(o options) (*results, error) {
 				}
 				round = append(round, d)
 			}
-			if err := b.snapshot(res.costs[m], +1); err != nil {
+			cpu1, err := b.cpuOf(m)
+			if err != nil {
+				return nil, err
+			}
+			opens1, err := passiveOpens()
+			if err != nil {
+				return nil, err
+			}
+			if res.cpu[m] == nil {
+				res.cpu[m] = map[string]float64{}
+			}
+			for name, v := range cpu1 {
+				res.cpu[m][name] += v - cpu0[name]
+			}
+			open, err := established(b.guardOf(m).Port)
+			if err != nil {
+				return nil, err
+			}
+			res.blocks[m]++
+			res.newConns[m] += opens1 - opens0
+			res.openConns[m] += open
+			if err := b.snapshot(res.costs[m], +1, b.guardOf(m)); err != nil {
 				return nil, err
 			}
 			res.all[m] = append(res.all[m], round...)
 			res.perRound[m] = append(res.perRound[m], round)
 		}
-		logf("round %d/%d done (order %v)", r+1, o.rounds, orders[r%len(orders)])
+		logf("round %d/%d done (order %v)", r+1, o.rounds, order(r))
 	}
 	res.warnings = b.warnings.Load()
 	b.warningTexts.mu.Lock()
@@ -739,7 +1187,7 @@ func report(o options, res *results, started time.Time) string {
 	for _, m := range modes {
 		s := st[m]
 		vsCEL := "—"
-		if m == webhook {
+		if m.mech() == webhookMechanism {
 			vsCEL = ratio(s.p50, st[cel].p50)
 		}
 		fmt.Fprintf(&b, "| %v | %d | %s | %s | %s | %s | %s | %s | %s |\n",
@@ -767,14 +1215,15 @@ func report(o options, res *results, started time.Time) string {
 
 	fmt.Fprintf(&b, "\nWhere the time goes: the API server's and serve's own histograms over the measured blocks, mean ms per call "+
 		"(in brackets, calls per measured PATCH when not 1: the admission plugins also count other objects' updates, such as the API server's lease)\n\n")
+	basic := slices.DeleteFunc(slices.Clone(steps), func(s step) bool { return s.extra })
 	fmt.Fprintf(&b, "| mode | client-side mean |")
-	for _, step := range steps {
+	for _, step := range basic {
 		fmt.Fprintf(&b, " %s |", step.key)
 	}
-	fmt.Fprintf(&b, "\n|---|---:|%s\n", strings.Repeat("---:|", len(steps)))
+	fmt.Fprintf(&b, "\n|---|---:|%s\n", strings.Repeat("---:|", len(basic)))
 	for _, m := range modes {
 		fmt.Fprintf(&b, "| %v | %s |", m, ms(st[m].mean))
-		for _, step := range steps {
+		for _, step := range basic {
 			c := res.costs[m][step.key]
 			switch {
 			case c.n < 0.5:
@@ -786,6 +1235,10 @@ func report(o options, res *results, started time.Time) string {
 			}
 		}
 		fmt.Fprintf(&b, "\n")
+	}
+
+	if len(modes) > len(orders[0]) {
+		b.WriteString(variantsReport(res, st, med))
 	}
 
 	overhead := float64(st[webhook].p50-st[none].p50) / float64(time.Millisecond)
@@ -804,5 +1257,106 @@ func report(o options, res *results, started time.Time) string {
 		"%d per mode before the first round. Warning headers on measured requests: %d. %d CPUs (GOMAXPROCS %d), load average %s at the start, %s at the end; "+
 		"%s in all.\n", benchNode, o.warmup, res.warnings, runtime.NumCPU(), runtime.GOMAXPROCS(0), res.loadAvg[0], res.loadAvg[1],
 		time.Since(started).Round(time.Second))
+	if o.nodeLabels > 0 || o.nodeImages > 0 {
+		fmt.Fprintf(&b, "The bench node carries %d extra labels and %d images in its status.\n", o.nodeLabels, o.nodeImages)
+	}
+	if o.gap > 0 {
+		fmt.Fprintf(&b, "Pause before each measured PATCH: %v (the CPU times above include what the processes did meanwhile).\n", o.gap)
+	}
+	return b.String()
+}
+
+// variantsReport compares every webhook mode with the shipped one, paired by
+// round, and shows the extra metrics and the connections of every mode.
+func variantsReport(res *results, st map[mode]stats, med func([]float64) float64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n### Variants, paired by round (median over rounds of each round's p50 difference, range in brackets)\n\n")
+	fmt.Fprintf(&b, "| mode | p50 ms | p99 ms | − none ms | − shipped webhook ms | / CEL | changes |\n|---|---:|---:|---:|---:|---:|---|\n")
+	for _, m := range modes {
+		if m.mech() != webhookMechanism {
+			continue
+		}
+		var vsNone, vsShipped, vsCEL []float64
+		for r := range res.perRound[m] {
+			p := func(m mode) time.Duration { return summarize(res.perRound[m][r]).p50 }
+			vsNone = append(vsNone, float64(p(m)-p(none))/float64(time.Millisecond))
+			vsShipped = append(vsShipped, float64(p(m)-p(webhook))/float64(time.Millisecond))
+			vsCEL = append(vsCEL, float64(p(m))/float64(p(cel)))
+		}
+		slices.Sort(vsNone)
+		slices.Sort(vsShipped)
+		slices.Sort(vsCEL)
+		about := variants[m].about
+		if about == "" {
+			about = "deploy/base as shipped"
+		}
+		fmt.Fprintf(&b, "| %v | %s | %s | %+.3f (%+.2f … %+.2f) | %+.3f (%+.2f … %+.2f) | %.2f (%.2f … %.2f) | %s |\n",
+			m, ms(st[m].p50), ms(st[m].p99),
+			med(vsNone), vsNone[0], vsNone[len(vsNone)-1],
+			med(vsShipped), vsShipped[0], vsShipped[len(vsShipped)-1],
+			med(vsCEL), vsCEL[0], vsCEL[len(vsCEL)-1], about)
+	}
+
+	fmt.Fprintf(&b, "\nMore of the API server's metrics over the measured blocks: histograms as mean ms per observation "+
+		"[observations per measured PATCH], counters as increase per measured PATCH; connections per measured block\n\n")
+	fmt.Fprintf(&b, "| mode | PATCH in the API server | ValidatingAdmissionWebhook step |")
+	var extra []step
+	for _, s := range steps {
+		if s.extra {
+			extra = append(extra, s)
+			fmt.Fprintf(&b, " %s |", s.key)
+		}
+	}
+	fmt.Fprintf(&b, " enforce webhook call | review inside serve | TCP connections accepted | established to serve |\n|---|%s\n",
+		strings.Repeat("---:|", len(extra)+6))
+	cell := func(m mode, key string, counter bool) string {
+		c := res.costs[m][key]
+		n := float64(st[m].n)
+		switch {
+		case counter && c.sum == 0:
+			return "0"
+		case counter:
+			return fmt.Sprintf("%.2f", c.sum/n)
+		case c.n < 0.5:
+			return "—"
+		}
+		return fmt.Sprintf("%.3f [%.2f]", 1000*c.sum/c.n, c.n/n)
+	}
+	for _, m := range modes {
+		fmt.Fprintf(&b, "| %v | %s | %s |", m, cell(m, "PATCH in the API server", false), cell(m, "ValidatingAdmissionWebhook step", false))
+		for _, s := range extra {
+			fmt.Fprintf(&b, " %s |", cell(m, s.key, s.isCounter))
+		}
+		blocks := float64(max(1, res.blocks[m]))
+		fmt.Fprintf(&b, " %s | %s | %.2f | %.2f |\n", cell(m, "enforce webhook call", false), cell(m, "review inside serve", false),
+			res.newConns[m]/blocks, res.openConns[m]/blocks)
+	}
+	fmt.Fprintf(&b, "\nCPU time during the measured blocks, ms per measured PATCH (2 CPUs: what one process burns, the others wait for)\n\n| mode |")
+	for _, name := range cpuProcesses {
+		fmt.Fprintf(&b, " %s |", name)
+	}
+	fmt.Fprintf(&b, " sum |\n|---|%s\n", strings.Repeat("---:|", len(cpuProcesses)+1))
+	for _, m := range modes {
+		n := float64(max(1, st[m].n))
+		fmt.Fprintf(&b, "| %v |", m)
+		sum := 0.0
+		for _, name := range cpuProcesses {
+			v := res.cpu[m][name] / n / 1e6
+			sum += v
+			fmt.Fprintf(&b, " %.3f |", v)
+		}
+		fmt.Fprintf(&b, " %.3f |\n", sum)
+	}
+	fmt.Fprintf(&b, "\nServe processes: ")
+	seen := map[*framework.Guard]bool{}
+	var gs []string
+	for _, m := range modes {
+		if g := variants[m].guard; g != nil && !seen[g] {
+			seen[g] = true
+			gs = append(gs, fmt.Sprintf("%s (%v)", g.URL(), m))
+		}
+	}
+	fmt.Fprintf(&b, "%s. The API server speaks HTTP/2 to a loopback URL when serve offers it, HTTP/1.1 to any other address and to a Service.\n",
+		strings.Join(gs, "; "))
 	return b.String()
 }
