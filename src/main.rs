@@ -68,9 +68,15 @@ struct ServeArgs {
     /// Largest request body accepted, in bytes (413 above).
     #[arg(long, env = "GDG_MAX_BODY_BYTES", default_value_t = Limits::default().max_body_bytes)]
     max_body_bytes: usize,
-    /// Time for a request's headers to arrive (also closes idle keep-alive connections).
+    /// Time for a request's head to arrive, from the start of a connection or from the first byte
+    /// of a later request on it.
     #[arg(long, env = "GDG_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     header_timeout: Duration,
+    /// How long an idle HTTP/1.1 keep-alive connection stays open. Keep it above the API server's
+    /// 90 s, so the API server closes idle connections first and never sends a review on a
+    /// connection being closed.
+    #[arg(long, env = "GDG_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    idle_timeout: Duration,
     /// Time for a request's body to arrive.
     #[arg(long, env = "GDG_BODY_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     body_timeout: Duration,
@@ -253,6 +259,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tls,
         reload_interval: args.tls_reload_interval,
         header_timeout: args.header_timeout,
+        idle_timeout: args.idle_timeout,
         handshake_timeout: args.handshake_timeout,
         drain_timeout: args.drain_timeout,
         shutdown_delay: args.shutdown_delay,

@@ -28,6 +28,8 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 use tracing::{debug, info, warn};
 
+mod idle;
+
 use crate::metrics::Metrics;
 use crate::tls::{Tls, TlsError, TlsSource};
 
@@ -49,9 +51,13 @@ pub struct ServeOptions {
     pub tls: TlsSource,
     /// How often the certificate files are checked for a rotation.
     pub reload_interval: Duration,
-    /// Time allowed to send request headers; also how long an idle
-    /// HTTP/1.1 keep-alive connection stays open.
+    /// Time allowed to send a request head: from the start of a connection, and from the first
+    /// byte of each later request on it.
     pub header_timeout: Duration,
+    /// How long an HTTP/1.1 keep-alive connection may wait for its next request. Longer than the
+    /// API server's 90 s, so that the API server, not us, closes idle connections (see
+    /// `server/idle.rs`).
+    pub idle_timeout: Duration,
     /// Time allowed for the TLS handshake.
     pub handshake_timeout: Duration,
     /// After shutdown starts, the longest in-flight requests may run on.
@@ -244,6 +250,7 @@ impl Server {
         for (name, value) in [
             ("reload_interval", opts.reload_interval),
             ("header_timeout", opts.header_timeout),
+            ("idle_timeout", opts.idle_timeout),
             ("handshake_timeout", opts.handshake_timeout),
             ("drain_timeout", opts.drain_timeout),
         ] {
@@ -412,6 +419,7 @@ struct ConnConfig {
     h1: auto::Builder<TokioExecutor>,
     h2: auto::Builder<TokioExecutor>,
     header_timeout: Duration,
+    idle_timeout: Duration,
     handshake_timeout: Duration,
 }
 
@@ -422,9 +430,9 @@ impl ConnConfig {
             .http1()
             .timer(TokioTimer::new())
             .keep_alive(true)
-            // Starts when hyper waits for a request head, idle keep-alive
-            // included, and ends once the head is read.
-            .header_read_timeout(opts.header_timeout);
+            // hyper's timer would also close idle keep-alive connections after the header
+            // timeout; `idle::Clock` tells the two apart instead.
+            .header_read_timeout(None);
         builder
             .http2()
             .timer(TokioTimer::new())
@@ -433,6 +441,7 @@ impl ConnConfig {
             h1: builder.clone().http1_only(),
             h2: builder.http2_only(),
             header_timeout: opts.header_timeout,
+            idle_timeout: opts.idle_timeout,
             handshake_timeout: opts.handshake_timeout,
         }
     }
@@ -553,7 +562,7 @@ async fn serve_connection(
     watcher: Watcher,
 ) {
     let Some(acceptor) = tls else {
-        return serve_http(&conn.h1, tcp, peer, app, watcher).await;
+        return serve_h1(&conn, tcp, peer, app, watcher).await;
     };
     let stream = match tokio::time::timeout(conn.handshake_timeout, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => stream,
@@ -572,9 +581,22 @@ async fn serve_connection(
             Ok(Err(error)) => return debug!(%peer, %error, "HTTP/2 connection failed"),
             Err(_) => return debug!(%peer, "HTTP/2 client sent no preface in time"),
         }
-        serve_http(&conn.h2, stream, peer, app, watcher).await;
+        serve_http(&conn.h2, stream, peer, app, watcher, None).await;
     } else {
-        serve_http(&conn.h1, stream, peer, app, watcher).await;
+        serve_h1(&conn, stream, peer, app, watcher).await;
+    }
+}
+
+/// HTTP/1.1, with the header and idle timeouts of [`idle::Clock`].
+async fn serve_h1<IO>(conn: &ConnConfig, io: IO, peer: SocketAddr, app: Router, watcher: Watcher)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let clock = idle::Clock::new(conn.header_timeout, conn.idle_timeout);
+    let io = idle::Watched::new(io, clock.clone());
+    tokio::select! {
+        () = serve_http(&conn.h1, io, peer, app, watcher, Some(clock.clone())) => {}
+        phase = clock.expired() => debug!(%peer, reason = phase.as_str(), "closing the connection"),
     }
 }
 
@@ -584,6 +606,7 @@ async fn serve_http<IO>(
     peer: SocketAddr,
     app: Router,
     watcher: Watcher,
+    clock: Option<Arc<idle::Clock>>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -591,7 +614,17 @@ async fn serve_http<IO>(
         // Lets handlers log who called them via axum's ConnectInfo extractor.
         request.extensions_mut().insert(ConnectInfo(peer));
         let app = app.clone();
-        async move { app.oneshot(request).await }
+        let clock = clock.clone();
+        async move {
+            if let Some(clock) = &clock {
+                clock.request_started();
+            }
+            let response = app.oneshot(request).await;
+            if let Some(clock) = &clock {
+                clock.request_finished();
+            }
+            response
+        }
     });
     let connection = builder.serve_connection(TokioIo::new(io), service);
     if let Err(error) = watcher.watch(connection).await {

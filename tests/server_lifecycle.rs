@@ -12,7 +12,7 @@ use gpu_deploy_guard::metrics::Metrics;
 use gpu_deploy_guard::server::{NotReady, Readiness, admin_router};
 use gpu_deploy_guard::tls::TlsSource;
 use server_support::*;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 
@@ -263,19 +263,43 @@ async fn time_until_closed(mut stream: impl AsyncRead + Unpin) -> (Duration, Vec
             }
         }
     };
-    tokio::time::timeout(Duration::from_secs(10), read_all)
+    tokio::time::timeout(Duration::from_secs(15), read_all)
         .await
-        .expect("connection still open after 10s");
+        .expect("connection still open after 15s");
     (begun.elapsed(), seen)
 }
 
-/// The connection must be closed by the 1 s timeout of [`options`]: not at
-/// once (that would be some other error) and not much later.
+/// The connection must be closed by the 1 s header timeout of [`options`]: not at
+/// once (that would be some other error) and well before the 4 s idle timeout.
 fn assert_closed_by_timeout(elapsed: Duration, what: &str) {
     assert!(
-        elapsed >= Duration::from_millis(500) && elapsed <= Duration::from_secs(6),
+        elapsed >= Duration::from_millis(500) && elapsed < Duration::from_millis(3500),
         "{what}: closed after {elapsed:?}, expected about 1s"
     );
+}
+
+/// The connection must be closed by the 4 s idle timeout of [`options`].
+fn assert_closed_when_idle(elapsed: Duration, what: &str) {
+    assert!(
+        elapsed >= Duration::from_millis(3500) && elapsed <= Duration::from_secs(12),
+        "{what}: closed after {elapsed:?}, expected about 4s"
+    );
+}
+
+/// Sends `GET /` on an HTTP/1.1 connection and reads the whole "hello" answer.
+async fn get_hello(stream: &mut (impl AsyncRead + AsyncWrite + Unpin)) {
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    while !response.ends_with(b"hello") {
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before answering");
+        response.extend_from_slice(&buf[..n]);
+    }
+    assert!(response.starts_with(b"HTTP/1.1 200"));
 }
 
 #[tokio::test]
@@ -307,20 +331,22 @@ async fn stalled_or_silent_clients_are_cut_and_others_still_served() {
     assert_eq!(silent_h2.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     let silent_h2 = tokio::spawn(time_until_closed(silent_h2));
 
-    // A complete request, then an idle keep-alive connection.
+    // A complete request, then an idle keep-alive connection: kept for the idle timeout, not
+    // cut at the header timeout.
     let mut idle = tls_connect(addr, &ca_pem, &[b"http/1.1"]).await.unwrap();
-    idle.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = Vec::new();
-    while !response.ends_with(b"hello") {
-        let mut buf = [0u8; 1024];
-        let n = idle.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed before answering");
-        response.extend_from_slice(&buf[..n]);
-    }
-    assert!(response.starts_with(b"HTTP/1.1 200"));
+    get_hello(&mut idle).await;
     let idle = tokio::spawn(time_until_closed(idle));
+
+    // A kept connection idle for longer than the header timeout still serves the next request;
+    // then the head of a third one stalls half-way and the header timeout applies again.
+    let mut reused = tls_connect(addr, &ca_pem, &[b"http/1.1"]).await.unwrap();
+    get_hello(&mut reused).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    get_hello(&mut reused).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    reused.write_all(b"GET / HT").await.unwrap();
+    reused.flush().await.unwrap();
+    let reused = tokio::spawn(time_until_closed(reused));
 
     // Meanwhile a normal client is served.
     let ok = client(&ca_pem).build().unwrap();
@@ -333,8 +359,10 @@ async fn stalled_or_silent_clients_are_cut_and_others_still_served() {
     assert_closed_by_timeout(elapsed, "no TLS handshake");
     let (elapsed, _) = silent_h2.await.unwrap();
     assert_closed_by_timeout(elapsed, "no HTTP/2 preface");
+    let (elapsed, _) = reused.await.unwrap();
+    assert_closed_by_timeout(elapsed, "half request head on a kept connection");
     let (elapsed, _) = idle.await.unwrap();
-    assert_closed_by_timeout(elapsed, "idle keep-alive");
+    assert_closed_when_idle(elapsed, "idle keep-alive");
 
     let response = ok.get(format!("https://{addr}/")).send().await.unwrap();
     assert_eq!(response.status(), 200);

@@ -14,6 +14,7 @@ tool (
 require (
 	k8s.io/api v0.34.12
 	k8s.io/apimachinery v0.34.12
+	k8s.io/client-go v0.34.12
 	sigs.k8s.io/yaml v1.6.0
 )
 
@@ -153,7 +154,6 @@ require (
 	k8s.io/apiextensions-apiserver v0.0.0 // indirect
 	k8s.io/apiserver v0.34.12 // indirect
 	k8s.io/cli-runtime v0.34.12 // indirect
-	k8s.io/client-go v0.34.12 // indirect
 	k8s.io/cloud-provider v0.34.12 // indirect
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
 	k8s.io/component-base v0.34.12 // indirect

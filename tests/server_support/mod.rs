@@ -50,6 +50,7 @@ pub fn options(tls: TlsSource) -> ServeOptions {
         tls,
         reload_interval: Duration::from_millis(100),
         header_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(4),
         handshake_timeout: Duration::from_secs(1),
         drain_timeout: Duration::from_secs(10),
         shutdown_delay: Duration::ZERO,

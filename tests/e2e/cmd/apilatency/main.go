@@ -145,8 +145,8 @@ func main() {
 	flag.StringVar(&o.variants, "variants", "", "extra webhook modes, comma-separated; each is a +-joined list of changes to "+
 		"the shipped configuration: nomc (no matchConditions), enforce (the enforce webhook only), http1 (serve on a "+
 		"non-loopback address: the API server then speaks HTTP/1.1, as it does to a Service), tokio1 (serve with "+
-		"TOKIO_WORKER_THREADS=1), idle=DURATION (serve --header-timeout DURATION, which also closes idle HTTP/1.1 "+
-		"connections: with -gap above it, every review opens a new connection, as reviews minutes apart do), "+
+		"TOKIO_WORKER_THREADS=1), idle=DURATION (serve --idle-timeout DURATION: with -gap above it, "+
+		"every review opens a new connection, as all did before serve kept idle connections for 120 s), "+
 		"file=PATH (a ValidatingWebhookConfiguration of service clientConfigs instead of deploy/base's); "+
 		"e.g. -variants nomc,enforce,enforce+nomc,http1")
 	flag.IntVar(&o.nodeLabels, "node-labels", 0, "extra labels on the bench node (a GPU node carries dozens from feature discovery)")
@@ -380,7 +380,7 @@ func (b *bench) addVariants(o options, root string) error {
 				if _, err := time.ParseDuration(idle); err != nil {
 					return fmt.Errorf("variant %s: %w", spec, err)
 				}
-				about = append(about, "serve --header-timeout "+idle)
+				about = append(about, "serve --idle-timeout "+idle)
 			case change == "tokio1":
 				tokio1 = true
 				about = append(about, "serve with TOKIO_WORKER_THREADS=1")
@@ -410,7 +410,7 @@ func (b *bench) addVariants(o options, root string) error {
 		args := []string{"--no-cluster-watch"}
 		if idle != "" {
 			key += "/idle" + idle
-			args = append(args, "--header-timeout", idle)
+			args = append(args, "--idle-timeout", idle)
 		}
 		g := guards[key]
 		if g == nil {
