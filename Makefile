@@ -71,7 +71,7 @@ playground-down:
 	for i in $$(seq 1 120); do alive || { echo "playground (pid $$pid) stopped"; exit 0; }; sleep 0.5; done; \
 	echo "playground (pid $$pid) still running after 60s; its log: $(PLAYGROUND_LOG)" >&2; exit 1
 
-## bench: every benchmark in one go (a few minutes): prints the table, writes target/bench/summary.md.
+## bench: every benchmark in one go (about 10 minutes once built): prints the table, writes target/bench/summary.md.
 bench:
 	bash bench/run.sh
 

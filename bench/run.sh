@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark of gpu-deploy-guard in one go and prints one table (`make bench`).
 #
-#   bench/run.sh            the full run, a few minutes; the table goes to target/bench/summary.md
+#   bench/run.sh            the full run, about 10 minutes once built; the table goes to target/bench/summary.md
 #   bench/run.sh --smoke    the same steps at tiny sizes (< 90 s once built): checks that the
 #                           harness still produces numbers, exits non-zero if it does not
 #
