@@ -42,6 +42,8 @@ pub struct Metrics {
     latency: Histogram,
     cert_expiry: Gauge<i64>,
     cert_reloads: Family<ResultLabels, Counter>,
+    handshakes: Family<ResultLabels, Counter>,
+    timeouts: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -96,6 +98,26 @@ impl Metrics {
         for result in ["success", "failure"] {
             let _ = cert_reloads.get_or_create(&ResultLabels { result });
         }
+        let handshakes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "webhook_tls_handshakes",
+            "TLS handshakes on the webhook port, by result (success, failure, timeout); with the \
+             API server keeping its connections, far fewer than reviews",
+            handshakes.clone(),
+        );
+        let timeouts = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "webhook_connection_timeouts",
+            "Webhook connections closed by a timeout, by reason: header (a request head, or an \
+             HTTP/2 preface, not received in time) or idle (no request for the idle timeout)",
+            timeouts.clone(),
+        );
+        for result in ["success", "failure", "timeout"] {
+            let _ = handshakes.get_or_create(&ResultLabels { result });
+        }
+        for reason in ["header", "idle"] {
+            let _ = timeouts.get_or_create(&ReasonLabels { reason });
+        }
         Self {
             registry: Mutex::new(registry),
             reviews,
@@ -104,6 +126,8 @@ impl Metrics {
             latency,
             cert_expiry,
             cert_reloads,
+            handshakes,
+            timeouts,
         }
     }
 
@@ -146,6 +170,18 @@ impl Metrics {
         self.cert_reloads
             .get_or_create(&ResultLabels { result })
             .inc();
+    }
+
+    /// Records the end of a TLS handshake on the webhook port: `success`, `failure` or `timeout`.
+    pub fn observe_handshake(&self, result: &'static str) {
+        self.handshakes
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Records a webhook connection closed by a timeout: `header` or `idle`.
+    pub fn observe_connection_timeout(&self, reason: &'static str) {
+        self.timeouts.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     /// Sets the expiry time of the certificate now being served.

@@ -302,13 +302,13 @@ impl Server {
             .spawn_reloader(opts.reload_interval, metrics.clone())
             .map(AbortOnDrop);
 
-        let conn = Arc::new(ConnConfig::new(&opts));
+        let conn = Arc::new(ConnConfig::new(&opts, Some(metrics.clone())));
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin = Acceptor {
             listener: admin_listener,
             tls: None,
             app: admin_router(metrics, readiness.clone()),
-            conn: conn.clone(),
+            conn: Arc::new(ConnConfig::new(&opts, None)),
             what: "admin",
         };
         let admin = AbortOnDrop(tokio::spawn(admin.run(async {
@@ -421,10 +421,12 @@ struct ConnConfig {
     header_timeout: Duration,
     idle_timeout: Duration,
     handshake_timeout: Duration,
+    /// Where handshakes and timeouts are counted; `None` for the admin listener.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl ConnConfig {
-    fn new(opts: &ServeOptions) -> Self {
+    fn new(opts: &ServeOptions, metrics: Option<Arc<Metrics>>) -> Self {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -443,6 +445,19 @@ impl ConnConfig {
             header_timeout: opts.header_timeout,
             idle_timeout: opts.idle_timeout,
             handshake_timeout: opts.handshake_timeout,
+            metrics,
+        }
+    }
+
+    fn count_handshake(&self, result: &'static str) {
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_handshake(result);
+        }
+    }
+
+    fn count_timeout(&self, reason: &'static str) {
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_connection_timeout(reason);
         }
     }
 }
@@ -565,9 +580,18 @@ async fn serve_connection(
         return serve_h1(&conn, tcp, peer, app, watcher).await;
     };
     let stream = match tokio::time::timeout(conn.handshake_timeout, acceptor.accept(tcp)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(error)) => return debug!(%peer, %error, "TLS handshake failed"),
-        Err(_) => return debug!(%peer, "TLS handshake timed out"),
+        Ok(Ok(stream)) => {
+            conn.count_handshake("success");
+            stream
+        }
+        Ok(Err(error)) => {
+            conn.count_handshake("failure");
+            return debug!(%peer, %error, "TLS handshake failed");
+        }
+        Err(_) => {
+            conn.count_handshake("timeout");
+            return debug!(%peer, "TLS handshake timed out");
+        }
     };
     // RFC 9113 §3.2: HTTP/2 over TLS is chosen by ALPN only; anything else,
     // including no ALPN at all, is HTTP/1.1.
@@ -579,7 +603,10 @@ async fn serve_connection(
             Ok(Ok(first)) if !first.is_empty() => {}
             Ok(Ok(_)) => return debug!(%peer, "HTTP/2 client closed before its preface"),
             Ok(Err(error)) => return debug!(%peer, %error, "HTTP/2 connection failed"),
-            Err(_) => return debug!(%peer, "HTTP/2 client sent no preface in time"),
+            Err(_) => {
+                conn.count_timeout("header");
+                return debug!(%peer, "HTTP/2 client sent no preface in time");
+            }
         }
         serve_http(&conn.h2, stream, peer, app, watcher, None).await;
     } else {
@@ -596,7 +623,10 @@ where
     let io = idle::Watched::new(io, clock.clone());
     tokio::select! {
         () = serve_http(&conn.h1, io, peer, app, watcher, Some(clock.clone())) => {}
-        phase = clock.expired() => debug!(%peer, reason = phase.as_str(), "closing the connection"),
+        expired = clock.expired() => {
+            conn.count_timeout(expired.reason());
+            debug!(%peer, reason = expired.describe(), "closing the connection");
+        }
     }
 }
 

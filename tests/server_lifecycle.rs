@@ -364,6 +364,19 @@ async fn stalled_or_silent_clients_are_cut_and_others_still_served() {
     let (elapsed, _) = idle.await.unwrap();
     assert_closed_when_idle(elapsed, "idle keep-alive");
 
+    // Each cut is counted: the half line, the stalled second head and the missing preface by
+    // the header timeout, the idle connection by the idle timeout, the silent TCP connection
+    // as a handshake timeout; the five TLS clients above shook hands.
+    let metrics = server.metrics.encode();
+    for line in [
+        r#"gpu_deploy_guard_webhook_connection_timeouts_total{reason="header"} 3"#,
+        r#"gpu_deploy_guard_webhook_connection_timeouts_total{reason="idle"} 1"#,
+        r#"gpu_deploy_guard_webhook_tls_handshakes_total{result="timeout"} 1"#,
+        r#"gpu_deploy_guard_webhook_tls_handshakes_total{result="failure"} 0"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing from\n{metrics}");
+    }
+
     let response = ok.get(format!("https://{addr}/")).send().await.unwrap();
     assert_eq!(response.status(), 200);
     server.stop().await.unwrap();

@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Phase {
+enum Phase {
     /// Waiting for (the rest of) a request head.
     Head,
     /// A request is being handled.
@@ -36,12 +36,26 @@ pub(super) enum Phase {
     Idle,
 }
 
-impl Phase {
-    pub(super) fn as_str(self) -> &'static str {
+/// Which limit a connection outlived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Expired {
+    Header,
+    Idle,
+}
+
+impl Expired {
+    /// The `reason` label of `gpu_deploy_guard_webhook_connection_timeouts_total`.
+    pub(super) fn reason(self) -> &'static str {
         match self {
-            Phase::Head => "request head not received within the header timeout",
-            Phase::Busy => "request in progress",
-            Phase::Idle => "idle for the idle timeout",
+            Expired::Header => "header",
+            Expired::Idle => "idle",
+        }
+    }
+
+    pub(super) fn describe(self) -> &'static str {
+        match self {
+            Expired::Header => "request head not received within the header timeout",
+            Expired::Idle => "idle for the idle timeout",
         }
     }
 }
@@ -98,17 +112,17 @@ impl Clock {
         }
     }
 
-    /// Resolves with the phase that outlived its limit; never while a request is handled.
-    pub(super) async fn expired(&self) -> Phase {
+    /// Resolves with the limit the current phase outlived; never while a request is handled.
+    pub(super) async fn expired(&self) -> Expired {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             // Registered before the phase is read, so no change is missed in between.
             changed.as_mut().enable();
             let (phase, since) = self.phase();
-            let limit = match phase {
-                Phase::Head => self.header_timeout,
-                Phase::Idle => self.idle_timeout,
+            let (limit, expired) = match phase {
+                Phase::Head => (self.header_timeout, Expired::Header),
+                Phase::Idle => (self.idle_timeout, Expired::Idle),
                 Phase::Busy => {
                     changed.await;
                     continue;
@@ -119,7 +133,7 @@ impl Clock {
                 () = tokio::time::sleep_until(since + limit) => {
                     // A change may have raced the timer; only the current phase counts.
                     if self.phase() == (phase, since) {
-                        return phase;
+                        return expired;
                     }
                 }
             }
@@ -192,7 +206,7 @@ mod tests {
     const IDLE: Duration = Duration::from_secs(120);
 
     /// How long `expired` takes to resolve from now, in paused time; `None` if not within 1 h.
-    async fn time_to_expiry(clock: &Clock) -> Option<(Phase, Duration)> {
+    async fn time_to_expiry(clock: &Clock) -> Option<(Expired, Duration)> {
         let start = Instant::now();
         tokio::time::timeout(Duration::from_secs(3600), clock.expired())
             .await
@@ -203,7 +217,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_new_connection_has_the_header_timeout() {
         let clock = Clock::new(HEADER, IDLE);
-        assert_eq!(time_to_expiry(&clock).await, Some((Phase::Head, HEADER)));
+        assert_eq!(
+            time_to_expiry(&clock).await,
+            Some((Expired::Header, HEADER))
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -211,12 +228,15 @@ mod tests {
         let clock = Clock::new(HEADER, IDLE);
         clock.request_started();
         clock.request_finished();
-        assert_eq!(time_to_expiry(&clock).await, Some((Phase::Idle, IDLE)));
+        assert_eq!(time_to_expiry(&clock).await, Some((Expired::Idle, IDLE)));
 
         clock.request_finished();
         tokio::time::advance(Duration::from_secs(60)).await;
         clock.bytes_arrived();
-        assert_eq!(time_to_expiry(&clock).await, Some((Phase::Head, HEADER)));
+        assert_eq!(
+            time_to_expiry(&clock).await,
+            Some((Expired::Header, HEADER))
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -242,7 +262,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(30)).await;
         clock.request_finished();
         let (phase, at) = waiter.await.unwrap();
-        assert_eq!(phase, Phase::Idle);
+        assert_eq!(phase, Expired::Idle);
         assert_eq!(at - start, Duration::from_secs(34) + IDLE);
     }
 }

@@ -42,6 +42,8 @@ KNOWN_METRICS = {
     HISTOGRAM + "_count",
     "gpu_deploy_guard_tls_certificate_expiry_timestamp_seconds",
     "gpu_deploy_guard_tls_certificate_reloads_total",
+    "gpu_deploy_guard_webhook_tls_handshakes_total",
+    "gpu_deploy_guard_webhook_connection_timeouts_total",
     "gpu_deploy_guard_operand_expected",
     "gpu_deploy_guard_operand_running",
     "gpu_deploy_guard_audit_findings",
@@ -197,6 +199,7 @@ def check_dashboard():
         "review latency p50": lambda t, e: e.startswith("histogram_quantile(0.5,") and HISTOGRAM in e,
         "review latency p99": lambda t, e: e.startswith("histogram_quantile(0.99,") and HISTOGRAM in e,
         "certificate days left": lambda t, e: "gpu_deploy_guard_tls_certificate_expiry_timestamp_seconds" in e and "86400" in e,
+        "webhook TLS handshakes per second": lambda t, e: "rate(gpu_deploy_guard_webhook_tls_handshakes_total" in e,
     }
     for what, test in wanted.items():
         if not any(test(t, e) for t, e in exprs):
