@@ -19,8 +19,9 @@ use tokio::sync::watch;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::metrics::Metrics;
+use crate::operands::Labels;
 use crate::policy::{self, ClusterFacts, Decision, Operation, Policy, Review, Verdict};
-use crate::request::{NodeLabels, RequestView, ReviewBody};
+use crate::request::{RequestView, ReviewBody};
 
 /// Limits that protect the server from slow or oversized clients.
 #[derive(Clone, Copy, Debug)]
@@ -302,8 +303,7 @@ fn uid_of(bytes: &[u8]) -> Option<String> {
     serde_json::from_slice::<Outer>(bytes).ok()?.request?.uid
 }
 
-/// Checks what the request is about and runs the policy on it. Only the labels the policy reads
-/// under `facts` are copied out of the request (`policy::reads_label`).
+/// Checks what the request is about and runs the policy on it.
 pub fn review_request(
     req: &RequestView<'_>,
     facts: &ClusterFacts,
@@ -321,45 +321,58 @@ pub fn review_request(
             kind.version, kind.kind
         )));
     }
-    let operation = req.operation;
-    let object = match (&req.object, operation) {
-        (Some(object), _) => Some(object),
-        (None, Operation::Create | Operation::Update) => {
+    let labels = RequestLabels::of(req, facts)?;
+    Ok(policy::decide(&labels.review(req), facts, policy))
+}
+
+/// A request's labels as the policy reads them: before (`None` for CREATE) and after.
+pub struct RequestLabels {
+    old: Option<Labels>,
+    new: Labels,
+}
+
+impl RequestLabels {
+    /// Checks that the request carries the objects its operation needs, and copies the labels
+    /// the policy reads under `facts` (`policy::reads_label`).
+    pub fn of(req: &RequestView<'_>, facts: &ClusterFacts) -> Result<Self, BadRequest> {
+        let operation = req.operation;
+        if req.object.is_none() && matches!(operation, Operation::Create | Operation::Update) {
             return Err(BadRequest::MissingObject {
                 operation: operation.as_str(),
                 field: "object",
             });
         }
-        (None, _) => None,
-    };
-    if operation == Operation::Update && req.old_object.is_none() {
-        return Err(BadRequest::MissingObject {
-            operation: "UPDATE",
-            field: "oldObject",
-        });
+        if operation == Operation::Update && req.old_object.is_none() {
+            return Err(BadRequest::MissingObject {
+                operation: "UPDATE",
+                field: "oldObject",
+            });
+        }
+        let old = req.old_object.as_ref().map(|o| o.labels(facts));
+        let new = match &req.object {
+            Some(object) => object.labels(facts),
+            // DELETE and CONNECT carry only the old object.
+            None => old.clone().unwrap_or_default(),
+        };
+        Ok(RequestLabels { old, new })
     }
-    let old_labels = req.old_object.as_ref().map(|o| o.labels(facts));
-    let labels = match object {
-        Some(object) => object.labels(facts),
-        // DELETE and CONNECT carry only the old object.
-        None => old_labels.clone().unwrap_or_default(),
-    };
-    let node = if req.name.is_empty() {
-        object.map_or("", NodeLabels::name)
-    } else {
-        req.name.as_str()
-    };
-    let no_groups = Vec::new();
-    let review = Review {
-        node,
-        operation,
-        old_labels: old_labels.as_ref(),
-        labels: &labels,
-        username: req.user_info.username.as_deref().unwrap_or_default(),
-        groups: req.user_info.groups.as_ref().unwrap_or(&no_groups),
-        dry_run: req.dry_run,
-    };
-    Ok(policy::decide(&review, facts, policy))
+
+    /// What the policy judges: `req` with these labels.
+    pub fn review<'a>(&'a self, req: &'a RequestView<'_>) -> Review<'a> {
+        let node = match (&req.object, req.name.is_empty()) {
+            (Some(object), true) => object.name(),
+            _ => req.name.as_str(),
+        };
+        Review {
+            node,
+            operation: req.operation,
+            old_labels: self.old.as_ref(),
+            labels: &self.new,
+            username: req.user_info.username.as_deref().unwrap_or_default(),
+            groups: req.user_info.groups.as_deref().unwrap_or_default(),
+            dry_run: req.dry_run,
+        }
+    }
 }
 
 /// The AdmissionReview answering `req` with `verdict`.

@@ -10,14 +10,14 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
-use serde::{Deserialize, Serialize};
 
 use crate::operands::Labels;
 use crate::policy::{self, ClusterFacts, Operation};
 
 /// A JSON string, borrowed from the body unless it contains escapes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Text<'a>(pub Cow<'a, str>);
 
 impl Text<'_> {
@@ -79,7 +79,7 @@ pub struct RequestView<'a> {
     pub dry_run: bool,
 }
 
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize)]
 pub struct GroupVersionKind {
     #[serde(default)]
     pub group: String,
