@@ -39,7 +39,7 @@ const ADMIN_DRAIN: Duration = Duration::from_secs(2);
 
 /// HTTP/2 ping interval on idle connections. Detects a peer that vanished
 /// without closing (its node died), which would otherwise hold the
-/// connection forever; HTTP/1.1 gets the same from the header timeout.
+/// connection forever; HTTP/1.1 gets the same from the idle timeout.
 const H2_KEEPALIVE: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug)]

@@ -18,7 +18,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -79,18 +79,19 @@ impl Clock {
         })
     }
 
-    fn phase(&self) -> (Phase, Instant) {
-        *self
-            .state
+    fn lock(&self) -> MutexGuard<'_, (Phase, Instant)> {
+        // Two plain values, valid whatever a panicking holder was doing.
+        self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn phase(&self) -> (Phase, Instant) {
+        *self.lock()
+    }
+
     fn set(&self, phase: Phase) {
-        *self
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = (phase, Instant::now());
+        *self.lock() = (phase, Instant::now());
         self.changed.notify_one();
     }
 
@@ -104,7 +105,7 @@ impl Clock {
 
     /// Bytes arrived: on an idle connection, that is the start of the next request head.
     fn bytes_arrived(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.lock();
         if state.0 == Phase::Idle {
             *state = (Phase::Head, Instant::now());
             drop(state);
