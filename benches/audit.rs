@@ -17,8 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpu_deploy_guard::audit::{self, Cluster, files, output};
-use gpu_deploy_guard::policy::Policy;
+use gpu_deploy_guard::audit::{self, output};
+use gpu_deploy_guard::core::facts::Cluster;
+use gpu_deploy_guard::core::policy::Policy;
+use gpu_deploy_guard::k8s::list as files;
 
 const CHILD_ENV: &str = "GDG_BENCH_CHILD";
 const PODS_PER_NODE: usize = 10;

@@ -143,10 +143,11 @@ impl AuditMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::{Cluster, audit};
-    use crate::node::NodeView;
-    use crate::pod::{PodPhase, PodView};
-    use crate::policy::Policy;
+    use crate::audit::audit;
+    use crate::core::facts::Cluster;
+    use crate::core::policy::Policy;
+    use crate::k8s::node::NodeView;
+    use crate::k8s::pod::{PodPhase, PodView};
 
     fn node(name: &str, labels: &[(&str, &str)]) -> NodeView {
         let mut n = NodeView::default();

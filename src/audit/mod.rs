@@ -1,19 +1,17 @@
 //! The audit: which operands each node should run, which it does run, and what
 //! is broken, from one list of nodes and one list of the operator's pods.
 //!
-//! [`audit`] is pure: no I/O, no clock. Reading files ([`files`]), listing a
-//! cluster ([`cluster`]), printing ([`output`]), the ClusterPolicyReport
-//! ([`report`]) and the `/metrics` gauges ([`metrics`]) are shells around it.
+//! [`audit`] is pure: no I/O, no clock. Printing ([`output`]), the
+//! ClusterPolicyReport ([`report`]), writing it to the cluster ([`apply`]) and
+//! the `/metrics` gauges ([`metrics`]) are shells around it. Its input comes
+//! from files or the API (`k8s`), or from the stores of `serve`'s cluster watch.
 //! The label rules come from [`policy::assess`], the webhook's own code, so the
 //! audit and the webhook never disagree about a node.
 
-pub mod cli;
-pub mod cluster;
-pub mod files;
+pub mod apply;
 pub mod metrics;
 pub mod output;
 pub mod report;
-pub mod split;
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -21,94 +19,13 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::daemonset::{is_daemonset_pod, operand_of_pod};
-use crate::node::NodeView;
-use crate::operands::{Operand, OperandSet, is_gpu_node};
-use crate::pod::{PodPhase, PodView};
-use crate::policy::{self, Action, ClusterFacts, Policy, Rule, STATE_RULES};
-
-/// The lab's matrix columns, always shown, in this order.
-pub const BASE_COLUMNS: [Operand; 5] = [
-    Operand::Driver,
-    Operand::ContainerToolkit,
-    Operand::DevicePlugin,
-    Operand::GpuFeatureDiscovery,
-    Operand::DcgmExporter,
-];
-
-/// Where the ClusterPolicy facts came from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PolicySource {
-    /// Read from the named ClusterPolicy.
-    Found(String),
-    /// None was given (an audit of files without `--cluster-policy`): the operator's defaults.
-    NotGiven,
-    /// The CRD is not installed or no ClusterPolicy exists: the operator's defaults.
-    Missing(String),
-    /// RBAC forbids reading ClusterPolicies: the operator's defaults.
-    Forbidden(String),
-    /// Reading failed otherwise: the operator's defaults.
-    Failed(String),
-}
-
-impl PolicySource {
-    /// The facts are the defaults because the ClusterPolicy could not be read.
-    pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
-            PolicySource::Missing(_) | PolicySource::Forbidden(_) | PolicySource::Failed(_)
-        )
-    }
-
-    pub fn state(&self) -> &'static str {
-        match self {
-            PolicySource::Found(_) => "found",
-            PolicySource::NotGiven => "not-given",
-            PolicySource::Missing(_) => "missing",
-            PolicySource::Forbidden(_) => "forbidden",
-            PolicySource::Failed(_) => "failed",
-        }
-    }
-
-    /// One sentence for logs, notes and the report.
-    pub fn describe(&self) -> String {
-        match self {
-            PolicySource::Found(name) => format!("operand switches read from ClusterPolicy {name}"),
-            PolicySource::NotGiven => {
-                "no ClusterPolicy given: the GPU Operator's default operand switches are assumed"
-                    .to_owned()
-            }
-            PolicySource::Missing(why)
-            | PolicySource::Forbidden(why)
-            | PolicySource::Failed(why) => {
-                format!(
-                    "ClusterPolicy unavailable ({why}): the GPU Operator's default operand switches are assumed"
-                )
-            }
-        }
-    }
-}
-
-/// Everything known about the cluster besides its nodes and pods.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cluster {
-    pub facts: ClusterFacts,
-    pub policy_source: PolicySource,
-    /// Operands whose DaemonSet exists, when the DaemonSets were listed. An operand whose
-    /// DaemonSet is known to be absent is expected nowhere.
-    pub daemonsets: Option<OperandSet>,
-}
-
-/// Nothing known: the operator's default switches, no DaemonSet list.
-impl Default for Cluster {
-    fn default() -> Self {
-        Cluster {
-            facts: crate::cluster_policy::operator_defaults(),
-            policy_source: PolicySource::NotGiven,
-            daemonsets: None,
-        }
-    }
-}
+use crate::core::facts::{Cluster, ClusterFacts};
+use crate::core::operands::{Operand, OperandSet, is_gpu_node};
+use crate::core::policy::{self, Policy};
+use crate::core::rules::{Action, Rule};
+use crate::k8s::daemonset::{is_daemonset_pod, operand_of_pod};
+use crate::k8s::node::NodeView;
+use crate::k8s::pod::{PodPhase, PodView};
 
 /// A rule the audit reports: one of the webhook's state rules, or its own pod check.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -128,8 +45,7 @@ impl AuditRule {
 
     /// Every rule the audit evaluates, in report order.
     pub fn all() -> impl Iterator<Item = AuditRule> {
-        STATE_RULES
-            .into_iter()
+        Rule::state_rules()
             .map(AuditRule::Policy)
             .chain(std::iter::once(AuditRule::OperandNotRunning))
     }
@@ -234,7 +150,7 @@ impl NodeAudit {
 pub struct AuditReport {
     /// Sorted by name.
     pub nodes: Vec<NodeAudit>,
-    /// Operands shown for every node: [`BASE_COLUMNS`], then those whose DaemonSet exists.
+    /// Operands shown for every node: those always shown, then those whose DaemonSet exists.
     pub columns: Vec<Operand>,
     /// Running DaemonSet pods in the namespace (the matrix's `TOTAL_PODS`).
     pub running_daemonset_pods: usize,
@@ -290,9 +206,8 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
         }
     }
     let present = cluster.daemonsets.unwrap_or(seen);
-    let columns: Vec<Operand> = BASE_COLUMNS
-        .into_iter()
-        .chain(Operand::all().filter(|op| present.contains(*op) && !BASE_COLUMNS.contains(op)))
+    let columns: Vec<Operand> = Operand::always_shown()
+        .chain(Operand::all().filter(|op| present.contains(*op) && !op.info().always_shown))
         .collect();
 
     let mut out: Vec<NodeAudit> = nodes
@@ -328,7 +243,7 @@ fn audit_node(
     let labels = node.labels();
     let expected: OperandSet = policy::simulate(labels, &cluster.facts)
         .iter()
-        .filter(|op| op.info().daemonset.is_some())
+        .filter(|op| op.info().has_daemonset())
         .filter(|op| cluster.daemonsets.is_none_or(|ds| ds.contains(*op)))
         .collect();
     let with_pods: OperandSet = pods.iter().map(|(op, _)| *op).collect();

@@ -1,15 +1,16 @@
-//! The audit on the lab of GPU-OPERATOR.md (fixtures made by
+//! The audit on the lab of docs/gpu-operator.md (fixtures made by
 //! `tests/fixtures/audit/make-audit.py`), then one case per behaviour.
 
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::audit::files;
-use crate::audit::output::{self, column_name};
+use crate::audit::output;
 use crate::audit::report::{self, Outcome, Timestamp};
-use crate::cluster_policy;
-use crate::daemonset::{custom_selectors, operands_present};
-use crate::operands::Labels;
+use crate::core::facts::{PolicySource, operator_defaults};
+use crate::core::operands::Labels;
+use crate::k8s::daemonset::{custom_selectors, operands_present};
+use crate::k8s::list as files;
+use crate::k8s::read;
 
 fn fixture(case: &str, file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -172,7 +173,7 @@ fn real_daemonsets_narrow_what_is_expected_and_add_columns() {
     let cluster = Cluster {
         facts: ClusterFacts {
             selectors: custom_selectors(&ds),
-            ..crate::cluster_policy::operator_defaults()
+            ..operator_defaults()
         },
         policy_source: PolicySource::NotGiven,
         daemonsets: Some(operands_present(&ds)),
@@ -201,7 +202,7 @@ fn real_daemonsets_narrow_what_is_expected_and_add_columns() {
 fn a_host_provided_toolkit_makes_the_lone_device_plugin_normal() {
     let (nodes, mut pods) = lab("lab-device-plugin-only");
     pods.retain(|p| p.daemonset.as_deref() != Some("nvidia-container-toolkit-daemonset"));
-    let cp = cluster_policy::read_file(
+    let cp = read::cluster_policy_file(
         &Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/audit/cluster-policy-host-toolkit.yaml"),
     )
@@ -391,9 +392,9 @@ fn nodes_come_out_sorted_by_name() {
 
 #[test]
 fn the_dcgm_column_is_the_exporter_and_the_host_engine_gets_its_own() {
-    assert_eq!(column_name(Operand::DcgmExporter), "dcgm");
-    assert_eq!(column_name(Operand::Dcgm), "dcgm-hostengine");
-    assert_eq!(column_name(Operand::MigManager), "mig-manager");
+    assert_eq!(Operand::DcgmExporter.column(), "dcgm");
+    assert_eq!(Operand::Dcgm.column(), "dcgm-hostengine");
+    assert_eq!(Operand::MigManager.column(), "mig-manager");
     // Without a DaemonSet list, a DaemonSet exists when one of its pods does.
     let nodes = [node("n", &[("dcgm", "true")])];
     let pods = [pod("d", "nvidia-dcgm", "n", RUNNING)];

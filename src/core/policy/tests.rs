@@ -1,6 +1,9 @@
-//! One test per behaviour; the lab of GPU-OPERATOR.md step by step first.
+//! One test per behaviour; the lab of docs/gpu-operator.md step by step first.
+
+use std::collections::BTreeMap;
 
 use super::*;
+use crate::core::operands::OPERANDS_KEY;
 
 const P: &str = "nvidia.com/gpu.deploy.";
 
