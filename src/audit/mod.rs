@@ -19,7 +19,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::core::facts::{Cluster, ClusterFacts};
+use crate::core::facts::ClusterFacts;
 use crate::core::operands::{Operand, OperandSet, is_gpu_node};
 use crate::core::policy::{self, Policy};
 use crate::core::rules::{Action, Rule};
@@ -154,7 +154,7 @@ pub struct AuditReport {
     pub columns: Vec<Operand>,
     /// Running DaemonSet pods in the namespace (the matrix's `TOTAL_PODS`).
     pub running_daemonset_pods: usize,
-    pub cluster: Cluster,
+    pub facts: ClusterFacts,
     /// The rules evaluated: every [`AuditRule`] but those the policy switches off.
     pub rules: Vec<AuditRule>,
 }
@@ -186,7 +186,7 @@ impl AuditReport {
 pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
     nodes: &[N],
     pods: &[P],
-    cluster: &Cluster,
+    facts: &ClusterFacts,
     policy: &Policy,
 ) -> AuditReport {
     let mut by_node: HashMap<&str, Vec<(Operand, &PodView)>> = HashMap::new();
@@ -205,7 +205,7 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
             by_node.entry(node).or_default().push((op, pod));
         }
     }
-    let present = cluster.daemonsets.unwrap_or(seen);
+    let present = facts.daemonsets.unwrap_or(seen);
     let columns: Vec<Operand> = Operand::always_shown()
         .chain(Operand::all().filter(|op| present.contains(*op) && !op.info().always_shown))
         .collect();
@@ -215,7 +215,7 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
         .map(|n| {
             let n = n.borrow();
             let pods = by_node.get(n.name()).map_or(&[][..], Vec::as_slice);
-            audit_node(n, pods, &columns, cluster, policy)
+            audit_node(n, pods, &columns, facts, policy)
         })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -223,7 +223,7 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
         nodes: out,
         columns,
         running_daemonset_pods,
-        cluster: cluster.clone(),
+        facts: facts.clone(),
         rules: AuditRule::all()
             .filter(|r| match r {
                 AuditRule::Policy(rule) => policy.action(*rule) != Action::Off,
@@ -237,14 +237,14 @@ fn audit_node(
     node: &NodeView,
     pods: &[(Operand, &PodView)],
     columns: &[Operand],
-    cluster: &Cluster,
+    facts: &ClusterFacts,
     policy: &Policy,
 ) -> NodeAudit {
     let labels = node.labels();
-    let expected: OperandSet = policy::simulate(labels, &cluster.facts)
+    let expected: OperandSet = policy::simulate(labels, facts)
         .iter()
         .filter(|op| op.info().has_daemonset())
-        .filter(|op| cluster.daemonsets.is_none_or(|ds| ds.contains(*op)))
+        .filter(|op| facts.daemonsets.is_none_or(|ds| ds.contains(*op)))
         .collect();
     let with_pods: OperandSet = pods.iter().map(|(op, _)| *op).collect();
     let operands: Vec<OperandState> = Operand::all()
@@ -271,14 +271,14 @@ fn audit_node(
         operands,
         findings: Vec::new(),
     };
-    audit.findings = findings(&audit, node, cluster, policy);
+    audit.findings = findings(&audit, node, facts, policy);
     audit
 }
 
 fn findings(
     audit: &NodeAudit,
     node: &NodeView,
-    cluster: &Cluster,
+    facts: &ClusterFacts,
     policy: &Policy,
 ) -> Vec<AuditFinding> {
     let mut out = Vec::new();
@@ -287,7 +287,7 @@ fn findings(
     let toolkit_runs = audit.running(Operand::ContainerToolkit);
     if plugin_runs
         && !toolkit_runs
-        && cluster.facts.toolkit_managed
+        && facts.toolkit_managed
         && policy.action(dp_rule) != Action::Off
     {
         out.push(AuditFinding {
@@ -307,10 +307,10 @@ fn findings(
             rule: AuditRule::OperandNotRunning,
             level: Level::Fail,
             basis: Basis::Pods,
-            message: not_running_message(&audit.name, &missing, &cluster.facts),
+            message: not_running_message(&audit.name, &missing, facts),
         });
     }
-    for f in policy::assess(&audit.name, node.labels(), &cluster.facts, policy) {
+    for f in policy::assess(&audit.name, node.labels(), facts, policy) {
         let rule = AuditRule::Policy(f.rule);
         // What the pods show says more than what the labels imply.
         if out.iter().any(|o| o.rule == rule) {

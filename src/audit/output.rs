@@ -99,8 +99,8 @@ struct JsonNode<'a> {
 
 /// `-o json`: the same facts, per node and operand, with the findings.
 pub fn json(report: &AuditReport) -> String {
-    let source = &report.cluster.policy_source;
-    let facts = &report.cluster.facts;
+    let facts = &report.facts;
+    let source = &facts.source;
     let out = JsonReport {
         cluster_policy: JsonPolicy {
             state: source.state(),

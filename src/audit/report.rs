@@ -117,7 +117,7 @@ impl NodeAudit {
 /// Builds the report of one audit.
 pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
     let mut results = Vec::new();
-    let source = &report.cluster.policy_source;
+    let source = &report.facts.source;
     if source.is_unavailable() {
         results.push(ReportResult {
             policy: NAME,

@@ -12,7 +12,7 @@ use crate::audit::apply::apply_report;
 use crate::audit::report::{self, Timestamp};
 use crate::audit::{AuditReport, audit, output};
 use crate::core::config::{Config, ConfigError};
-use crate::core::facts::{Cluster, PolicySource};
+use crate::core::facts::{PolicySource, operator_defaults};
 use crate::k8s::api::{self as cluster, ClusterError};
 use crate::k8s::cluster_policy::ClusterPolicyError;
 use crate::k8s::daemonset::{custom_selectors, operands_present};
@@ -136,18 +136,18 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
     };
     let config = load_config(args)?;
     let (nodes, pods) = files::read_nodes_and_pods(nodes_path, pods_path)?;
-    let mut cluster = Cluster::default();
+    let mut facts = operator_defaults();
     if let Some(path) = &args.cluster_policy {
         let p = read::cluster_policy_file(path)?;
-        cluster.facts = p.facts;
-        cluster.policy_source = PolicySource::Found(p.name);
+        facts = p.facts;
+        facts.source = PolicySource::Found(p.name);
     }
     if let Some(path) = &args.daemonsets {
         let ds = files::read_daemonsets(path)?;
-        cluster.facts.selectors = custom_selectors(&ds);
-        cluster.daemonsets = Some(operands_present(&ds));
+        facts.selectors = custom_selectors(&ds);
+        facts.daemonsets = Some(operands_present(&ds));
     }
-    Ok(audit(&nodes, &pods, &cluster, &config.policy))
+    Ok(audit(&nodes, &pods, &facts, &config.policy))
 }
 
 async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
@@ -158,10 +158,10 @@ async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         .unwrap_or(config.operator_namespace.clone());
     let client = cluster::connect().await?;
     let snap = cluster::snapshot(&client, &namespace).await?;
-    if snap.cluster.policy_source.is_unavailable() {
-        eprintln!("warning: {}", snap.cluster.policy_source.describe());
+    if snap.facts.source.is_unavailable() {
+        eprintln!("warning: {}", snap.facts.source.describe());
     }
-    let result = audit(&snap.nodes, &snap.pods, &snap.cluster, &config.policy);
+    let result = audit(&snap.nodes, &snap.pods, &snap.facts, &config.policy);
     if args.report {
         apply_report(&client, &report::build(&result, now())).await?;
     }

@@ -1,12 +1,13 @@
 //! What is known about the cluster beyond a node's labels: the ClusterPolicy's operand
-//! switches, the operand DaemonSets' real selectors, and where these facts came from.
+//! switches, the operand DaemonSets (which exist, and their real selectors), and where these
+//! facts came from. One type, [`ClusterFacts`], for the webhook, `check` and the audit.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use crate::core::operands::{Labels, OPERANDS, Operand, OperandSet};
 
-/// What is known about the cluster beyond the node itself.
+/// What is known about the cluster beyond the node itself, and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterFacts {
     /// The ClusterPolicy deploys the container toolkit (`spec.toolkit.enabled`, true when unknown).
@@ -16,9 +17,11 @@ pub struct ClusterFacts {
     pub disabled: OperandSet,
     /// Operand DaemonSets whose nodeSelector is not the default `<deploy key>: "true"`.
     pub selectors: BTreeMap<Operand, Labels>,
-    /// Why these facts are assumed instead of read from the cluster (the ClusterPolicy CRD is
-    /// missing, RBAC forbids reading it, ...); `None` when they were read or given.
-    pub assumed: Option<String>,
+    /// Operands whose DaemonSet exists, when the DaemonSets were listed. An operand whose
+    /// DaemonSet is known to be absent is expected nowhere (by the audit).
+    pub daemonsets: Option<OperandSet>,
+    /// Where the switches came from.
+    pub source: PolicySource,
 }
 
 impl Default for ClusterFacts {
@@ -27,7 +30,8 @@ impl Default for ClusterFacts {
             toolkit_managed: true,
             disabled: OperandSet::EMPTY,
             selectors: BTreeMap::new(),
-            assumed: None,
+            daemonsets: None,
+            source: PolicySource::NotGiven,
         }
     }
 }
@@ -56,6 +60,13 @@ pub fn switched_off<E>(
 }
 
 impl ClusterFacts {
+    /// Why these facts are assumed instead of read from the cluster (no cluster access, the
+    /// ClusterPolicy CRD is missing, RBAC forbids reading it, ...); `None` when they were read
+    /// or given. Decisions made on assumed facts say so in their audit annotations.
+    pub fn assumed(&self) -> Option<String> {
+        self.source.is_unavailable().then(|| self.source.describe())
+    }
+
     /// The facts a ClusterPolicy with these switched-off operands gives.
     pub fn from_switches(disabled: OperandSet) -> ClusterFacts {
         ClusterFacts {
@@ -87,6 +98,8 @@ pub enum PolicySource {
     Forbidden(String),
     /// Reading failed otherwise: the operator's defaults.
     Failed(String),
+    /// `serve` cannot reach the cluster at all: the operator's defaults.
+    NoAccess(String),
 }
 
 impl PolicySource {
@@ -94,7 +107,10 @@ impl PolicySource {
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
-            PolicySource::Missing(_) | PolicySource::Forbidden(_) | PolicySource::Failed(_)
+            PolicySource::Missing(_)
+                | PolicySource::Forbidden(_)
+                | PolicySource::Failed(_)
+                | PolicySource::NoAccess(_)
         )
     }
 
@@ -105,6 +121,7 @@ impl PolicySource {
             PolicySource::Missing(_) => "missing",
             PolicySource::Forbidden(_) => "forbidden",
             PolicySource::Failed(_) => "failed",
+            PolicySource::NoAccess(_) => "no-access",
         }
     }
 
@@ -123,27 +140,9 @@ impl PolicySource {
                     "ClusterPolicy unavailable ({why}): the GPU Operator's default operand switches are assumed"
                 )
             }
-        }
-    }
-}
-
-/// Everything known about the cluster besides its nodes and pods.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cluster {
-    pub facts: ClusterFacts,
-    pub policy_source: PolicySource,
-    /// Operands whose DaemonSet exists, when the DaemonSets were listed. An operand whose
-    /// DaemonSet is known to be absent is expected nowhere.
-    pub daemonsets: Option<OperandSet>,
-}
-
-/// Nothing known: the operator's default switches, no DaemonSet list.
-impl Default for Cluster {
-    fn default() -> Self {
-        Cluster {
-            facts: operator_defaults(),
-            policy_source: PolicySource::NotGiven,
-            daemonsets: None,
+            PolicySource::NoAccess(why) => format!(
+                "no cluster access ({why}): the GPU Operator's default operand switches are assumed"
+            ),
         }
     }
 }

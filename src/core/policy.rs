@@ -261,7 +261,7 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         after,
         exempt,
         would_deny,
-        assumed_facts: facts.assumed.clone(),
+        assumed_facts: facts.assumed(),
     }
 }
 

@@ -11,7 +11,7 @@ use super::cluster_policy;
 use super::daemonset::{DaemonSetView, custom_selectors, operands_present};
 use super::node::NodeView;
 use super::pod::PodView;
-use crate::core::facts::{Cluster, PolicySource, operator_defaults};
+use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
 
 /// The field manager of every write, and so the owner of the report's fields.
 pub const FIELD_MANAGER: &str = "gpu-deploy-guard";
@@ -88,8 +88,8 @@ pub fn policy_unavailable(error: &KubeError) -> Option<PolicySource> {
 pub fn cluster_from(
     policies: Result<&[Value], PolicySource>,
     daemonsets: Option<&[&DaemonSetView]>,
-) -> Cluster {
-    let (mut facts, policy_source) = match policies {
+) -> ClusterFacts {
+    let (mut facts, source) = match policies {
         Ok(list) => match cluster_policy::choose(list).map(cluster_policy::from_object) {
             Some(Ok(p)) => (p.facts, PolicySource::Found(p.name)),
             Some(Err(e)) => (operator_defaults(), PolicySource::Failed(e.to_string())),
@@ -100,21 +100,19 @@ pub fn cluster_from(
         },
         Err(source) => (operator_defaults(), source),
     };
+    facts.source = source;
     if let Some(ds) = daemonsets {
         facts.selectors = custom_selectors(ds.iter().copied());
+        facts.daemonsets = Some(operands_present(ds.iter().copied()));
     }
-    Cluster {
-        facts,
-        policy_source,
-        daemonsets: daemonsets.map(|ds| operands_present(ds.iter().copied())),
-    }
+    facts
 }
 
 /// Everything one audit of a live cluster reads.
 pub struct Snapshot {
     pub nodes: Vec<NodeView>,
     pub pods: Vec<PodView>,
-    pub cluster: Cluster,
+    pub facts: ClusterFacts,
 }
 
 /// Connects with the kubeconfig (or the in-cluster service account).
@@ -157,12 +155,8 @@ pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, Clus
         Err(e) => Err(policy_unavailable(&e).unwrap_or_else(|| PolicySource::Failed(brief(&e)))),
     };
     let ds_refs: Vec<&DaemonSetView> = daemonsets.iter().collect();
-    let cluster = cluster_from(policies.as_deref().map_err(Clone::clone), Some(&ds_refs));
-    Ok(Snapshot {
-        nodes,
-        pods,
-        cluster,
-    })
+    let facts = cluster_from(policies.as_deref().map_err(Clone::clone), Some(&ds_refs));
+    Ok(Snapshot { nodes, pods, facts })
 }
 
 /// Writes `body` with server-side apply, forcing: its fields belong to gpu-deploy-guard.
@@ -229,23 +223,20 @@ mod tests {
         )
         .unwrap();
         let c = cluster_from(Ok(&[cp]), Some(&[&ds]));
-        assert_eq!(
-            c.policy_source,
-            PolicySource::Found("cluster-policy".into())
-        );
-        assert!(!c.facts.toolkit_managed);
-        assert!(
-            c.facts
-                .selectors
-                .contains_key(&Operand::GpuFeatureDiscovery)
-        );
+        assert_eq!(c.source, PolicySource::Found("cluster-policy".into()));
+        assert!(!c.toolkit_managed);
+        assert!(c.selectors.contains_key(&Operand::GpuFeatureDiscovery));
         assert_eq!(
             c.daemonsets.map(|d| d.iter().collect::<Vec<_>>()),
             Some(vec![Operand::GpuFeatureDiscovery])
         );
         let none = cluster_from(Ok(&[]), None);
-        assert_eq!(none.policy_source.state(), "missing");
-        assert_eq!(none.facts, operator_defaults());
+        assert_eq!(none.source.state(), "missing");
+        let switches = ClusterFacts {
+            source: PolicySource::NotGiven,
+            ..none.clone()
+        };
+        assert_eq!(switches, operator_defaults());
         assert_eq!(none.daemonsets, None);
     }
 }

@@ -15,7 +15,7 @@ use super::server::{self, ServeOptions};
 use super::tls;
 use super::watch::{WatchConfig, watch_cluster};
 use crate::core::config::Config;
-use crate::core::facts::{ClusterFacts, operator_defaults};
+use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
 use crate::k8s::read;
 use crate::metrics::Metrics;
 use crate::webhook::{self, Limits, Webhook};
@@ -200,9 +200,7 @@ async fn start_cluster_watch(
         Err(error) => {
             tracing::warn!(%error, "cannot reach the cluster: deciding with the GPU Operator's default operand switches");
             let mut facts = operator_defaults();
-            facts.assumed = Some(format!(
-                "no cluster access ({error}): the GPU Operator's default operand switches are assumed"
-            ));
+            facts.source = PolicySource::NoAccess(error.to_string());
             let _ = facts_tx.send(Arc::new(facts));
             return None;
         }

@@ -31,7 +31,7 @@ use crate::audit;
 use crate::audit::apply::apply_report;
 use crate::audit::metrics::AuditMetrics;
 use crate::audit::report::{self, PolicyReport};
-use crate::core::facts::{Cluster, ClusterFacts, PolicySource};
+use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::policy::Policy;
 use crate::k8s::api::{
     cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,
@@ -349,29 +349,21 @@ impl Refresh<'_> {
                     s.nodes.clone(),
                 )
             };
-            let cluster = current_cluster(stores, &policies_health, &ds_health);
-            // Decisions made on assumed facts say so in their audit annotations.
-            let mut facts = cluster.facts.clone();
-            facts.assumed = cluster
-                .policy_source
-                .is_unavailable()
-                .then(|| cluster.policy_source.describe());
+            let facts = current_facts(stores, &policies_health, &ds_health);
             let facts_changed = facts_tx.send_if_modified(|current| {
                 if **current == facts {
                     return false;
                 }
-                *current = Arc::new(facts);
+                *current = Arc::new(facts.clone());
                 true
             });
             if policies_health.settled()
-                && (facts_changed || logged_source.as_ref() != Some(&cluster.policy_source))
+                && (facts_changed || logged_source.as_ref() != Some(&facts.source))
             {
-                log_source(&cluster);
-                audit_metrics.set_cluster_policy_available(matches!(
-                    cluster.policy_source,
-                    PolicySource::Found(_)
-                ));
-                logged_source = Some(cluster.policy_source.clone());
+                log_source(&facts);
+                audit_metrics
+                    .set_cluster_policy_available(matches!(facts.source, PolicySource::Found(_)));
+                logged_source = Some(facts.source.clone());
             }
             let settled = policies_health.settled() && ds_health.settled();
             if on_synced.is_some() && (settled || Instant::now() >= deadline) {
@@ -400,7 +392,7 @@ impl Refresh<'_> {
             audit_paused_logged = false;
             let nodes = stores.nodes.state();
             let pods = stores.pods.state();
-            let result = audit::audit(&nodes, &pods, &cluster, &config.policy);
+            let result = audit::audit(&nodes, &pods, &facts, &config.policy);
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
@@ -438,7 +430,7 @@ impl Refresh<'_> {
 }
 
 /// The facts the stores give now.
-fn current_cluster(stores: &Stores, policies: &Health, daemonsets: &Health) -> Cluster {
+fn current_facts(stores: &Stores, policies: &Health, daemonsets: &Health) -> ClusterFacts {
     let objects: Vec<Value> = stores
         .policies
         .state()
@@ -457,16 +449,16 @@ fn current_cluster(stores: &Stores, policies: &Health, daemonsets: &Health) -> C
     cluster_from(policies, daemonsets)
 }
 
-fn log_source(cluster: &Cluster) {
-    let source = &cluster.policy_source;
+fn log_source(facts: &ClusterFacts) {
+    let source = &facts.source;
     if source.is_unavailable() {
         tracing::warn!(state = source.state(), "{}", source.describe());
     } else {
-        let disabled: Vec<&str> = cluster.facts.disabled.iter().map(|op| op.name()).collect();
+        let disabled: Vec<&str> = facts.disabled.iter().map(|op| op.name()).collect();
         tracing::info!(
-            toolkit_managed = cluster.facts.toolkit_managed,
+            toolkit_managed = facts.toolkit_managed,
             disabled = %disabled.join(","),
-            custom_selectors = cluster.facts.selectors.len(),
+            custom_selectors = facts.selectors.len(),
             "{}",
             source.describe()
         );
@@ -537,15 +529,19 @@ mod tests {
             pods: reflector::store::<PodView>().0,
             nodes: reflector::store::<NodeView>().0,
         };
-        let c = current_cluster(&stores, &Health::Starting, &Health::Starting);
-        assert_eq!(c.facts, crate::core::facts::operator_defaults());
+        let c = current_facts(&stores, &Health::Starting, &Health::Starting);
+        let switches = ClusterFacts {
+            source: PolicySource::NotGiven,
+            ..c.clone()
+        };
+        assert_eq!(switches, crate::core::facts::operator_defaults());
         assert_eq!(c.daemonsets, None);
-        let c = current_cluster(
+        let c = current_facts(
             &stores,
             &Health::Unavailable(Unavailable::Forbidden),
             &Health::Synced,
         );
-        assert_eq!(c.policy_source.state(), "forbidden");
+        assert_eq!(c.source.state(), "forbidden");
         assert_eq!(c.daemonsets.map(|d| d.is_empty()), Some(true));
     }
 }
