@@ -45,7 +45,11 @@ async fn a_long_name_with_many_unknown_keys_is_refused_without_amplification() {
     let body = review(&name, &[], &labels);
     let (status, reply) = serve.post_review(body).await;
     let text = String::from_utf8_lossy(&reply);
-    eprintln!("reply: {} bytes, status {status}", reply.len());
+    eprintln!(
+        "reply: {} bytes, status {status}; peak RSS {} MiB",
+        reply.len(),
+        serve.peak_rss() >> 20
+    );
     assert_eq!(status, 400, "{}", truncate(&text, 500));
     assert!(
         reply.len() <= SHORT_REPLY,
@@ -368,14 +372,18 @@ async fn sigterm_tells_clients_to_go_when_the_shutdown_delay_starts() {
 async fn an_8_mb_bad_kind_is_not_echoed() {
     let serve = Serve::start(&["--max-body-bytes", "8388608"]).await;
     let kind = "k".repeat(8_000_000);
+    // Nothing else wrong: the kind is what gets refused.
     let body = serde_json::to_vec(&json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": kind,
-        "request": {"uid": "u-1"},
     }))
     .unwrap();
     let (status, reply) = serve.post_review(body).await;
-    eprintln!("reply: {} bytes", reply.len());
+    eprintln!(
+        "reply: {} bytes, status {status}; longest log line {} bytes",
+        reply.len(),
+        serve.longest_log_line()
+    );
     assert_eq!(status, 400);
     assert!(
         reply.len() <= SHORT_REPLY,
