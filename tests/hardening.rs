@@ -112,8 +112,8 @@ async fn label_keys_and_values_outside_kubernetes_syntax_are_refused_naming_whic
     let cases: [(&str, String, String); 4] = [
         ("prefix", long_prefix, "v".to_owned()),
         ("name", long_name, "v".to_owned()),
+        ("name", "example.com/".to_owned(), "v".to_owned()),
         ("value", "example.com/a".to_owned(), "v".repeat(64)),
-        ("value", "example.com/b".to_owned(), "not a value!".to_owned()),
     ];
     for (what, key, value) in cases {
         let body = review("node-a", &[], &[(key.clone(), value)]);
