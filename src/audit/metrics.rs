@@ -143,22 +143,11 @@ impl AuditMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::{Cluster, audit};
-    use crate::node::NodeView;
-    use crate::pod::{PodPhase, PodView};
-    use crate::policy::Policy;
-
-    fn node(name: &str, labels: &[(&str, &str)]) -> NodeView {
-        let mut n = NodeView::default();
-        n.metadata.name = Some(name.to_owned());
-        n.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| (format!("nvidia.com/gpu.deploy.{k}"), (*v).to_owned()))
-                .collect(),
-        );
-        n
-    }
+    use crate::audit::audit;
+    use crate::audit::tests::node;
+    use crate::core::facts::operator_defaults;
+    use crate::core::policy::Policy;
+    use crate::k8s::pod::{PodPhase, PodView};
 
     fn plugin_pod(node: &str) -> PodView {
         let mut p = PodView {
@@ -206,7 +195,7 @@ mod tests {
             node("cpu", &[]),
         ];
         let pods = [plugin_pod("a"), plugin_pod("b")];
-        let report = audit(&nodes, &pods, &Cluster::default(), &Policy::default());
+        let report = audit(&nodes, &pods, &operator_defaults(), &Policy::default());
         am.record(&report, 1_796_032_800);
         am.set_cluster_policy_available(true);
         let mut got = samples(&metrics);
@@ -235,7 +224,7 @@ mod tests {
         let report = audit(
             &nodes[..1],
             &pods[..1],
-            &Cluster::default(),
+            &operator_defaults(),
             &Policy::default(),
         );
         am.record(&report, 1_796_032_860);
