@@ -40,7 +40,12 @@ async fn a_long_name_with_many_unknown_keys_is_refused_without_amplification() {
     let serve = Serve::start(&["--max-body-bytes", "8388608"]).await;
     let name = "n".repeat(1024 * 1024);
     let labels: Vec<(String, String)> = (0..400)
-        .map(|i| (format!("nvidia.com/gpu.deploy.unknown-{i}"), "true".to_owned()))
+        .map(|i| {
+            (
+                format!("nvidia.com/gpu.deploy.unknown-{i}"),
+                "true".to_owned(),
+            )
+        })
         .collect();
     let body = review(&name, &[], &labels);
     let (status, reply) = serve.post_review(body).await;
@@ -93,9 +98,17 @@ async fn a_hundred_thousand_unknown_keys_give_one_finding_and_a_bounded_reply() 
     );
     let unknown: Vec<&Value> = warnings
         .iter()
-        .filter(|w| w.as_str().unwrap_or_default().contains("known deploy label"))
+        .filter(|w| {
+            w.as_str()
+                .unwrap_or_default()
+                .contains("known deploy label")
+        })
         .collect();
-    assert_eq!(unknown.len(), 1, "unknown keys not one warning: {warnings:?}");
+    assert_eq!(
+        unknown.len(),
+        1,
+        "unknown keys not one warning: {warnings:?}"
+    );
     assert!(
         unknown[0].as_str().unwrap().contains("100000"),
         "the warning does not say how many keys: {unknown:?}"
@@ -465,7 +478,10 @@ async fn client_ca_requires_a_client_certificate_signed_by_it_and_follows_rotati
         None,
         "served a client certificate from another CA"
     );
-    assert_eq!(serve.post_with_identity(Some(&with_trusted)).await, Some(200));
+    assert_eq!(
+        serve.post_with_identity(Some(&with_trusted)).await,
+        Some(200)
+    );
     serve.assert_livez(Duration::from_secs(2)).await;
 
     // The file is re-read: after rotation only the new CA's clients are served.

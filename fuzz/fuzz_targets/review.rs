@@ -9,9 +9,11 @@
 
 use std::sync::OnceLock;
 
-use gpu_deploy_guard::admission::{parse_review, respond, review_request};
-use gpu_deploy_guard::cluster_policy::operator_defaults;
-use gpu_deploy_guard::policy::{Action, ClusterFacts, Decision, Policy};
+use gpu_deploy_guard::core::facts::{ClusterFacts, operator_defaults};
+use gpu_deploy_guard::core::policy::{Decision, Policy};
+use gpu_deploy_guard::core::rules::Action;
+use gpu_deploy_guard::webhook::response::{MAX_MESSAGE_BYTES, MAX_WARNING_BYTES, MAX_WARNINGS, respond};
+use gpu_deploy_guard::webhook::{parse_review, review_request};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 
@@ -46,7 +48,8 @@ fn check_review(body: &[u8]) {
     let request = match parse_review(body) {
         Ok(request) => request,
         Err((bad, _uid)) => {
-            let _ = bad.to_string();
+            // A refusal repeats at most a bounded part of what it refuses.
+            assert!(bad.to_string().len() <= 2048, "refusal of {} bytes", bad.to_string().len());
             return;
         }
     };
@@ -56,7 +59,7 @@ fn check_review(body: &[u8]) {
             let verdict = match review_request(&request, facts, policy) {
                 Ok(verdict) => verdict,
                 Err(bad) => {
-                    let _ = bad.to_string();
+                    assert!(bad.to_string().len() <= 2048);
                     continue;
                 }
             };
@@ -66,9 +69,14 @@ fn check_review(body: &[u8]) {
                 "a denial carries a message, and only a denial does"
             );
             let review = respond(&request, &verdict);
-            let response = review.response.as_ref().expect("a review answers");
+            let response = &review.response;
             assert_eq!(response.allowed, verdict.allowed());
             assert_eq!(response.uid, request.uid);
+            // The answer is bounded whatever the request holds.
+            let warnings = response.warnings.as_deref().unwrap_or_default();
+            assert!(warnings.len() <= MAX_WARNINGS);
+            assert!(warnings.iter().all(|w| w.len() <= MAX_WARNING_BYTES));
+            assert!(response.status.message.len() <= MAX_MESSAGE_BYTES);
             let bytes = serde_json::to_vec(&review).expect("the answer serializes");
             let back: Value = serde_json::from_slice(&bytes).expect("the answer is JSON");
             assert_eq!(back["kind"], "AdmissionReview");
