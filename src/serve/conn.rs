@@ -165,8 +165,7 @@ impl Acceptor {
                         full = true;
                         warn!(
                             listener = what,
-                            limit = limit.available_permits(),
-                            "connection limit reached; new connections wait"
+                            "connection limit reached; new connections wait in the backlog"
                         );
                     }
                     tokio::select! {
