@@ -4,7 +4,7 @@
 CARGO ?= cargo
 BIN := target/release/gpu-deploy-guard
 
-.PHONY: all build test unit lint e2e monitoring-test cel-test playground playground-down bench bench-smoke clean
+.PHONY: all build test unit lint e2e monitoring-test cel-test playground playground-down bench bench-smoke fuzz fuzz-smoke soak clean
 
 all: build
 
@@ -12,7 +12,7 @@ build:
 	$(CARGO) build --release --locked
 
 ## test: everything CI runs: formatting, lints, unit/integration tests, end-to-end tests.
-test: lint unit monitoring-test e2e cel-test bench-smoke
+test: lint unit fuzz-smoke monitoring-test e2e cel-test bench-smoke
 
 unit:
 	$(CARGO) test --locked
@@ -78,6 +78,25 @@ bench:
 ## bench-smoke: the bench harness at tiny sizes (under a minute once built), so it cannot rot.
 bench-smoke:
 	bash bench/run.sh --smoke
+
+## fuzz: coverage-guided fuzzing of review parsing and the decision for FUZZ_SECONDS (default
+## 10 minutes), seeded with the fixtures; installs cargo-fuzz if missing. See fuzz/run.sh.
+FUZZ_SECONDS ?= 600
+fuzz:
+	bash fuzz/run.sh $(FUZZ_SECONDS)
+
+## fuzz-smoke: the same fuzzer for 60 s, so the target cannot rot (part of `make test`).
+fuzz-smoke:
+	bash fuzz/run.sh 60
+
+## soak: `serve` for SOAK_DURATION (default 10 minutes) under mixed good, bad and hostile reviews
+## with a certificate rotation every minute; checks answers, flat memory and metrics totals.
+## Not part of `make test`.
+SOAK_DURATION ?= 10m
+SOAK_RATE ?= 200
+soak: build
+	cd tests/e2e && GOFLAGS="-mod=readonly -buildvcs=false" go build -o $(CURDIR)/target/soak ./cmd/soak
+	target/soak -bin $(BIN) -fixtures tests/fixtures/reviews -duration $(SOAK_DURATION) -rate $(SOAK_RATE)
 
 clean:
 	$(CARGO) clean

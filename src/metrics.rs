@@ -44,6 +44,8 @@ pub struct Metrics {
     cert_reloads: Family<ResultLabels, Counter>,
     handshakes: Family<ResultLabels, Counter>,
     timeouts: Family<ReasonLabels, Counter>,
+    open_connections: Gauge<i64>,
+    connection_limit: Gauge<i64>,
 }
 
 impl Default for Metrics {
@@ -109,15 +111,28 @@ impl Metrics {
         registry.register(
             "webhook_connection_timeouts",
             "Webhook connections closed by a timeout, by reason: header (a request head, or an \
-             HTTP/2 preface, not received in time) or idle (no request for the idle timeout)",
+             HTTP/2 preface, not received in time), idle (no request for the idle timeout) or \
+             write (an answer not taken by the client within the write timeout)",
             timeouts.clone(),
         );
         for result in ["success", "failure", "timeout"] {
             let _ = handshakes.get_or_create(&ResultLabels { result });
         }
-        for reason in ["header", "idle"] {
+        for reason in ["header", "idle", "write"] {
             let _ = timeouts.get_or_create(&ReasonLabels { reason });
         }
+        let open_connections = Gauge::<i64>::default();
+        registry.register(
+            "webhook_open_connections",
+            "Webhook connections open now, TLS handshakes included",
+            open_connections.clone(),
+        );
+        let connection_limit = Gauge::<i64>::default();
+        registry.register(
+            "webhook_max_connections",
+            "The most webhook connections served at once (--max-connections); more wait",
+            connection_limit.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             reviews,
@@ -128,6 +143,8 @@ impl Metrics {
             cert_reloads,
             handshakes,
             timeouts,
+            open_connections,
+            connection_limit,
         }
     }
 
@@ -182,6 +199,17 @@ impl Metrics {
     /// Records a webhook connection closed by a timeout: `header` or `idle`.
     pub fn observe_connection_timeout(&self, reason: &'static str) {
         self.timeouts.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Counts webhook connections opening (`1`) and closing (`-1`).
+    pub fn add_open_connections(&self, delta: i64) {
+        self.open_connections.inc_by(delta);
+    }
+
+    /// Records the connection limit in force.
+    pub fn set_connection_limit(&self, limit: usize) {
+        self.connection_limit
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
     }
 
     /// Sets the expiry time of the certificate now being served.

@@ -4,6 +4,7 @@
 //! functions, so they can never disagree.
 
 pub mod config;
+pub mod echo;
 pub mod facts;
 pub mod operands;
 pub mod policy;

@@ -367,6 +367,11 @@ pub fn is_gpu_node(labels: &Labels) -> bool {
 
 /// The known deploy-label suffix closest to an unknown one, for a did-you-mean hint.
 pub fn closest_known(suffix: &str) -> Option<&'static str> {
+    // A label name has at most 63 characters; a longer one matches nothing, and the distance
+    // would cost time in the square of its length.
+    if suffix.len() > 63 {
+        return None;
+    }
     let candidates = OPERANDS
         .iter()
         .map(|i| &i.key[DEPLOY_PREFIX.len()..])

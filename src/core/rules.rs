@@ -238,8 +238,9 @@ impl Ctx<'_, '_> {
         }
     }
 
-    fn node(&self) -> &str {
-        self.review.node
+    /// The node's name as messages repeat it: bounded (see `echo`).
+    fn node(&self) -> std::borrow::Cow<'_, str> {
+        crate::core::echo::echo(self.review.node)
     }
 
     fn change(&self, in_before: bool) -> Change {

@@ -25,7 +25,8 @@ pub struct ServeArgs {
     /// HTTPS address of the webhook (POST /validate).
     #[arg(long, env = "GDG_LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
-    /// Plain-HTTP address of /livez, /readyz and /metrics.
+    /// Plain-HTTP address of /livez, /readyz and /metrics. In a pod, the kubelet's probes and
+    /// Prometheus reach it on the pod IP: set GDG_ADMIN_LISTEN=$(POD_IP):8080 to bind only there.
     #[arg(long, env = "GDG_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
     pub admin_listen: SocketAddr,
     /// PEM certificate chain to serve; re-read when the file changes. Without it, a
@@ -44,9 +45,30 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "GDG_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Largest request body accepted, in bytes (413 above).
+    /// Largest request body accepted, in bytes (413 above). The API server sends at most about
+    /// 3 MiB per review.
     #[arg(long, env = "GDG_MAX_BODY_BYTES", default_value_t = Limits::default().max_body_bytes)]
     pub max_body_bytes: usize,
+    /// Request body bytes held at once across all connections; a body waits for room (503
+    /// after the body timeout). At least --max-body-bytes.
+    #[arg(long, env = "GDG_MAX_INFLIGHT_BODY_BYTES", default_value_t = Limits::default().max_inflight_body_bytes)]
+    pub max_inflight_body_bytes: usize,
+    /// Webhook connections served at once; more wait in the listen backlog. The default is
+    /// 512, or less when the open-file limit is low (it stays below it).
+    #[arg(long, env = "GDG_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// HTTP/2 requests in flight per connection.
+    #[arg(long, env = "GDG_MAX_CONCURRENT_STREAMS", default_value_t = 64)]
+    pub max_concurrent_streams: u32,
+    /// Time for a client to take an answer (an HTTP/2 client granting no window, a client
+    /// that stops reading); the connection is closed after it.
+    #[arg(long, env = "GDG_WRITE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub write_timeout: Duration,
+    /// PEM CA bundle: require a client certificate signed by it (the API server presents one
+    /// when its AdmissionConfiguration gives the webhook a kubeconfig; see
+    /// docs/client-certificates.md). Re-read when the file changes.
+    #[arg(long, env = "GDG_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
     /// Time for a request's head to arrive, from the start of a connection or from the first byte
     /// of a later request on it.
     #[arg(long, env = "GDG_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -143,18 +165,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     };
     let metrics = Arc::new(Metrics::new());
+    if args.max_inflight_body_bytes < args.max_body_bytes {
+        anyhow::bail!(
+            "--max-inflight-body-bytes ({}) must be at least --max-body-bytes ({})",
+            args.max_inflight_body_bytes,
+            args.max_body_bytes
+        );
+    }
     let limits = Limits {
         max_body_bytes: args.max_body_bytes,
+        max_inflight_body_bytes: args.max_inflight_body_bytes,
         body_timeout: args.body_timeout,
         request_timeout: args.request_timeout,
     };
     let (facts_tx, facts_rx) = tokio::sync::watch::channel(Arc::new(operator_defaults()));
-    let webhook = Webhook {
-        policy: config.policy.clone(),
-        facts: facts_rx,
-        metrics: metrics.clone(),
-        limits,
-    };
+    let webhook = Webhook::watching(config.policy.clone(), facts_rx, metrics.clone(), limits);
     let options = ServeOptions {
         listen: args.listen,
         admin_listen: args.admin_listen,
@@ -165,6 +190,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         handshake_timeout: args.handshake_timeout,
         drain_timeout: args.drain_timeout,
         shutdown_delay: args.shutdown_delay,
+        write_timeout: args.write_timeout,
+        max_connections: args
+            .max_connections
+            .unwrap_or_else(super::limits::default_max_connections),
+        max_concurrent_streams: args.max_concurrent_streams,
+        client_ca: args.client_ca,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

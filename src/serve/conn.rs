@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
+use axum::http::{HeaderValue, header};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
@@ -23,10 +24,20 @@ use super::idle;
 use super::server::ServeOptions;
 use crate::metrics::Metrics;
 
-/// HTTP/2 ping interval on idle connections. Detects a peer that vanished
-/// without closing (its node died), which would otherwise hold the
-/// connection forever; HTTP/1.1 gets the same from the idle timeout.
+/// HTTP/2 ping interval. Detects a peer that vanished without closing (its
+/// node died) sooner than the idle timeout would; a peer that answers is
+/// still closed by the idle timeout (see `serve/idle.rs`).
 const H2_KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// HTTP/1.1 read buffer: the largest request head, and the most body bytes
+/// read ahead of the handler, per connection. The API server's heads are
+/// well under 4 KiB.
+const H1_MAX_BUF: usize = 64 * 1024;
+
+/// HTTP/2 flow-control windows: the most body bytes a client may send ahead
+/// of the handler, per stream and per connection.
+const H2_STREAM_WINDOW: u32 = 256 * 1024;
+const H2_CONN_WINDOW: u32 = 512 * 1024;
 
 /// Per-connection settings shared by all connections of a listener.
 pub(super) struct ConnConfig {
@@ -37,6 +48,7 @@ pub(super) struct ConnConfig {
     h2: auto::Builder<TokioExecutor>,
     header_timeout: Duration,
     idle_timeout: Duration,
+    write_timeout: Duration,
     handshake_timeout: Duration,
     /// Where handshakes and timeouts are counted; `None` for the admin listener.
     metrics: Option<Arc<Metrics>>,
@@ -49,18 +61,23 @@ impl ConnConfig {
             .http1()
             .timer(TokioTimer::new())
             .keep_alive(true)
+            .max_buf_size(H1_MAX_BUF)
             // hyper's timer would also close idle keep-alive connections after the header
             // timeout; `idle::Clock` tells the two apart instead.
             .header_read_timeout(None);
         builder
             .http2()
             .timer(TokioTimer::new())
-            .keep_alive_interval(H2_KEEPALIVE);
+            .keep_alive_interval(H2_KEEPALIVE)
+            .max_concurrent_streams(opts.max_concurrent_streams)
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONN_WINDOW);
         Self {
             h1: builder.clone().http1_only(),
             h2: builder.http2_only(),
             header_timeout: opts.header_timeout,
             idle_timeout: opts.idle_timeout,
+            write_timeout: opts.write_timeout,
             handshake_timeout: opts.handshake_timeout,
             metrics,
         }
@@ -77,6 +94,23 @@ impl ConnConfig {
             metrics.observe_connection_timeout(reason);
         }
     }
+
+    fn count_open(&self, delta: i64) {
+        if let Some(metrics) = &self.metrics {
+            metrics.add_open_connections(delta);
+        }
+    }
+}
+
+/// Where shutdown is, as every connection sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Stage {
+    Serving,
+    /// The shutdown delay: still accepting, but clients are told to go: HTTP/2 connections
+    /// open at its start get a GOAWAY, HTTP/1.1 answers say `Connection: close`.
+    Leaving,
+    /// No new connections; every connection finishes what it has and closes.
+    Draining,
 }
 
 /// One listener's accept loop.
@@ -86,52 +120,80 @@ pub(super) struct Acceptor {
     pub(super) tls: Option<TlsAcceptor>,
     pub(super) app: Router,
     pub(super) conn: Arc<ConnConfig>,
+    /// One permit per open connection.
+    pub(super) limit: Arc<Semaphore>,
     pub(super) what: &'static str,
 }
 
 /// The connections of a listener that has stopped accepting.
 pub(super) struct Connections {
-    pub(super) graceful: GracefulShutdown,
-    tasks: JoinSet<()>,
+    stage: watch::Sender<Stage>,
+    pub(super) tasks: JoinSet<()>,
     what: &'static str,
 }
 
 impl Acceptor {
-    /// Accepts until `stop` resolves, one task per connection, then closes
-    /// the listener (new connections are refused from then on) and hands
-    /// back the open connections for draining.
-    pub(super) async fn run(self, stop: impl Future<Output = ()>) -> Connections {
+    /// Accepts until the future `stop` makes resolves, one task per
+    /// connection, then closes the listener (new connections are refused from
+    /// then on) and hands back the open connections for draining. `stop` gets
+    /// the stage sender, to tell connections when the shutdown delay starts.
+    pub(super) async fn run<F, Fut>(self, stop: F) -> Connections
+    where
+        F: FnOnce(watch::Sender<Stage>) -> Fut,
+        Fut: Future<Output = ()>,
+    {
         let Acceptor {
             listener,
             tls,
             app,
             conn,
+            limit,
             what,
         } = self;
-        let graceful = GracefulShutdown::new();
+        let (stage, _) = watch::channel(Stage::Serving);
+        let stop = stop(stage.clone());
         let mut tasks = JoinSet::new();
         tokio::pin!(stop);
+        let mut full = false;
         loop {
+            // A permit first: at the limit, new connections wait in the kernel's
+            // backlog and cost no descriptor.
+            let permit = match limit.clone().try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(_) => {
+                    if !full {
+                        full = true;
+                        warn!(
+                            listener = what,
+                            "connection limit reached; new connections wait in the backlog"
+                        );
+                    }
+                    tokio::select! {
+                        biased;
+                        () = &mut stop => break,
+                        Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                            log_joined(what, joined);
+                            continue;
+                        }
+                        permit = limit.clone().acquire_owned() => {
+                            permit.expect("the connection limit is never closed")
+                        }
+                    }
+                }
+            };
+            full = false;
             tokio::select! {
                 biased;
                 () = &mut stop => break,
-                Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                    if let Err(error) = joined
-                        && error.is_panic()
-                    {
-                        warn!(listener = what, %error, "connection task panicked");
-                    }
-                }
+                Some(joined) = tasks.join_next(), if !tasks.is_empty() => log_joined(what, joined),
                 accepted = listener.accept() => match accepted {
                     Ok((tcp, peer)) => {
                         // Reviews are small request/response pairs: send them
                         // at once instead of waiting to fill a segment.
                         let _ = tcp.set_nodelay(true);
-                        // Taken before the handshake so draining also waits
-                        // for connections still negotiating TLS.
-                        let watcher = graceful.watcher();
                         let serve = serve_connection(
-                            tcp, peer, tls.clone(), app.clone(), conn.clone(), watcher,
+                            tcp, peer, tls.clone(), app.clone(), conn.clone(), stage.subscribe(),
+                            permit,
                         );
                         tasks.spawn(serve);
                     }
@@ -151,11 +213,15 @@ impl Acceptor {
             }
         }
         drop(listener);
-        Connections {
-            graceful,
-            tasks,
-            what,
-        }
+        Connections { stage, tasks, what }
+    }
+}
+
+fn log_joined(what: &'static str, joined: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = joined
+        && error.is_panic()
+    {
+        warn!(listener = what, %error, "connection task panicked");
     }
 }
 
@@ -173,7 +239,13 @@ impl Connections {
     /// open then is cut.
     pub(super) async fn drain(mut self, limit: Duration) {
         let what = self.what;
-        match tokio::time::timeout(limit, self.graceful.shutdown()).await {
+        self.stage.send_replace(Stage::Draining);
+        let all_done = async {
+            while let Some(joined) = self.tasks.join_next().await {
+                log_joined(what, joined);
+            }
+        };
+        match tokio::time::timeout(limit, all_done).await {
             Ok(()) => debug!(listener = what, "all connections finished"),
             Err(_) => warn!(
                 listener = what,
@@ -185,16 +257,40 @@ impl Connections {
     }
 }
 
+/// Counts a connection open for as long as it lives, and holds its place under the limit.
+struct Open {
+    conn: Arc<ConnConfig>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Open {
+    fn new(conn: Arc<ConnConfig>, permit: OwnedSemaphorePermit) -> Self {
+        conn.count_open(1);
+        Open {
+            conn,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.conn.count_open(-1);
+    }
+}
+
 async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
     app: Router,
     conn: Arc<ConnConfig>,
-    watcher: Watcher,
+    stage: watch::Receiver<Stage>,
+    permit: OwnedSemaphorePermit,
 ) {
+    let _open = Open::new(conn.clone(), permit);
     let Some(acceptor) = tls else {
-        return serve_h1(&conn, tcp, peer, app, watcher).await;
+        return serve_h1(&conn, tcp, peer, app, stage).await;
     };
     let stream = match tokio::time::timeout(conn.handshake_timeout, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => {
@@ -225,21 +321,44 @@ async fn serve_connection(
                 return debug!(%peer, "HTTP/2 client sent no preface in time");
             }
         }
-        serve_http(&conn.h2, stream, peer, app, watcher, None).await;
+        let clock = idle::Clock::http2(conn.idle_timeout, conn.write_timeout);
+        serve_clocked(&conn, &conn.h2, stream, peer, app, stage, clock, true).await;
     } else {
-        serve_h1(&conn, stream, peer, app, watcher).await;
+        serve_h1(&conn, stream, peer, app, stage).await;
     }
 }
 
-/// HTTP/1.1, with the header and idle timeouts of [`idle::Clock`].
-async fn serve_h1<IO>(conn: &ConnConfig, io: IO, peer: SocketAddr, app: Router, watcher: Watcher)
-where
+/// HTTP/1.1, with the header, idle and write timeouts of [`idle::Clock`].
+async fn serve_h1<IO>(
+    conn: &ConnConfig,
+    io: IO,
+    peer: SocketAddr,
+    app: Router,
+    stage: watch::Receiver<Stage>,
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let clock = idle::Clock::new(conn.header_timeout, conn.idle_timeout);
+    let clock = idle::Clock::http1(conn.header_timeout, conn.idle_timeout, conn.write_timeout);
+    serve_clocked(conn, &conn.h1, io, peer, app, stage, clock, false).await;
+}
+
+/// Serves a connection until it ends or its [`idle::Clock`] expires.
+#[allow(clippy::too_many_arguments)]
+async fn serve_clocked<IO>(
+    conn: &ConnConfig,
+    builder: &auto::Builder<TokioExecutor>,
+    io: IO,
+    peer: SocketAddr,
+    app: Router,
+    stage: watch::Receiver<Stage>,
+    clock: Arc<idle::Clock>,
+    http2: bool,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let io = idle::Watched::new(io, clock.clone());
     tokio::select! {
-        () = serve_http(&conn.h1, io, peer, app, watcher, Some(clock.clone())) => {}
+        () = serve_http(builder, io, peer, app, stage, clock.clone(), http2) => {}
         expired = clock.expired() => {
             conn.count_timeout(expired.reason());
             debug!(%peer, reason = expired.describe(), "closing the connection");
@@ -252,42 +371,64 @@ async fn serve_http<IO>(
     io: IO,
     peer: SocketAddr,
     app: Router,
-    watcher: Watcher,
-    clock: Option<Arc<idle::Clock>>,
+    mut stage: watch::Receiver<Stage>,
+    clock: Arc<idle::Clock>,
+    http2: bool,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let leaving = stage.clone();
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         // Lets handlers log who called them via axum's ConnectInfo extractor.
         request.extensions_mut().insert(ConnectInfo(peer));
         let app = app.clone();
         let clock = clock.clone();
+        let close = !http2 && *leaving.borrow() != Stage::Serving;
         async move {
-            if let Some(clock) = &clock {
-                clock.request_started();
-            }
+            clock.request_started();
             let response = app.oneshot(request).await;
-            if let Some(clock) = &clock {
-                clock.request_finished();
-            }
-            response
+            clock.handler_done();
+            response.map(|mut response| {
+                if close {
+                    // During the shutdown delay: the client reconnects, to another replica.
+                    response
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                response.map(|body| idle::Tracked::new(body, clock))
+            })
         }
     });
     let connection = builder.serve_connection(TokioIo::new(io), service);
-    if let Err(error) = watcher.watch(connection).await {
-        debug!(%peer, %error, "connection ended with an error");
+    tokio::pin!(connection);
+    // A connection accepted during the shutdown delay is served until the drain.
+    let mut shutting = false;
+    if *stage.borrow_and_update() == Stage::Draining {
+        connection.as_mut().graceful_shutdown();
+        shutting = true;
+    }
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    debug!(%peer, %error, "connection ended with an error");
+                }
+                return;
+            }
+            changed = stage.changed(), if !shutting => {
+                let now = if changed.is_ok() { *stage.borrow_and_update() } else { Stage::Draining };
+                if now == Stage::Draining || (http2 && now == Stage::Leaving) {
+                    connection.as_mut().graceful_shutdown();
+                    shutting = true;
+                }
+            }
+        }
     }
 }
 
 /// Aborts a background task when its owner goes away, so nothing outlives
 /// `serve` even if the caller drops it half-way.
 pub(super) struct AbortOnDrop<T>(pub(super) JoinHandle<T>);
-
-impl<T> AbortOnDrop<T> {
-    pub(super) async fn join(mut self) -> Option<T> {
-        (&mut self.0).await.ok()
-    }
-}
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {

@@ -5,6 +5,7 @@
 pub mod cmd;
 mod conn;
 mod idle;
+pub mod limits;
 pub mod readiness;
 pub mod server;
 pub mod tls;

@@ -8,14 +8,16 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
 use tracing::{info, warn};
 
-use super::conn::{AbortOnDrop, Acceptor, ConnConfig};
+use super::conn::{AbortOnDrop, Acceptor, ConnConfig, Stage};
 use super::readiness::{Readiness, admin_router};
 use super::tls::{Tls, TlsError, TlsSource};
 use crate::metrics::Metrics;
@@ -23,6 +25,9 @@ use crate::metrics::Metrics;
 /// How long the admin listener may take to finish its own requests once the
 /// webhook has drained; a scrape or probe answers in milliseconds.
 const ADMIN_DRAIN: Duration = Duration::from_secs(2);
+
+/// Connections the admin port serves at once: probes and scrapes need a few.
+const ADMIN_MAX_CONNECTIONS: usize = 32;
 
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
@@ -46,7 +51,21 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     /// After SIGTERM, how long to keep accepting while readiness is already 503: Kubernetes
     /// takes a moment to drop the endpoint, and the API server must not be refused meanwhile.
+    /// HTTP/2 connections get a GOAWAY and HTTP/1.1 answers `Connection: close` from its
+    /// start, so clients move to another replica before the drain.
     pub shutdown_delay: Duration,
+    /// Time for a client to take an answer: its whole body sent (an HTTP/2 client may grant no
+    /// window) and no write to the socket blocked longer.
+    pub write_timeout: Duration,
+    /// Webhook connections served at once; more wait in the listen backlog. Keep it below the
+    /// open-file limit (see [`limits::default_max_connections`]).
+    pub max_connections: usize,
+    /// HTTP/2 streams (requests) per connection at once.
+    pub max_concurrent_streams: u32,
+    /// PEM CA bundle: when set, the webhook requires a client certificate signed by one of
+    /// these CAs (the API server's, configured by an AdmissionConfiguration). Re-read like
+    /// the serving certificate.
+    pub client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +80,8 @@ pub enum ServeError {
     },
     #[error("{0} must be greater than zero")]
     ZeroDuration(&'static str),
+    #[error("{0} must be greater than zero")]
+    ZeroLimit(&'static str),
 }
 
 /// A server with its certificate loaded and both ports bound, not yet
@@ -86,12 +107,19 @@ impl Server {
             ("idle_timeout", opts.idle_timeout),
             ("handshake_timeout", opts.handshake_timeout),
             ("drain_timeout", opts.drain_timeout),
+            ("write_timeout", opts.write_timeout),
         ] {
             if value.is_zero() {
                 return Err(ServeError::ZeroDuration(name));
             }
         }
-        let tls = Tls::load(&opts.tls, &metrics)?;
+        if opts.max_connections == 0 {
+            return Err(ServeError::ZeroLimit("max_connections"));
+        }
+        if opts.max_concurrent_streams == 0 {
+            return Err(ServeError::ZeroLimit("max_concurrent_streams"));
+        }
+        let tls = Tls::load(&opts.tls, opts.client_ca.as_deref(), &metrics)?;
         let (listener, local_addr) = bind(opts.listen, "webhook").await?;
         let (admin_listener, admin_addr) = bind(opts.admin_listen, "admin").await?;
         Ok(Self {
@@ -135,56 +163,107 @@ impl Server {
             .spawn_reloader(opts.reload_interval, metrics.clone())
             .map(AbortOnDrop);
 
+        metrics.set_connection_limit(opts.max_connections);
         let conn = Arc::new(ConnConfig::new(&opts, Some(metrics.clone())));
-        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let admin = Acceptor {
             listener: admin_listener,
             tls: None,
             app: admin_router(metrics, readiness.clone()),
             conn: Arc::new(ConnConfig::new(&opts, None)),
+            limit: Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS)),
             what: "admin",
         };
-        let admin = AbortOnDrop(tokio::spawn(admin.run(async {
-            let _ = admin_stopped.await;
-        })));
+        let admin = AdminThread::start(admin)?;
 
         let webhook = Acceptor {
             listener,
             tls: Some(tls.acceptor()),
             app,
             conn,
+            limit: Arc::new(Semaphore::new(opts.max_connections)),
             what: "webhook",
         };
-        info!(%local_addr, %admin_addr, "serving");
+        info!(%local_addr, %admin_addr, max_connections = opts.max_connections, "serving");
         readiness.set_serving(true);
         let stopping = readiness.clone();
         let delay = opts.shutdown_delay;
         let connections = webhook
-            .run(async move {
+            .run(move |stage: watch::Sender<Stage>| async move {
                 shutdown.await;
                 // Report draining before the listener closes, so a probe
                 // from now on explains why the endpoint is going away.
                 stopping.set_serving(false);
                 if !delay.is_zero() {
-                    info!(delay = ?delay, "readiness is 503; still accepting until the endpoint is removed");
+                    // Clients are told to go now, while they can still reach this replica.
+                    stage.send_replace(Stage::Leaving);
+                    info!(delay = ?delay, "readiness is 503; still accepting until the endpoint \
+                          is removed; HTTP/2 clients sent GOAWAY, HTTP/1.1 answers close");
                     tokio::time::sleep(delay).await;
                 }
             })
             .await;
         info!(
-            open = connections.graceful.count(),
+            open = connections.tasks.len(),
             limit = ?opts.drain_timeout,
             "shutting down: no new connections, letting requests in flight finish"
         );
         connections.drain(opts.drain_timeout).await;
-
-        let _ = admin_stop.send(());
-        match admin.join().await {
-            Some(connections) => connections.drain(ADMIN_DRAIN).await,
-            None => warn!("admin listener task ended abnormally"),
-        }
+        admin.stop().await;
         info!("shut down");
         Ok(())
+    }
+}
+
+/// The admin listener on a thread and runtime of its own, so that probes and
+/// scrapes are answered however busy the webhook's workers are.
+struct AdminThread {
+    stop: tokio::sync::oneshot::Sender<()>,
+    done: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl AdminThread {
+    fn start(admin: Acceptor) -> Result<Self, ServeError> {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (finished, done) = tokio::sync::oneshot::channel::<()>();
+        let addr = admin.listener.local_addr().ok();
+        let listener = admin.listener.into_std();
+        let spawn_error = |source| ServeError::Bind {
+            addr: addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
+            what: "admin",
+            source,
+        };
+        let listener = listener.map_err(spawn_error)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(spawn_error)?;
+        std::thread::Builder::new()
+            .name("admin".to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match TcpListener::from_std(listener) {
+                        Ok(listener) => listener,
+                        Err(error) => return warn!(%error, "admin listener unusable"),
+                    };
+                    let admin = Acceptor { listener, ..admin };
+                    let connections = admin
+                        .run(|_| async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                    connections.drain(ADMIN_DRAIN).await;
+                });
+                let _ = finished.send(());
+            })
+            .map_err(spawn_error)?;
+        Ok(AdminThread { stop, done })
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        if self.done.await.is_err() {
+            warn!("admin listener thread ended abnormally");
+        }
     }
 }
 

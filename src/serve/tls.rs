@@ -12,12 +12,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use rustls::{InconsistentKeys, ServerConfig};
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, InconsistentKeys, RootCertStore, ServerConfig,
+    SignatureScheme,
+};
 use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
@@ -69,6 +74,8 @@ pub enum TlsError {
     },
     #[error("building the TLS configuration: {0}")]
     Config(rustls::Error),
+    #[error("{}: not usable as client CA: {detail}", path.display())]
+    ClientCa { path: PathBuf, detail: String },
 }
 
 /// A validated certificate chain with its key.
@@ -210,16 +217,120 @@ impl ResolvesServerCert for CertResolver {
     }
 }
 
+/// Parses a PEM bundle of CA certificates into a verifier that requires a
+/// client certificate signed by one of them.
+pub fn load_client_ca(pem: &[u8], path: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let err = |detail: String| TlsError::ClientCa {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(format!("malformed PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(err("no PEM certificate found".to_owned()));
+    }
+    let mut roots = RootCertStore::empty();
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| err(format!("not a CA certificate: {e}")))?;
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| err(e.to_string()))
+}
+
+/// Verifies client certificates against the client CA in use; `replace`
+/// swaps the CA for handshakes that start afterwards.
+#[derive(Debug)]
+pub struct ClientVerifier {
+    current: RwLock<Arc<dyn ClientCertVerifier>>,
+}
+
+impl ClientVerifier {
+    pub fn new(verifier: Arc<dyn ClientCertVerifier>) -> Self {
+        Self {
+            current: RwLock::new(verifier),
+        }
+    }
+
+    fn current(&self) -> Arc<dyn ClientCertVerifier> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn replace(&self, verifier: Arc<dyn ClientCertVerifier>) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = verifier;
+    }
+}
+
+impl ClientCertVerifier for ClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    /// No hints: they would have to outlive a CA swap. The API server has one client
+    /// certificate per webhook (its kubeconfig) and sends it whatever the hints.
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.current()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.current().supported_verify_schemes()
+    }
+}
+
 /// The rustls configuration the webhook serves with: TLS 1.2 and 1.3 only
 /// (the API server supports both; older versions are broken), ALPN for
-/// HTTP/2 and HTTP/1.1, no client certificates (the API server does not
-/// send one unless configured to, and authorization is not this layer's job).
-fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerConfig>, TlsError> {
-    let mut config = ServerConfig::builder_with_provider(provider())
+/// HTTP/2 and HTTP/1.1. Client certificates are required when `client` is
+/// given (`serve --client-ca`), and not asked for otherwise.
+fn server_config(
+    resolver: Arc<CertResolver>,
+    client: Option<Arc<ClientVerifier>>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(TlsError::Config)?
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
+        .map_err(TlsError::Config)?;
+    let builder = match client {
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -231,11 +342,30 @@ pub struct Tls {
     config: Arc<ServerConfig>,
     /// The files to poll and what they held when last read.
     watched: Option<(PathBuf, PathBuf, Snapshot)>,
+    /// The client CA file, what it held when last read, and the verifier using it.
+    client_ca: Option<(PathBuf, Vec<u8>, Arc<ClientVerifier>)>,
 }
 
 impl Tls {
-    /// Loads (or generates) the certificate and records its expiry.
-    pub fn load(source: &TlsSource, metrics: &Metrics) -> Result<Self, TlsError> {
+    /// Loads (or generates) the certificate and records its expiry; with
+    /// `client_ca`, loads the CA that client certificates must be signed by.
+    pub fn load(
+        source: &TlsSource,
+        client_ca: Option<&Path>,
+        metrics: &Metrics,
+    ) -> Result<Self, TlsError> {
+        let client_ca = match client_ca {
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|source| TlsError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                let verifier = Arc::new(ClientVerifier::new(load_client_ca(&pem, path)?));
+                info!(client_ca = %path.display(), "client certificates required");
+                Some((path.to_path_buf(), pem, verifier))
+            }
+            None => None,
+        };
         let (loaded, watched) = match source {
             TlsSource::Files { cert, key } => {
                 let (cert_pem, key_pem) = read_pair(cert, key)?;
@@ -248,11 +378,15 @@ impl Tls {
         };
         metrics.set_cert_expiry(loaded.not_after);
         let resolver = Arc::new(CertResolver::new(loaded.key));
-        let config = server_config(resolver.clone())?;
+        let config = server_config(
+            resolver.clone(),
+            client_ca.as_ref().map(|(_, _, v)| v.clone()),
+        )?;
         Ok(Self {
             resolver,
             config,
             watched,
+            client_ca,
         })
     }
 
@@ -261,24 +395,50 @@ impl Tls {
     }
 
     /// Starts polling the certificate files every `interval`, if the
-    /// certificate came from files. The task runs until aborted.
+    /// certificate came from files, and the client CA file if there is one.
+    /// The task runs until aborted.
     pub fn spawn_reloader(
         &self,
         interval: Duration,
         metrics: Arc<Metrics>,
     ) -> Option<JoinHandle<()>> {
-        let (cert, key, seen) = self.watched.clone()?;
-        let reloader = Reloader {
+        let reloader = self.watched.clone().map(|(cert, key, seen)| Reloader {
             cert,
             key,
             seen,
             resolver: self.resolver.clone(),
             metrics,
-        };
+        });
+        let client_ca = self
+            .client_ca
+            .clone()
+            .map(|(path, seen, verifier)| CaReloader {
+                path,
+                seen: Snapshot::Read(seen, Vec::new()),
+                verifier,
+            });
+        if reloader.is_none() && client_ca.is_none() {
+            return None;
+        }
         // tokio's interval panics on zero; Server::bind already refuses it,
         // this only keeps a direct caller from crashing the process.
         let interval = interval.max(Duration::from_millis(10));
-        Some(tokio::spawn(reloader.run(interval)))
+        Some(tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // The first tick fires at once; the files were just loaded.
+            ticker.tick().await;
+            let (mut reloader, mut client_ca) = (reloader, client_ca);
+            loop {
+                ticker.tick().await;
+                if let Some(r) = &mut reloader {
+                    r.poll().await;
+                }
+                if let Some(r) = &mut client_ca {
+                    r.poll().await;
+                }
+            }
+        }))
     }
 }
 
@@ -328,18 +488,41 @@ struct Reloader {
     metrics: Arc<Metrics>,
 }
 
-impl Reloader {
-    async fn run(mut self, interval: Duration) {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The first tick fires at once; the files were just loaded.
-        ticker.tick().await;
-        loop {
-            ticker.tick().await;
-            self.poll().await;
-        }
-    }
+/// Polls the client CA file; a changed, valid bundle replaces the CA for new
+/// handshakes, a broken one is reported once and the previous CA stays.
+struct CaReloader {
+    path: PathBuf,
+    seen: Snapshot,
+    verifier: Arc<ClientVerifier>,
+}
 
+impl CaReloader {
+    async fn poll(&mut self) {
+        let now = match tokio::fs::read(&self.path).await {
+            Ok(pem) => Snapshot::Read(pem, Vec::new()),
+            Err(e) => Snapshot::Unreadable(format!("{}: cannot read: {e}", self.path.display())),
+        };
+        if now == self.seen {
+            return;
+        }
+        let result = match &now {
+            Snapshot::Read(pem, _) => load_client_ca(pem, &self.path).map_err(|e| e.to_string()),
+            Snapshot::Unreadable(e) => Err(e.clone()),
+        };
+        match result {
+            Ok(verifier) => {
+                self.verifier.replace(verifier);
+                info!(client_ca = %self.path.display(), "using a rotated client CA");
+            }
+            Err(error) => {
+                warn!(%error, "rotated client CA is unusable; still using the previous one");
+            }
+        }
+        self.seen = now;
+    }
+}
+
+impl Reloader {
     async fn read(&self) -> Snapshot {
         let read = |path: PathBuf| async move {
             tokio::fs::read(&path)

@@ -5,6 +5,7 @@
 //! API server then applies the webhook's failurePolicy.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -13,15 +14,18 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use tokio::sync::watch;
+use http_body_util::BodyExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower_http::timeout::TimeoutLayer;
 
+pub mod label_syntax;
 pub mod response;
 pub mod review;
 
 use response::respond;
 use review::{RequestView, ReviewBody};
 
+use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
 use crate::core::policy::{self, Decision, Operation, Policy, Review, Verdict};
@@ -30,19 +34,36 @@ use crate::metrics::Metrics;
 /// Limits that protect the server from slow or oversized clients.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// The API server sends the object and the old object: a large Node is ~100 KiB, and no
-    /// stored object exceeds etcd's 1.5 MiB, so 8 MiB leaves room and still bounds memory.
+    /// The API server sends at most about 3 MiB per review (it refuses larger requests, and no
+    /// stored object exceeds etcd's 1.5 MiB, twice for an UPDATE); a large Node is ~100 KiB.
     pub max_body_bytes: usize,
+    /// Request body bytes held at once across all connections. A body waits for room (up to
+    /// the body timeout, then 503) instead of growing memory; at least `max_body_bytes`.
+    pub max_inflight_body_bytes: usize,
     /// Time allowed for the whole body to arrive once headers are read.
     pub body_timeout: Duration,
     /// Time allowed for the whole request, body included.
     pub request_timeout: Duration,
 }
 
+/// 3.5 MiB: the API server's ~3 MiB per review, and room for its envelope.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024 + 512 * 1024;
+
+/// The longest node name Kubernetes accepts (a DNS subdomain).
+pub const MAX_NAME_CHARS: usize = 253;
+
+/// Request uids are UUIDs (36 characters); the answer must repeat the uid, so a longer one is
+/// refused rather than echoed.
+pub const MAX_UID_CHARS: usize = 128;
+
+/// The most bytes of a parser's error message repeated in an answer or a log line.
+const MAX_ERROR_BYTES: usize = 300;
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_body_bytes: 8 * 1024 * 1024,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_inflight_body_bytes: 4 * DEFAULT_MAX_BODY_BYTES,
             body_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
         }
@@ -56,17 +77,34 @@ pub struct Webhook {
     pub facts: watch::Receiver<Arc<ClusterFacts>>,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
+    /// Room for request bodies, in bytes: [`Limits::max_inflight_body_bytes`].
+    body_budget: Arc<Semaphore>,
 }
 
 impl Webhook {
     /// A webhook with fixed cluster facts (offline use and tests).
     pub fn new(policy: Policy, facts: ClusterFacts, metrics: Arc<Metrics>, limits: Limits) -> Self {
         let (_tx, rx) = watch::channel(Arc::new(facts));
+        Self::watching(policy, rx, metrics, limits)
+    }
+
+    /// A webhook deciding with the facts `facts` holds at each request.
+    pub fn watching(
+        policy: Policy,
+        facts: watch::Receiver<Arc<ClusterFacts>>,
+        metrics: Arc<Metrics>,
+        limits: Limits,
+    ) -> Self {
+        let budget = limits
+            .max_inflight_body_bytes
+            .max(limits.max_body_bytes)
+            .min(Semaphore::MAX_PERMITS);
         Webhook {
             policy,
-            facts: rx,
+            facts,
             metrics,
             limits,
+            body_budget: Arc::new(Semaphore::new(budget)),
         }
     }
 }
@@ -99,6 +137,8 @@ pub enum BadRequest {
     ContentType(String),
     #[error("request body is larger than the limit of {limit} bytes")]
     TooLarge { limit: usize },
+    #[error("too many request bytes in flight: no room for this body within {0:?}; retry")]
+    Busy(Duration),
     #[error("request body not received within {0:?}")]
     BodyTimeout(Duration),
     #[error("request body could not be read: {0}")]
@@ -126,6 +166,10 @@ pub enum BadRequest {
         operation: &'static str,
         field: &'static str,
     },
+    #[error("{field} is {chars} characters long: a Node name has at most {MAX_NAME_CHARS}")]
+    NameTooLong { field: &'static str, chars: usize },
+    #[error("request.uid is {0} characters long: at most {MAX_UID_CHARS} are accepted")]
+    UidTooLong(usize),
 }
 
 impl BadRequest {
@@ -134,6 +178,7 @@ impl BadRequest {
             BadRequest::ContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             BadRequest::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             BadRequest::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            BadRequest::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -154,6 +199,9 @@ impl BadRequest {
             BadRequest::NoRequest => "no-request",
             BadRequest::NotANode(_) => "not-a-node",
             BadRequest::MissingObject { .. } => "missing-object",
+            BadRequest::Busy(_) => "busy",
+            BadRequest::NameTooLong { .. } => "name-too-long",
+            BadRequest::UidTooLong(_) => "uid-too-long",
         }
     }
 
@@ -165,8 +213,9 @@ impl BadRequest {
 
 async fn validate(State(hook): State<Arc<Webhook>>, headers: HeaderMap, body: Body) -> Response {
     let started = Instant::now();
-    let bytes = match read_body(&hook.limits, &headers, body).await {
-        Ok(bytes) => bytes,
+    // Held until the answer is made: the body's room in the budget.
+    let (bytes, _room) = match read_body(&hook, &headers, body).await {
+        Ok(read) => read,
         Err(bad) => return refuse(&hook, bad, None),
     };
     let request = match parse_review(&bytes) {
@@ -194,23 +243,26 @@ async fn validate(State(hook): State<Arc<Webhook>>, headers: HeaderMap, body: Bo
 }
 
 fn refuse(hook: &Webhook, bad: BadRequest, uid: Option<String>) -> Response {
-    tracing::warn!(uid = uid.as_deref().unwrap_or(""), reason = bad.reason(), error = %bad, "unreadable admission request");
+    tracing::warn!(uid = %echo(uid.as_deref().unwrap_or("")), reason = bad.reason(), error = %bad, "unreadable admission request");
     hook.metrics.observe_bad_request(bad.reason());
     bad.into_response(uid)
 }
 
+/// Reads the body, within the size limit, the body timeout and the in-flight budget; returns
+/// it with its room in the budget, to hold until the answer is made.
 async fn read_body(
-    limits: &Limits,
+    hook: &Webhook,
     headers: &HeaderMap,
     body: Body,
-) -> Result<bytes::Bytes, BadRequest> {
+) -> Result<(bytes::Bytes, Option<OwnedSemaphorePermit>), BadRequest> {
+    let limits = &hook.limits;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .unwrap_or_default();
     let media = content_type.split(';').next().unwrap_or_default().trim();
     if !media.eq_ignore_ascii_case("application/json") {
-        return Err(BadRequest::ContentType(content_type));
+        return Err(BadRequest::ContentType(echo(&content_type).into_owned()));
     }
     let limit = limits.max_body_bytes;
     let declared = headers
@@ -220,12 +272,69 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BadRequest::TooLarge { limit });
     }
-    let read = axum::body::to_bytes(body, limit);
+    let budget = &hook.body_budget;
+    // Whether the time ran out waiting for room rather than for bytes.
+    let waiting = AtomicBool::new(false);
+    let room = |n: usize| {
+        let budget = budget.clone();
+        let waiting = &waiting;
+        async move {
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            match budget.clone().try_acquire_many_owned(n) {
+                Ok(permit) => permit,
+                Err(_) => {
+                    waiting.store(true, Ordering::Relaxed);
+                    // The semaphore is never closed.
+                    let permit = budget.acquire_many_owned(n).await;
+                    waiting.store(false, Ordering::Relaxed);
+                    permit.expect("the body budget is never closed")
+                }
+            }
+        }
+    };
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut buf = Vec::new();
+    let read = async {
+        // A declared length is taken from the budget whole, before any byte is read, so that
+        // bodies never wait on each other half-read.
+        if let Some(n) = declared {
+            let n = n as usize;
+            held = Some(room(n).await);
+            buf.reserve_exact(n);
+        }
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                if is_length_limit(&e) {
+                    BadRequest::TooLarge { limit }
+                } else {
+                    BadRequest::BodyRead(bounded_display(&e, MAX_ERROR_BYTES))
+                }
+            })?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if buf.len() + data.len() > limit {
+                return Err(BadRequest::TooLarge { limit });
+            }
+            let covered = declared.map_or(0, |n| n as usize);
+            let uncovered = (buf.len() + data.len()).saturating_sub(covered.max(buf.len()));
+            if uncovered > 0 {
+                let permit = room(uncovered).await;
+                match &mut held {
+                    Some(h) => h.merge(permit),
+                    None => held = Some(permit),
+                }
+            }
+            buf.extend_from_slice(&data);
+        }
+        Ok(())
+    };
     match tokio::time::timeout(limits.body_timeout, read).await {
+        Err(_) if waiting.load(Ordering::Relaxed) => Err(BadRequest::Busy(limits.body_timeout)),
         Err(_) => Err(BadRequest::BodyTimeout(limits.body_timeout)),
-        Ok(Err(e)) if is_length_limit(&e) => Err(BadRequest::TooLarge { limit }),
-        Ok(Err(e)) => Err(BadRequest::BodyRead(e.to_string())),
-        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(bad)) => Err(bad),
+        Ok(Ok(())) => Ok((bytes::Bytes::from(buf), held)),
     }
 }
 
@@ -253,15 +362,48 @@ pub fn parse_review(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option
         Err(error) => return Err(unreadable(bytes, error)),
     };
     if review.kind.as_str() != "AdmissionReview" {
-        return Err((BadRequest::Kind(review.kind.as_str().to_owned()), None));
-    }
-    if review.api_version.as_str() != "admission.k8s.io/v1" {
         return Err((
-            BadRequest::Version(review.api_version.as_str().to_owned()),
+            BadRequest::Kind(echo(review.kind.as_str()).into_owned()),
             None,
         ));
     }
-    review.request.ok_or((BadRequest::NoRequest, None))
+    if review.api_version.as_str() != "admission.k8s.io/v1" {
+        return Err((
+            BadRequest::Version(echo(review.api_version.as_str()).into_owned()),
+            None,
+        ));
+    }
+    let request = review.request.ok_or((BadRequest::NoRequest, None))?;
+    check_bounds(&request)?;
+    Ok(request)
+}
+
+/// Refuses what no API server sends and the answer or the log would have to repeat: a uid
+/// that is not short, a name longer than Kubernetes allows.
+fn check_bounds(request: &RequestView<'_>) -> Result<(), (BadRequest, Option<String>)> {
+    let uid_chars = request.uid.chars().count();
+    if uid_chars > MAX_UID_CHARS {
+        return Err((BadRequest::UidTooLong(uid_chars), None));
+    }
+    let uid = || Some(request.uid.clone());
+    let names = [
+        ("request.name", Some(request.name.as_str())),
+        (
+            "request.object.metadata.name",
+            request.object.as_ref().map(|o| o.name()),
+        ),
+        (
+            "request.oldObject.metadata.name",
+            request.old_object.as_ref().map(|o| o.name()),
+        ),
+    ];
+    for (field, name) in names {
+        let chars = name.map_or(0, |n| n.chars().count());
+        if chars > MAX_NAME_CHARS {
+            return Err((BadRequest::NameTooLong { field, chars }, uid()));
+        }
+    }
+    Ok(())
 }
 
 /// Why serde_json refused a body, with the path to the field at fault and the uid when it can
@@ -271,20 +413,27 @@ fn unreadable(bytes: &[u8], error: serde_json::Error) -> (BadRequest, Option<Str
     let e = match serde_path_to_error::deserialize::<_, ReviewBody<'_>>(&mut de) {
         Err(e) => e,
         // The document itself was fine; what follows it is not.
-        Ok(_) => return (BadRequest::NotJson(error.to_string()), None),
+        Ok(_) => {
+            return (
+                BadRequest::NotJson(bounded_display(&error, MAX_ERROR_BYTES)),
+                None,
+            );
+        }
     };
-    let path = e.path().to_string();
+    // Messages repeat what they refuse (an unknown variant, a string of the wrong type): bounded.
+    let path = bounded_display(e.path(), MAX_ERROR_BYTES);
     let inner = e.into_inner();
+    let message = bounded_display(&inner, MAX_ERROR_BYTES);
     let bad = match inner.classify() {
-        serde_json::error::Category::Eof => BadRequest::Truncated(inner.to_string()),
-        serde_json::error::Category::Syntax => BadRequest::NotJson(inner.to_string()),
+        serde_json::error::Category::Eof => BadRequest::Truncated(message),
+        serde_json::error::Category::Syntax => BadRequest::NotJson(message),
         _ => BadRequest::Invalid {
             path: if path == "." {
                 "(top level)".to_owned()
             } else {
                 path
             },
-            message: inner.to_string(),
+            message,
         },
     };
     (bad, uid_of(bytes))
@@ -300,7 +449,8 @@ fn uid_of(bytes: &[u8]) -> Option<String> {
     struct Inner {
         uid: Option<String>,
     }
-    serde_json::from_slice::<Outer>(bytes).ok()?.request?.uid
+    let uid = serde_json::from_slice::<Outer>(bytes).ok()?.request?.uid?;
+    (uid.chars().count() <= MAX_UID_CHARS).then_some(uid)
 }
 
 /// Checks what the request is about and runs the policy on it.
@@ -317,8 +467,10 @@ pub fn review_request(
             &kind.group
         };
         return Err(BadRequest::NotANode(format!(
-            "{group}/{} {}",
-            kind.version, kind.kind
+            "{}/{} {}",
+            echo(group),
+            echo(&kind.version),
+            echo(&kind.kind)
         )));
     }
     let labels = RequestLabels::of(req, facts)?;
@@ -376,7 +528,8 @@ impl RequestLabels {
 }
 
 fn log_verdict(req: &RequestView<'_>, verdict: &Verdict) {
-    let user = req.user_info.username.as_deref().unwrap_or_default();
+    // Bounded: names were checked, but a username is not.
+    let user = &*echo(req.user_info.username.as_deref().unwrap_or_default());
     let findings: Vec<String> = verdict
         .findings
         .iter()

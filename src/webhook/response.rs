@@ -67,7 +67,7 @@ pub fn respond(req: &RequestView<'_>, verdict: &Verdict) -> ReviewResponse {
         Some(message) => Status {
             status: None,
             code: 403,
-            message: message.clone(),
+            message: cut(message, MAX_MESSAGE_BYTES),
             reason: "Forbidden".to_owned(),
         },
         None => Status::default(),
@@ -79,10 +79,51 @@ pub fn respond(req: &RequestView<'_>, verdict: &Verdict) -> ReviewResponse {
             uid: req.uid.clone(),
             allowed: verdict.message.is_none(),
             status,
-            audit_annotations: verdict.audit_annotations(),
-            warnings: (!verdict.warnings.is_empty()).then(|| verdict.warnings.clone()),
+            audit_annotations: verdict
+                .audit_annotations()
+                .into_iter()
+                .map(|(k, v)| (k, cut(&v, MAX_MESSAGE_BYTES)))
+                .collect(),
+            warnings: (!verdict.warnings.is_empty()).then(|| warnings(&verdict.warnings)),
         },
     }
+}
+
+/// The most warnings one answer carries; the API server keeps only the first few anyway.
+pub const MAX_WARNINGS: usize = 10;
+
+/// The most bytes of one warning, and of the denial message or an audit annotation.
+pub const MAX_WARNING_BYTES: usize = 512;
+pub const MAX_MESSAGE_BYTES: usize = 4096;
+
+/// At most [`MAX_WARNINGS`], each cut to [`MAX_WARNING_BYTES`]; the last place says how many
+/// were left out, when some were.
+fn warnings(all: &[String]) -> Vec<String> {
+    let kept = if all.len() > MAX_WARNINGS {
+        MAX_WARNINGS - 1
+    } else {
+        all.len()
+    };
+    let mut out: Vec<String> = all[..kept]
+        .iter()
+        .map(|w| cut(w, MAX_WARNING_BYTES))
+        .collect();
+    if kept < all.len() {
+        out.push(format!("... and {} more warnings", all.len() - kept));
+    }
+    out
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, marked when cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max - '…'.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// The answer to a request that could not be read as a Node AdmissionReview: not allowed,

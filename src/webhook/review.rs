@@ -13,6 +13,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
+use super::label_syntax;
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
 use crate::core::policy::{self, Operation};
@@ -125,8 +126,11 @@ impl<'de: 'a, 'a> Deserialize<'de> for LabelPairs<'a> {
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
                 // A GPU node has ~100 labels; JSON does not say how many are coming.
                 let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(128));
-                while let Some(pair) = map.next_entry()? {
-                    pairs.push(pair);
+                while let Some((key, value)) = map.next_entry::<Text<'de>, Text<'de>>()? {
+                    // Refused here, before any work per label: see `label_syntax`.
+                    label_syntax::check(key.as_str(), value.as_str())
+                        .map_err(serde::de::Error::custom)?;
+                    pairs.push((key, value));
                 }
                 Ok(LabelPairs(pairs))
             }

@@ -55,6 +55,10 @@ pub fn options(tls: TlsSource) -> ServeOptions {
         handshake_timeout: Duration::from_secs(1),
         drain_timeout: Duration::from_secs(10),
         shutdown_delay: Duration::ZERO,
+        write_timeout: Duration::from_secs(5),
+        max_connections: 64,
+        max_concurrent_streams: 16,
+        client_ca: None,
     }
 }
 

@@ -671,6 +671,59 @@ fn unknown_deploy_label_gets_a_did_you_mean() {
 }
 
 #[test]
+fn many_unknown_keys_are_one_finding_naming_the_first_five() {
+    let old = lab_node_0();
+    let keys: Vec<String> = (0..12).map(|i| format!("unknown-{i:02}")).collect();
+    let mut changes: Vec<(&str, Option<&str>)> =
+        keys.iter().map(|k| (k.as_str(), Some("true"))).collect();
+    changes.push(("container-tookit", Some("true")));
+    let new = with(&old, &changes);
+    let v = update("lab-node-0", &old, &new);
+    let unknown: Vec<&Finding> = v
+        .findings
+        .iter()
+        .filter(|f| f.rule == Rule::UnknownDeployLabel)
+        .collect();
+    assert_eq!(unknown.len(), 1, "{:?}", v.findings);
+    let none = "no GPU Operator component reads it";
+    assert_eq!(
+        v.warnings,
+        [format!(
+            "13 labels are not known deploy labels: nvidia.com/gpu.deploy.container-tookit; did \
+             you mean container-toolkit?, nvidia.com/gpu.deploy.unknown-00; {none}, \
+             nvidia.com/gpu.deploy.unknown-01; {none}, nvidia.com/gpu.deploy.unknown-02; {none}, \
+             nvidia.com/gpu.deploy.unknown-03; {none} (and 8 more)"
+        )]
+    );
+    assert!(
+        unknown[0].message.starts_with(
+            "node lab-node-0: 13 labels are not deploy labels of any GPU Operator operand: \
+             nvidia.com/gpu.deploy.container-tookit=\"true\"; did you mean \
+             nvidia.com/gpu.deploy.container-toolkit?, "
+        ),
+        "{}",
+        unknown[0].message
+    );
+}
+
+#[test]
+fn a_long_node_name_or_key_is_echoed_bounded() {
+    let old = lab_node_0();
+    let long_key = "k".repeat(5000);
+    let new = with(&old, &[(long_key.as_str(), Some("true"))]);
+    let name = "n".repeat(5000);
+    let v = update(&name, &old, &new);
+    let finding = &v.findings[0];
+    assert!(finding.message.len() < 400, "{}", finding.message);
+    assert!(
+        finding.message.contains("…(5000 bytes)"),
+        "{}",
+        finding.message
+    );
+    assert!(v.warnings[0].len() < 300, "{}", v.warnings[0]);
+}
+
+#[test]
 fn legitimate_keys_outside_the_operand_daemonsets_are_not_unknown() {
     let old = lab_node_0();
     for key in [

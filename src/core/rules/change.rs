@@ -1,35 +1,85 @@
 //! The change rules: what a request writes.
 
 use super::{Action, Change, Ctx, Finding, Rule};
+use crate::core::echo::echo;
 use crate::core::operands::{
     DEPLOY_PREFIX, OPERANDS_KEY, Operand, Value, Writer, closest_known, is_gpu_node,
 };
 
+/// How many unknown deploy keys one finding names; it counts the others.
+const UNKNOWN_KEYS_SHOWN: usize = 5;
+
 impl Ctx<'_, '_> {
+    /// Every unknown key the request writes, as one finding: a request with many of them costs
+    /// one message and one warning, naming the first few.
     pub(super) fn unknown_deploy_label(&self, out: &mut Vec<Finding>) {
-        for (key, value) in self.written_deploy_labels() {
-            if key == OPERANDS_KEY || Operand::from_key(key).is_some() {
-                continue;
-            }
-            let suffix = &key[DEPLOY_PREFIX.len()..];
-            let suggestion = closest_known(suffix);
+        let mut unknown = self
+            .written_deploy_labels()
+            .filter(|(key, _)| *key != OPERANDS_KEY && Operand::from_key(key).is_none());
+        let Some(first) = unknown.next() else {
+            return;
+        };
+        let shown: Vec<(&str, &str)> = std::iter::once(first)
+            .chain(unknown.by_ref().take(UNKNOWN_KEYS_SHOWN - 1))
+            .collect();
+        let more = unknown.count();
+        // "key=value; hint" for the message, "key; hint" for the warning.
+        let described = |(key, value): (&str, &str)| {
+            let suggestion = closest_known(&key[DEPLOY_PREFIX.len()..]);
             let hint = suggestion
                 .map(|s| format!("; did you mean {DEPLOY_PREFIX}{s}?"))
                 .unwrap_or_else(|| "; no GPU Operator component reads it".to_owned());
             let short_hint = suggestion
                 .map(|s| format!("; did you mean {s}?"))
                 .unwrap_or_else(|| "; no GPU Operator component reads it".to_owned());
-            let node = self.node();
-            out.push(Finding {
-                rule: Rule::UnknownDeployLabel,
-                action: Action::Off,
-                change: Change::New,
-                message: format!(
-                    "node {node}: {key}={value:?} is not a deploy label of any GPU Operator operand{hint}"
+            (
+                echo(key).into_owned(),
+                format!("{:?}", echo(value)),
+                hint,
+                short_hint,
+            )
+        };
+        let node = self.node();
+        let (message, warning) = if let [one] = shown[..] {
+            let (key, value, hint, short_hint) = described(one);
+            (
+                format!(
+                    "node {node}: {key}={value} is not a deploy label of any GPU Operator operand{hint}"
                 ),
-                warning: format!("{key} is not a known deploy label{short_hint}"),
-            });
-        }
+                format!("{key} is not a known deploy label{short_hint}"),
+            )
+        } else {
+            let total = shown.len() + more;
+            let and_more = if more > 0 {
+                format!(" (and {more} more)")
+            } else {
+                String::new()
+            };
+            let (long, short): (Vec<String>, Vec<String>) = shown
+                .into_iter()
+                .map(|pair| {
+                    let (key, value, hint, short_hint) = described(pair);
+                    (format!("{key}={value}{hint}"), format!("{key}{short_hint}"))
+                })
+                .unzip();
+            (
+                format!(
+                    "node {node}: {total} labels are not deploy labels of any GPU Operator operand: {}{and_more}",
+                    long.join(", ")
+                ),
+                format!(
+                    "{total} labels are not known deploy labels: {}{and_more}",
+                    short.join(", ")
+                ),
+            )
+        };
+        out.push(Finding {
+            rule: Rule::UnknownDeployLabel,
+            action: Action::Off,
+            change: Change::New,
+            message,
+            warning,
+        });
     }
 
     pub(super) fn value_not_true(&self, out: &mut Vec<Finding>) {
