@@ -6,5 +6,6 @@
 pub mod config;
 pub mod facts;
 pub mod operands;
+pub mod operator;
 pub mod policy;
 pub mod rules;

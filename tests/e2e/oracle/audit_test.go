@@ -105,11 +105,52 @@ func TestAuditAgreesWithOperatorDaemonSets(t *testing.T) {
 	}
 	o.patchPolicy(t, `{"sandboxWorkloads":{"enabled":true}}`)
 	t.Cleanup(func() {
-		o.patchPolicy(t, `{"sandboxWorkloads":{"enabled":false}}`)
+		o.patchPolicy(t, `{"sandboxWorkloads":{"enabled":false},"nodeStatusExporter":{"enabled":false}}`)
 		o.settle(t)
 	})
 	o.settle(t)
 	compareAudit(t, o, "sandbox workloads on")
+
+	// Evidence beats defaults: with the node status exporter on (off by default), an audit
+	// of files that has the DaemonSets but not the ClusterPolicy still expects it wherever
+	// the DaemonSet controller schedules it.
+	o.patchPolicy(t, `{"nodeStatusExporter":{"enabled":true}}`)
+	o.settle(t)
+	var nse daemonSet
+	framework.WaitFor(t, 60*time.Second, "the node status exporter's DaemonSet to be scheduled", func() (bool, string) {
+		for _, ds := range operatorDaemonSets(t) {
+			if deployOperand(ds) == "node-status-exporter" && ds.Status.ObservedGeneration == ds.Metadata.Generation && ds.Status.DesiredNumberScheduled > 0 {
+				nse = ds
+				return true, ""
+			}
+		}
+		return false, "no scheduled nvidia-node-status-exporter yet"
+	})
+	dir := t.TempDir()
+	files := map[string][]string{
+		"nodes.json":      {"get", "nodes", "-o", "json"},
+		"pods.json":       {"get", "pods", "-n", operatorNS, "-o", "json"},
+		"daemonsets.json": {"get", "daemonsets", "-n", operatorNS, "-o", "json"},
+	}
+	for name, args := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(cp.MustKubectl(t, args...)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report, out := runAuditArgs(t, "--nodes", filepath.Join(dir, "nodes.json"), "--pods", filepath.Join(dir, "pods.json"),
+		"--daemonsets", filepath.Join(dir, "daemonsets.json"))
+	expected := 0
+	for _, n := range report.Nodes {
+		for _, op := range n.Operands {
+			if op.Operand == "node-status-exporter" && op.Expected {
+				expected++
+			}
+		}
+	}
+	if expected != nse.Status.DesiredNumberScheduled {
+		t.Errorf("node-status-exporter: the DaemonSet controller schedules it on %d nodes, the audit of files without the ClusterPolicy expects it on %d\n%s",
+			nse.Status.DesiredNumberScheduled, expected, out)
+	}
 }
 
 // compareAudit compares the audit's expectations with the DaemonSet
@@ -199,7 +240,13 @@ func compareAudit(t *testing.T, o *oracle, when string) {
 // runAudit runs `gpu-deploy-guard audit -o json` against the control plane.
 func runAudit(t *testing.T) (auditReport, string) {
 	t.Helper()
-	cmd := exec.Command(framework.RequireProductBinary(t), "audit", "-o", "json")
+	return runAuditArgs(t)
+}
+
+// runAuditArgs runs `gpu-deploy-guard audit -o json` with args.
+func runAuditArgs(t *testing.T, args ...string) (auditReport, string) {
+	t.Helper()
+	cmd := exec.Command(framework.RequireProductBinary(t), append([]string{"audit", "-o", "json"}, args...)...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+cp.KubeconfigPath)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -226,6 +273,18 @@ type checkOutput struct {
 // runCheck runs `gpu-deploy-guard check -o json` with args.
 func runCheck(t *testing.T, args ...string) checkOutput {
 	t.Helper()
+	out := runCheckRaw(t, args...)
+	var c checkOutput
+	if err := json.Unmarshal([]byte(out), &c); err != nil {
+		t.Fatalf("check -o json: %v\n%s", err, out)
+	}
+	return c
+}
+
+// runCheckRaw runs `gpu-deploy-guard check -o json` with args and returns
+// its output; exit 1 (denied) is an answer, not an error.
+func runCheckRaw(t *testing.T, args ...string) string {
+	t.Helper()
 	cmd := exec.Command(framework.RequireProductBinary(t), append([]string{"check", "-o", "json"}, args...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -234,9 +293,5 @@ func runCheck(t *testing.T, args ...string) checkOutput {
 	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1) {
 		t.Fatalf("check %v: %v\n%s\n%s", args, err, out.String(), errb.String())
 	}
-	var c checkOutput
-	if err := json.Unmarshal(out.Bytes(), &c); err != nil {
-		t.Fatalf("check -o json: %v\n%s", err, out.String())
-	}
-	return c
+	return out.String()
 }

@@ -1,7 +1,10 @@
 package oracle
 
 import (
+	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -225,8 +228,16 @@ func TestOperatorLabelsNodes(t *testing.T) {
 	}
 
 	want := map[string]map[string]string{}
-	for _, s := range steps {
+	work := t.TempDir()
+	for i, s := range steps {
 		t.Logf("step: %s", s.name)
+		// check's input: each node as it is before the step (a new one as
+		// created), the step's label changes, the ClusterPolicy after it.
+		dir := filepath.Join(work, fmt.Sprintf("step-%d", i))
+		inputs := snapshot(t, dir)
+		for name, l := range s.create {
+			inputs[name] = nodeFile(t, dir, name, l)
+		}
 		s.apply(t, o)
 		took := o.settle(t)
 		t.Logf("  the operator's first labelling pass showed %v after the ClusterPolicy changed", took)
@@ -236,6 +247,20 @@ func TestOperatorLabelsNodes(t *testing.T) {
 			got := operatorLabels(nodeLabels(t, node))
 			if d := labelDiff(w, got); d != "" {
 				t.Errorf("after %q, node %s differs from what GPU Operator %s does:\n%s", s.name, node, o.build.Version, d)
+				failed = true
+			}
+		}
+		// check predicts, per node, what this version's labelling pass leaves.
+		policyFile := filepath.Join(dir, "clusterpolicy.json")
+		if err := os.WriteFile(policyFile, []byte(cp.MustKubectl(t, "get", "clusterpolicy", o.policyName, "-o", "json")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for node, input := range inputs {
+			p := predict(t, input, s.label[node], policyFile, o.build.Version)
+			got := operatorLabels(nodeLabels(t, node))
+			if d := labelDiff(p.Operator.LabelsAfter, got); d != "" {
+				t.Errorf("after %q, node %s differs from what check predicted for GPU Operator %s (want = check, got = the operator):\n%s",
+					s.name, node, o.build.Version, d)
 				failed = true
 			}
 		}
