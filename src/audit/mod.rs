@@ -206,6 +206,13 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
         }
     }
     let present = facts.daemonsets.unwrap_or(seen);
+    // Evidence beats defaults: an operand whose pods (through their owner) or DaemonSet the
+    // cluster shows is enabled, even where the ClusterPolicy's defaults say it is off.
+    let facts = &{
+        let mut f = facts.clone();
+        f.enable_seen(seen);
+        f
+    };
     let columns: Vec<Operand> = Operand::always_shown()
         .chain(Operand::all().filter(|op| present.contains(*op) && !op.info().always_shown))
         .collect();

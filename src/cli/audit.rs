@@ -145,7 +145,9 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
     if let Some(path) = &args.daemonsets {
         let ds = files::read_daemonsets(path)?;
         facts.selectors = custom_selectors(&ds);
-        facts.daemonsets = Some(operands_present(&ds));
+        let present = operands_present(&ds);
+        facts.daemonsets = Some(present);
+        facts.enable_seen(present);
     }
     Ok(audit(&nodes, &pods, &facts, &config.policy))
 }

@@ -12,7 +12,8 @@ use clap::ValueEnum;
 
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, operator_defaults};
-use crate::core::operands::{Labels, Operand, OperandSet};
+use crate::core::operands::{DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, Operand, OperandSet};
+use crate::core::operator::{LabelAction, OperatorVersion, Pass, Workload, labelling_pass};
 use crate::core::policy::{self, Decision, Operation, Review, Verdict};
 use crate::core::rules::{self, Finding};
 use crate::k8s::node::NodeFileError;
@@ -139,6 +140,10 @@ pub struct CheckOutcome {
     pub after_labels: Labels,
     /// Notes about the input that did not stop the check (a removed label that was not there).
     pub notes: Vec<String>,
+    /// What the GPU Operator's next labelling pass does to the labels after the request.
+    pub operator: Pass,
+    /// The operator version that pass follows.
+    pub version: OperatorVersion,
 }
 
 /// The verdict on the input, ready to print.
@@ -192,6 +197,7 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         dry_run: false,
     };
     let verdict = policy::decide(&review, &input.facts, &config.policy);
+    let operator = labelling_pass(&after, input.facts.version.era, &input.facts.sandbox);
     Ok(CheckOutcome {
         node: node.name().to_owned(),
         operation,
@@ -199,6 +205,8 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         before_labels: before,
         after_labels: after,
         notes,
+        operator,
+        version: input.facts.version.clone(),
     })
 }
 
@@ -222,6 +230,28 @@ impl CheckOutcome {
             operands: Operands,
             audit_annotations: BTreeMap<&'static str, String>,
             notes: &'a [String],
+            operator: OperatorOut<'a>,
+        }
+        /// What the operator's next labelling pass does, per deploy label.
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct OperatorOut<'a> {
+            version: &'a str,
+            era: &'static str,
+            assumed: Option<&'a str>,
+            workload: Option<&'static str>,
+            labels: BTreeMap<&'a str, LabelOut<'a>>,
+            /// gpu.present and every deploy label once the pass is done.
+            labels_after: BTreeMap<&'a str, &'a str>,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct LabelOut<'a> {
+            value: Option<&'a str>,
+            action: &'static str,
+            after: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            resumes_as: Option<&'a str>,
         }
         #[derive(Serialize)]
         struct Operands {
@@ -243,6 +273,39 @@ impl CheckOutcome {
             },
             audit_annotations: v.audit_annotations().into_iter().collect(),
             notes: &self.notes,
+            operator: OperatorOut {
+                version: &self.version.text,
+                era: self.version.era.name(),
+                assumed: self.version.assumed.as_deref(),
+                workload: self.operator.workload.map(Workload::name),
+                labels: self
+                    .operator
+                    .actions
+                    .iter()
+                    .map(|(k, a)| {
+                        let resumes_as = match a {
+                            LabelAction::RestoreFromPaused { to } => Some(to.as_str()),
+                            _ => None,
+                        };
+                        (
+                            &k[DEPLOY_PREFIX.len()..],
+                            LabelOut {
+                                value: self.after_labels.get(k).map(String::as_str),
+                                action: a.as_str(),
+                                after: self.operator.labels.get(k).map(String::as_str),
+                                resumes_as,
+                            },
+                        )
+                    })
+                    .collect(),
+                labels_after: self
+                    .operator
+                    .labels
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(DEPLOY_PREFIX) || *k == GPU_PRESENT_KEY)
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect(),
+            },
         };
         // Plain data with string keys: serialization cannot fail.
         serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"
@@ -298,6 +361,31 @@ impl CheckOutcome {
                 );
             }
         }
+        let changes: Vec<String> = self
+            .operator
+            .actions
+            .iter()
+            .filter(|(_, a)| !matches!(a, LabelAction::Keep | LabelAction::Untouched))
+            .map(|(k, a)| match a {
+                LabelAction::RestoreFromPaused { to } => {
+                    format!(
+                        "{} restore-from-paused (as {to:?})",
+                        &k[DEPLOY_PREFIX.len()..]
+                    )
+                }
+                _ => format!("{} {}", &k[DEPLOY_PREFIX.len()..], a.as_str()),
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nGPU Operator {}: its next labelling pass: {}",
+            self.version,
+            if changes.is_empty() {
+                "no change".to_owned()
+            } else {
+                changes.join(", ")
+            }
+        );
         out.push('\n');
         out.push_str(&operand_table(
             v.before,
@@ -376,6 +464,10 @@ pub struct CheckArgs {
     /// Without it, the GPU Operator's defaults are assumed, as `serve` does when it cannot read one.
     #[arg(long, value_name = "FILE")]
     pub cluster_policy: Option<PathBuf>,
+    /// The GPU Operator version to follow (`v25.3.4`); without it the newest modelled version
+    /// is assumed, and the output says so.
+    #[arg(long, value_name = "VERSION", env = "GDG_OPERATOR_VERSION")]
+    pub operator_version: Option<String>,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
@@ -405,6 +497,19 @@ pub fn run(args: CheckArgs) -> ExitCode {
         },
         None => operator_defaults(),
     };
+    let version = match args.operator_version.as_deref() {
+        Some(text) => match OperatorVersion::parse(text) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("error: --operator-version: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => OperatorVersion::assumed(
+            "no --operator-version given: the newest version the model follows",
+        ),
+    };
+    let facts = ClusterFacts { version, ..facts };
     let input = CheckInput {
         node: args.node,
         old_node: args.old_node,

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use crate::core::operands::{Labels, OPERANDS, Operand, OperandSet};
+use crate::core::operator::{Era, OperatorVersion, Sandbox, SandboxMode};
 
 /// What is known about the cluster beyond the node itself, and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,7 +23,14 @@ pub struct ClusterFacts {
     pub daemonsets: Option<OperandSet>,
     /// Where the switches came from.
     pub source: PolicySource,
+    /// The ClusterPolicy's `spec.sandboxWorkloads`: which deploy labels the operator gives a node.
+    pub sandbox: Sandbox,
+    /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras).
+    pub version: OperatorVersion,
 }
+
+/// Why the version is assumed when nothing gave one.
+pub const NO_VERSION: &str = "no GPU Operator version given or found";
 
 impl Default for ClusterFacts {
     fn default() -> Self {
@@ -32,6 +40,8 @@ impl Default for ClusterFacts {
             selectors: BTreeMap::new(),
             daemonsets: None,
             source: PolicySource::NotGiven,
+            sandbox: Sandbox::default(),
+            version: OperatorVersion::assumed(NO_VERSION),
         }
     }
 }
@@ -65,6 +75,63 @@ impl ClusterFacts {
     /// or given. Decisions made on assumed facts say so in their audit annotations.
     pub fn assumed(&self) -> Option<String> {
         self.source.is_unavailable().then(|| self.source.describe())
+    }
+
+    /// The operands that run nowhere: switched off in the ClusterPolicy, or never deployed by
+    /// this version of the operator under these sandbox settings (`isStateEnabled`,
+    /// `controllers/state_manager.go`): from v26.3 the sandbox device plugin needs
+    /// `mode: kubevirt`, the kata sandbox device plugin and cc-manager `mode: kata`; the kata
+    /// sandbox device plugin does not exist before v26.3; kata-manager is never deployed from v26.7.
+    pub fn off(&self) -> OperandSet {
+        let mut off = self.disabled;
+        let era = self.version.era;
+        let kata = self.sandbox.mode == SandboxMode::Kata;
+        if era < Era::V26_3 {
+            off.insert(Operand::KataSandboxDevicePlugin);
+        } else {
+            if kata {
+                off.insert(Operand::SandboxDevicePlugin);
+            } else {
+                off.insert(Operand::KataSandboxDevicePlugin);
+                off.insert(Operand::CcManager);
+            }
+        }
+        if era >= Era::V26_7 {
+            off.insert(Operand::KataManager);
+        }
+        off
+    }
+
+    /// Evidence beats defaults: when the ClusterPolicy is unknown (its switches are the
+    /// operator's defaults), an operand whose DaemonSet or pods the cluster shows is enabled.
+    /// A ClusterPolicy that was read keeps its word.
+    pub fn enable_seen(&mut self, present: OperandSet) {
+        if matches!(self.source, PolicySource::Found(_)) {
+            return;
+        }
+        self.disabled = self
+            .disabled
+            .iter()
+            .filter(|op| !present.contains(*op))
+            .collect();
+        if present.contains(Operand::ContainerToolkit) {
+            self.toolkit_managed = true;
+        }
+    }
+
+    /// What the decision assumed instead of read, for the `cluster-facts` audit annotation: the
+    /// ClusterPolicy's switches, the operator version, or both; `None` when all was known.
+    pub fn assumptions(&self) -> Option<String> {
+        let version = self
+            .version
+            .assumed
+            .as_ref()
+            .map(|why| format!("GPU Operator {} assumed ({why})", self.version.text));
+        match (self.assumed(), version) {
+            (None, None) => None,
+            (Some(a), None) | (None, Some(a)) => Some(a),
+            (Some(a), Some(v)) => Some(format!("{a}; {v}")),
+        }
     }
 
     /// The facts a ClusterPolicy with these switched-off operands gives.

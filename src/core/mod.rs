@@ -7,5 +7,6 @@ pub mod config;
 pub mod echo;
 pub mod facts;
 pub mod operands;
+pub mod operator;
 pub mod policy;
 pub mod rules;

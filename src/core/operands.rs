@@ -71,6 +71,9 @@ pub enum Wait {
     Toolkit,
     /// The operator validator's `toolkit-ready` file: their init container waits for it.
     ToolkitReady,
+    /// The sandbox validator's files (`workload-type`, `vfio-pci-ready`, `vgpu-devices-ready`,
+    /// `vgpu-manager-ready`): their init containers wait for them.
+    SandboxValidator,
 }
 
 /// Who puts the deploy label on a node.
@@ -145,7 +148,7 @@ macro_rules! k {
 }
 
 use Operand as O;
-use Wait::{Toolkit as TK, ToolkitReady as TR};
+use Wait::{SandboxValidator as SV, Toolkit as TK, ToolkitReady as TR};
 use Writer::{Operator as OPERATOR, Others as OTHERS};
 
 const NONE: &[&str] = &[];
@@ -155,7 +158,7 @@ const NO_WAIT: &[Wait] = &[];
 #[rustfmt::skip]
 pub const OPERANDS: [OperandInfo; 23] = [
     //  operand                      key                                daemonsets                                                  ClusterPolicy switch               sandbox waits for   label by   audit column                   always shown
-    row(O::Driver,                   k!("driver"),                      &["nvidia-driver-daemonset", "nvidia-driver-daemonset-*"],  sw("driver", true),                false,  NO_WAIT,    OPERATOR,  "driver",                      true),
+    row(O::Driver,                   k!("driver"),                      &["nvidia-driver-daemonset", "nvidia-driver-daemonset-*", "nvidia-gpu-driver-*", "nvidia-vgpu-driver-*"],sw("driver", true),                false,  NO_WAIT,    OPERATOR,  "driver",                      true),
     row(O::ContainerToolkit,         k!("container-toolkit"),           &["nvidia-container-toolkit-daemonset"],                    sw("toolkit", true),               false,  NO_WAIT,    OPERATOR,  "toolkit",                     true),
     row(O::OperatorValidator,        k!("operator-validator"),          &["nvidia-operator-validator"],                             None,                              false,  NO_WAIT,    OPERATOR,  "operator-validator",          false),
     row(O::DevicePlugin,             k!("device-plugin"),               &["nvidia-device-plugin-daemonset"],                        sw("devicePlugin", true),          false,  &[TK, TR],  OPERATOR,  "device-plugin",               true),
@@ -163,13 +166,13 @@ pub const OPERANDS: [OperandInfo; 23] = [
     row(O::Dcgm,                     k!("dcgm"),                        &["nvidia-dcgm"],                                           sw("dcgm", true),                  false,  &[TK, TR],  OPERATOR,  "dcgm-hostengine",             false),
     row(O::DcgmExporter,             k!("dcgm-exporter"),               &["nvidia-dcgm-exporter"],                                  sw("dcgmExporter", true),          false,  &[TK, TR],  OPERATOR,  "dcgm",                        true),
     row(O::NodeStatusExporter,       k!("node-status-exporter"),        &["nvidia-node-status-exporter"],                           sw("nodeStatusExporter", false),   false,  NO_WAIT,    OPERATOR,  "node-status-exporter",        false),
-    row(O::MigManager,               k!("mig-manager"),                 &["nvidia-mig-manager"],                                    sw("migManager", true),            false,  &[TK],      OPERATOR,  "mig-manager",                 false),
-    row(O::SandboxDevicePlugin,      k!("sandbox-device-plugin"),       &["nvidia-sandbox-device-plugin-daemonset"],                sw("sandboxDevicePlugin", false),  true,   NO_WAIT,    OTHERS,    "sandbox-device-plugin",       false),
-    row(O::KataSandboxDevicePlugin,  k!("kata-sandbox-device-plugin"),  NONE,                                                       None,                              true,   NO_WAIT,    OTHERS,    "kata-sandbox-device-plugin",  false),
+    row(O::MigManager,               k!("mig-manager"),                 &["nvidia-mig-manager"],                                    sw("migManager", true),            false,  &[TK, TR],  OPERATOR,  "mig-manager",                 false),
+    row(O::SandboxDevicePlugin,      k!("sandbox-device-plugin"),       &["nvidia-sandbox-device-plugin-daemonset"],                sw("sandboxDevicePlugin", false),  true,   &[SV],        OTHERS,    "sandbox-device-plugin",       false),
+    row(O::KataSandboxDevicePlugin,  k!("kata-sandbox-device-plugin"),  &["nvidia-kata-sandbox-device-plugin-daemonset"],           sw("kataSandboxDevicePlugin", false), true, &[SV],     OTHERS,    "kata-sandbox-device-plugin",  false),
     row(O::SandboxValidator,         k!("sandbox-validator"),           &["nvidia-sandbox-validator"],                              None,                              true,   NO_WAIT,    OTHERS,    "sandbox-validator",           false),
     row(O::VfioManager,              k!("vfio-manager"),                &["nvidia-vfio-manager"],                                   sw("vfioManager", false),          true,   NO_WAIT,    OTHERS,    "vfio-manager",                false),
-    row(O::VgpuManager,              k!("vgpu-manager"),                &["nvidia-vgpu-manager-daemonset"],                         sw("vgpuManager", false),          true,   NO_WAIT,    OTHERS,    "vgpu-manager",                false),
-    row(O::VgpuDeviceManager,        k!("vgpu-device-manager"),         &["nvidia-vgpu-device-manager"],                            sw("vgpuDeviceManager", false),    true,   NO_WAIT,    OTHERS,    "vgpu-device-manager",         false),
+    row(O::VgpuManager,              k!("vgpu-manager"),                &["nvidia-vgpu-manager-daemonset", "nvidia-vgpu-manager-*"],sw("vgpuManager", false),          true,   NO_WAIT,    OTHERS,    "vgpu-manager",                false),
+    row(O::VgpuDeviceManager,        k!("vgpu-device-manager"),         &["nvidia-vgpu-device-manager"],                            sw("vgpuDeviceManager", false),    true,   &[SV],        OTHERS,    "vgpu-device-manager",         false),
     row(O::CcManager,                k!("cc-manager"),                  &["nvidia-cc-manager"],                                     sw("ccManager", false),            true,   NO_WAIT,    OTHERS,    "cc-manager",                  false),
     row(O::KataManager,              k!("kata-manager"),                &["nvidia-kata-manager"],                                   sw("kataManager", false),          true,   NO_WAIT,    OTHERS,    "kata-manager",                false),
     row(O::Nvsm,                     k!("nvsm"),                        NONE,                                                       None,                              false,  NO_WAIT,    OTHERS,    "nvsm",                        false),

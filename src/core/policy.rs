@@ -13,6 +13,7 @@ use crate::core::facts::ClusterFacts;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet,
 };
+use crate::core::operator::after_pauses;
 use crate::core::rules::Ctx;
 use crate::core::rules::{Action, Change, Finding, Kind, RULES, Rule};
 
@@ -190,8 +191,9 @@ pub fn reads_label(key: &str, facts: &ClusterFacts) -> bool {
 
 /// The operands the DaemonSet controller runs on a node with these labels.
 pub fn simulate(labels: &Labels, facts: &ClusterFacts) -> OperandSet {
+    let off = facts.off();
     Operand::all()
-        .filter(|op| !facts.disabled.contains(*op) && selects(labels, *op, facts))
+        .filter(|op| !off.contains(*op) && selects(labels, *op, facts))
         .collect()
 }
 
@@ -220,7 +222,7 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
             after,
             assessing: false,
         };
-        ctx.run(Kind::State, &mut findings);
+        findings = state_findings(review, facts, before, after, false);
         ctx.run(Kind::Change, &mut findings);
         findings.retain(|f| policy.action(f.rule) != Action::Off);
         for f in &mut findings {
@@ -261,7 +263,7 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         after,
         exempt,
         would_deny,
-        assumed_facts: facts.assumed(),
+        assumed_facts: facts.assumptions(),
     }
 }
 
@@ -279,18 +281,65 @@ pub fn assess(node: &str, labels: &Labels, facts: &ClusterFacts, policy: &Policy
         dry_run: false,
     };
     let running = simulate(labels, facts);
-    let ctx = Ctx {
-        review: &review,
-        facts,
-        before: running,
-        after: running,
-        assessing: true,
-    };
-    let mut findings = Vec::new();
-    ctx.run(Kind::State, &mut findings);
+    let mut findings = state_findings(&review, facts, running, running, true);
     findings.retain(|f| policy.action(f.rule) != Action::Off);
     for f in &mut findings {
         f.action = policy.action(f.rule);
+    }
+    findings
+}
+
+/// The state rules on the labels as they are, then on the labels once every pause has ended:
+/// a paused operand (`paused-for-driver-upgrade`, `paused-for-mig-change`, ...) is one that will
+/// run again when k8s-driver-manager, mig-manager or vgpu-device-manager restores its label
+/// (`docs/gpu-operator.md`). A rule that only the later state breaks is reported once, saying so.
+fn state_findings(
+    review: &Review<'_>,
+    facts: &ClusterFacts,
+    before: OperandSet,
+    after: OperandSet,
+    assessing: bool,
+) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    Ctx {
+        review,
+        facts,
+        before,
+        after,
+        assessing,
+    }
+    .run(Kind::State, &mut findings);
+    let resumed = after_pauses(review.labels);
+    if resumed == *review.labels {
+        return findings;
+    }
+    let resumed_old = review.old_labels.map(after_pauses);
+    let later_review = Review {
+        labels: &resumed,
+        old_labels: resumed_old.as_ref(),
+        ..*review
+    };
+    let mut later = Vec::new();
+    Ctx {
+        review: &later_review,
+        facts,
+        before: resumed_old
+            .as_ref()
+            .map_or(OperandSet::EMPTY, |old| simulate(old, facts)),
+        after: simulate(&resumed, facts),
+        assessing,
+    }
+    .run(Kind::State, &mut later);
+    for mut f in later {
+        if findings.iter().any(|g| g.rule == f.rule) {
+            continue;
+        }
+        f.message = format!(
+            "{} (This is what happens once the paused operands resume: a paused-for-... label comes back as \"true\".)",
+            f.message
+        );
+        f.warning = format!("{} once the paused operands resume", f.warning);
+        findings.push(f);
     }
     findings
 }

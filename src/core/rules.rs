@@ -20,6 +20,7 @@ pub enum Rule {
     DevicePluginWithoutToolkit,
     OperandWithoutToolkit,
     OperandWithoutValidator,
+    OperandWithoutSandboxValidator,
     DevicePluginOnNonGpuNode,
     UnknownDeployLabel,
     ValueNotTrue,
@@ -73,7 +74,7 @@ pub struct RuleSpec {
 
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs` or `rules/change.rs`).
-pub const RULES: [RuleSpec; 7] = [
+pub const RULES: [RuleSpec; 8] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -103,6 +104,16 @@ pub const RULES: [RuleSpec; 7] = [
         pass: "no operand waits for an operator validator that is labelled off",
         summary: "operator-validator is labelled off while operands that wait for toolkit-ready run",
         check: |ctx, out| ctx.operand_without_validator(out),
+    },
+    RuleSpec {
+        rule: Rule::OperandWithoutSandboxValidator,
+        id: "operand-without-sandbox-validator",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: "medium",
+        pass: "no sandbox operand waits for a sandbox validator that is labelled off",
+        summary: "sandbox-validator is labelled off while the sandbox or kata device plugin or the vGPU device manager runs",
+        check: |ctx, out| ctx.operand_without_sandbox_validator(out),
     },
     RuleSpec {
         rule: Rule::DevicePluginOnNonGpuNode,
@@ -141,7 +152,7 @@ pub const RULES: [RuleSpec; 7] = [
         default: Action::Warn,
         severity: "low",
         pass: "no finding",
-        summary: "a deploy label removed or emptied on a GPU node: the operator sets it back to true",
+        summary: "the GPU Operator's next labelling pass changes a label this request writes: adds it back, sweeps it, or (operands=false) sweeps them all",
         check: |ctx, out| ctx.operator_will_restore(out),
     },
 ];

@@ -103,7 +103,9 @@ pub fn cluster_from(
     facts.source = source;
     if let Some(ds) = daemonsets {
         facts.selectors = custom_selectors(ds.iter().copied());
-        facts.daemonsets = Some(operands_present(ds.iter().copied()));
+        let present = operands_present(ds.iter().copied());
+        facts.daemonsets = Some(present);
+        facts.enable_seen(present);
     }
     facts
 }

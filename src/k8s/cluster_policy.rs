@@ -11,6 +11,8 @@ use serde_json::Value;
 
 use super::read;
 use crate::core::facts::{ClusterFacts, switched_off};
+use crate::core::operands::Operand;
+use crate::core::operator::{Sandbox, SandboxMode, Workload};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterPolicyError {
@@ -61,9 +63,33 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
         }
     };
     let disabled = switched_off(enabled)?;
+    let text = |field: &str| -> Result<Option<&str>, ClusterPolicyError> {
+        match object.pointer(&format!("/spec/sandboxWorkloads/{field}")) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.as_str())),
+            Some(other) => Err(ClusterPolicyError::Field {
+                name: name.clone(),
+                field: format!("spec.sandboxWorkloads.{field}"),
+                problem: format!("expected a string, found {other}"),
+            }),
+        }
+    };
+    // An invalid default workload counts as none (`isValidWorkloadConfig`); the CRD defaults
+    // the mode to kubevirt.
+    let sandbox = Sandbox {
+        enabled: !disabled.contains(Operand::SandboxValidator),
+        default_workload: text("defaultWorkload")?.and_then(Workload::parse),
+        mode: match text("mode")? {
+            Some("kata") => SandboxMode::Kata,
+            _ => SandboxMode::KubeVirt,
+        },
+    };
     Ok(ClusterPolicy {
         name,
-        facts: ClusterFacts::from_switches(disabled),
+        facts: ClusterFacts {
+            sandbox,
+            ..ClusterFacts::from_switches(disabled)
+        },
     })
 }
 
@@ -156,6 +182,35 @@ mod tests {
                 "cc-manager",
                 "kata-manager"
             ]
+        );
+    }
+
+    #[test]
+    fn sandbox_workloads_give_the_default_workload_and_mode() {
+        let p = parse_str(
+            "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: x}\n\
+             spec: {sandboxWorkloads: {enabled: true, defaultWorkload: vm-vgpu, mode: kata}}\n",
+        )
+        .unwrap();
+        assert!(p.facts.sandbox.enabled);
+        assert_eq!(p.facts.sandbox.default_workload, Some(Workload::VmVgpu));
+        assert_eq!(p.facts.sandbox.mode, SandboxMode::Kata);
+        // An invalid default workload counts as none; the mode defaults to kubevirt.
+        let p = parse_str(
+            "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: x}\n\
+             spec: {sandboxWorkloads: {enabled: true, defaultWorkload: bogus}}\n",
+        )
+        .unwrap();
+        assert_eq!(p.facts.sandbox.default_workload, None);
+        assert_eq!(p.facts.sandbox.mode, SandboxMode::KubeVirt);
+        let bad = parse_str(
+            "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: x}\n\
+             spec: {sandboxWorkloads: {mode: 3}}\n",
+        )
+        .unwrap_err();
+        assert!(
+            bad.to_string().contains("spec.sandboxWorkloads.mode"),
+            "{bad}"
         );
     }
 

@@ -80,11 +80,23 @@ impl From<RawDaemonSet> for DaemonSetView {
 
 partial_resource!(DaemonSetView, k8s_openapi::NamespaceResourceScope, kind: "DaemonSet", group: "apps", version: "v1", plural: "daemonsets");
 
+/// The operand a DaemonSet runs: recognised by the deploy label its nodeSelector requires as
+/// `"true"` (NVIDIADriver's `nvidia-gpu-driver-...` DaemonSets, the kata sandbox device plugin,
+/// `nvidia-device-plugin-mps-control-daemon` with `nvidia.com/mps.capable`), else by its name.
+pub fn operand_of_daemonset(ds: &DaemonSetView) -> Option<Operand> {
+    let by_selector = ds
+        .node_selector
+        .iter()
+        .filter(|(_, v)| v.as_str() == "true")
+        .find_map(|(k, _)| Operand::from_key(k));
+    by_selector.or_else(|| Operand::of_daemonset(ds.name()))
+}
+
 /// The operands whose DaemonSet exists.
 pub fn operands_present<'a>(daemonsets: impl IntoIterator<Item = &'a DaemonSetView>) -> OperandSet {
     daemonsets
         .into_iter()
-        .filter_map(|ds| Operand::of_daemonset(ds.name()))
+        .filter_map(operand_of_daemonset)
         .collect()
 }
 
@@ -97,7 +109,7 @@ pub fn custom_selectors<'a>(
 ) -> BTreeMap<Operand, Labels> {
     let mut by_operand: BTreeMap<Operand, Vec<&Labels>> = BTreeMap::new();
     for ds in daemonsets {
-        if let Some(op) = Operand::of_daemonset(ds.name()) {
+        if let Some(op) = operand_of_daemonset(ds) {
             by_operand.entry(op).or_default().push(&ds.node_selector);
         }
     }
@@ -129,6 +141,41 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn daemonsets_are_recognised_by_their_selector_key() {
+        let nvd = ds(
+            "nvidia-gpu-driver-ubuntu22.04-646cdfdb96",
+            &[
+                ("nvidia.com/gpu.deploy.driver", "true"),
+                ("nvidia.com/gpu.driver.owner", "default"),
+            ],
+        );
+        assert_eq!(operand_of_daemonset(&nvd), Some(Operand::Driver));
+        let mps = ds(
+            "nvidia-device-plugin-mps-control-daemon",
+            &[
+                ("nvidia.com/gpu.deploy.device-plugin", "true"),
+                ("nvidia.com/mps.capable", "true"),
+            ],
+        );
+        assert_eq!(operand_of_daemonset(&mps), Some(Operand::DevicePlugin));
+        let kata = ds(
+            "nvidia-kata-sandbox-device-plugin-daemonset",
+            &[("nvidia.com/gpu.deploy.kata-sandbox-device-plugin", "true")],
+        );
+        assert_eq!(
+            operand_of_daemonset(&kata),
+            Some(Operand::KataSandboxDevicePlugin)
+        );
+        // The plugin and the MPS daemon together: the plugin's default selector stands.
+        let plugin = ds(
+            "nvidia-device-plugin-daemonset",
+            &[("nvidia.com/gpu.deploy.device-plugin", "true")],
+        );
+        assert!(custom_selectors([&plugin, &mps]).is_empty());
+        assert!(operands_present([&nvd, &kata]).contains(Operand::Driver));
     }
 
     #[test]

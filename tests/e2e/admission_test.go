@@ -100,7 +100,7 @@ func TestRemovingTheToolkitUnderARunningDevicePluginIsRefused(t *testing.T) {
 	got := kubectl("label", "node", "lab-node-0", change)
 	expectResult(t, "kubectl label node lab-node-0 container-toolkit-", got, 1, "",
 		"Warning: lab-node-0: gpu-feature-discovery, dcgm-exporter would hang without container-toolkit\n"+
-			"Warning: nvidia.com/gpu.deploy.container-toolkit removed: the GPU Operator will set it back to true; keep it off only with device-plugin=false too\n"+
+			"Warning: nvidia.com/gpu.deploy.container-toolkit removed: the GPU Operator will add it back as true; keep it off only with device-plugin=false too\n"+
 			forbiddenPrefix+"node lab-node-0: nvidia.com/gpu.deploy.device-plugin=true would run the NVIDIA device plugin "+
 			"without the container toolkit (this request removes nvidia.com/gpu.deploy.container-toolkit), so GPU pods "+
 			"would be scheduled there and fail to start; keep nvidia.com/gpu.deploy.container-toolkit=true, or turn the "+

@@ -151,7 +151,8 @@ func (w *gauges) operands(node string, expected, running int, operands ...string
 // findings: nodes per rule; every rule the audit knows is always exported.
 func (w *gauges) findings(counts map[string]int) *gauges {
 	for _, rule := range []string{"device-plugin-without-toolkit", "operand-without-toolkit",
-		"operand-without-validator", "device-plugin-on-non-gpu-node", "operand-not-running"} {
+		"operand-without-validator", "operand-without-sandbox-validator", "device-plugin-on-non-gpu-node",
+		"operand-not-running"} {
 		w.lines = append(w.lines, fmt.Sprintf("audit_findings %s %d", rule, counts[rule]))
 	}
 	return w
@@ -248,11 +249,12 @@ func readPolicyReport() (policyReport, error) {
 // [basis]"), then the summary counted from them.
 func reportLines(nodes map[string][]string) string {
 	severity := map[string]string{
-		"device-plugin-without-toolkit": "high",
-		"operand-without-toolkit":       "medium",
-		"operand-without-validator":     "medium",
-		"device-plugin-on-non-gpu-node": "low",
-		"operand-not-running":           "medium",
+		"device-plugin-without-toolkit":     "high",
+		"operand-without-toolkit":           "medium",
+		"operand-without-validator":         "medium",
+		"operand-without-sandbox-validator": "medium",
+		"device-plugin-on-non-gpu-node":     "low",
+		"operand-not-running":               "medium",
 	}
 	count := map[string]int{}
 	var lines []string

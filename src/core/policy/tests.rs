@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::core::facts::PolicySource;
 use crate::core::operands::OPERANDS_KEY;
+use crate::core::operator::OperatorVersion;
 
 const P: &str = "nvidia.com/gpu.deploy.";
 
@@ -212,7 +213,7 @@ fn removing_the_toolkit_label_of_lab_node_0_is_denied() {
         v.warnings,
         [
             "lab-node-0: gpu-feature-discovery, dcgm-exporter would hang without container-toolkit",
-            "nvidia.com/gpu.deploy.container-toolkit removed: the GPU Operator will set it back to true; keep it off only with device-plugin=false too",
+            "nvidia.com/gpu.deploy.container-toolkit removed: the GPU Operator will add it back as true; keep it off only with device-plugin=false too",
         ]
     );
 }
@@ -820,8 +821,17 @@ fn operands_switch_only_reacts_to_exact_false() {
             "nvidia.com/gpu.deploy.operands=\"False\" does not disable operands: only the exact value false does"
         ]
     );
+    // Exactly false: the operator sweeps every label it manages, and the warning says that
+    // removing it later brings them back as true (the =false choices are lost).
     let new = with(&old, &[("operands", Some("false"))]);
-    assert!(update("lab-node-0", &old, &new).findings.is_empty());
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(
+        v.warnings,
+        [
+            "nvidia.com/gpu.deploy.operands=false: the GPU Operator sweeps 5 deploy labels; removing it later adds them back as true, =false choices lost"
+        ]
+    );
 }
 
 #[test]
@@ -833,7 +843,7 @@ fn removing_a_label_on_a_gpu_node_warns_that_the_operator_restores_it() {
     assert_eq!(
         v.warnings,
         [
-            "nvidia.com/gpu.deploy.dcgm-exporter removed: the GPU Operator will set it back to true; use =false to keep it off"
+            "nvidia.com/gpu.deploy.dcgm-exporter removed: the GPU Operator will add it back as true; use =false to keep it off"
         ]
     );
 }
@@ -927,6 +937,24 @@ fn audit_annotations_name_the_decision_and_the_operand_changes() {
         &[("dcgm-exporter", Some("false")), ("dcgm", Some("true"))],
     );
     let v = update("lab-node-1", &old, &new);
+    assert_eq!(
+        v.audit_annotations(),
+        [
+            ("decision", "allowed".to_owned()),
+            ("operands", "+dcgm,-dcgm-exporter".to_owned()),
+            (
+                "cluster-facts",
+                "GPU Operator v26.7 assumed (no GPU Operator version given or found)".to_owned()
+            )
+        ]
+    );
+    // A known version (and ClusterPolicy) leaves nothing assumed.
+    let facts = ClusterFacts {
+        version: OperatorVersion::parse("v25.3.4").unwrap(),
+        source: PolicySource::Found("cluster-policy".into()),
+        ..ClusterFacts::default()
+    };
+    let v = update_with("lab-node-1", &old, &new, &facts, &Policy::default());
     assert_eq!(
         v.audit_annotations(),
         [
@@ -1247,4 +1275,164 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
         "labels dropped in {dropped_some} states"
     );
     assert!(denied > 100, "{denied} denials");
+}
+
+// ---- The operator's model: versions, sandbox workloads, pauses ---------------------------------
+
+fn facts_for(version: &str, sandbox: crate::core::operator::Sandbox) -> ClusterFacts {
+    let mut facts = ClusterFacts {
+        version: OperatorVersion::parse(version).unwrap(),
+        sandbox,
+        source: PolicySource::Found("cluster-policy".into()),
+        ..ClusterFacts::default()
+    };
+    if !facts.sandbox.enabled {
+        return facts;
+    }
+    // Sandbox workloads on, every sandbox operand switched on.
+    facts.disabled = OperandSet::EMPTY;
+    facts
+}
+
+fn sandbox_on(mode: crate::core::operator::SandboxMode) -> crate::core::operator::Sandbox {
+    crate::core::operator::Sandbox {
+        enabled: true,
+        default_workload: None,
+        mode,
+    }
+}
+
+#[test]
+fn turning_the_toolkit_off_under_a_paused_device_plugin_is_denied() {
+    // mig-manager paused the plugin; it comes back as true, and then runs without the toolkit.
+    let old = with(
+        &lab_node_0(),
+        &[("device-plugin", Some("paused-for-mig-change"))],
+    );
+    let new = with(&old, &[("container-toolkit", Some("false"))]);
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
+    assert!(
+        v.message
+            .as_deref()
+            .unwrap()
+            .contains("once the paused operands resume"),
+        "{:?}",
+        v.message
+    );
+    // During a driver upgrade both are paused: nothing to say.
+    let both = with(
+        &lab_node_0(),
+        &[
+            ("device-plugin", Some("paused-for-driver-upgrade")),
+            ("container-toolkit", Some("paused-for-driver-upgrade")),
+        ],
+    );
+    let v = update("lab-node-0", &lab_node_0(), &both);
+    assert!(
+        !v.findings
+            .iter()
+            .any(|f| f.rule == Rule::DevicePluginWithoutToolkit),
+        "{:?}",
+        v.findings
+    );
+}
+
+#[test]
+fn sandbox_operands_without_the_sandbox_validator_warn() {
+    let facts = facts_for(
+        "v25.3.4",
+        sandbox_on(crate::core::operator::SandboxMode::KubeVirt),
+    );
+    let old = labels(&[
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
+        ("nvidia.com/gpu.present", "true"),
+        ("nvidia.com/gpu.workload.config", "vm-vgpu"),
+        ("nvidia.com/gpu.deploy.sandbox-device-plugin", "true"),
+        ("nvidia.com/gpu.deploy.vgpu-device-manager", "true"),
+        ("nvidia.com/gpu.deploy.sandbox-validator", "true"),
+    ]);
+    let new = with(&old, &[("sandbox-validator", Some("false"))]);
+    let v = update_with("n", &old, &new, &facts, &Policy::default());
+    assert_eq!(v.decision, Decision::Allowed);
+    let f = v
+        .findings
+        .iter()
+        .find(|f| f.rule == Rule::OperandWithoutSandboxValidator)
+        .expect("operand-without-sandbox-validator");
+    assert_eq!(f.action, Action::Warn);
+    assert!(
+        f.message
+            .contains("sandbox-device-plugin, vgpu-device-manager")
+    );
+    assert!(f.message.contains("vfio-pci-ready"));
+}
+
+#[test]
+fn a_label_outside_the_nodes_workload_set_is_swept() {
+    let facts = facts_for(
+        "v25.3.4",
+        sandbox_on(crate::core::operator::SandboxMode::KubeVirt),
+    );
+    let old = labels(&[
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
+        ("nvidia.com/gpu.present", "true"),
+        ("nvidia.com/gpu.workload.config", "vm-passthrough"),
+        ("nvidia.com/gpu.deploy.sandbox-validator", "true"),
+    ]);
+    let new = with(&old, &[("dcgm", Some("false"))]);
+    let v = update_with("n", &old, &new, &facts, &Policy::default());
+    assert_eq!(
+        v.warnings,
+        [
+            "nvidia.com/gpu.deploy.dcgm=\"false\": the GPU Operator will sweep it (not one of a vm-passthrough node's deploy labels)"
+        ]
+    );
+}
+
+#[test]
+fn an_emptied_label_is_added_back_from_v26_7_only() {
+    let old = with(
+        &lab_node_1(),
+        &[("feature.node.kubernetes.io/pci-10de.present", Some("true"))],
+    );
+    let new = with(&old, &[("dcgm-exporter", Some(""))]);
+    let sandbox = crate::core::operator::Sandbox::default();
+    let v = update_with(
+        "n",
+        &old,
+        &new,
+        &facts_for("v26.7.0", sandbox.clone()),
+        &Policy::default(),
+    );
+    assert_eq!(v.findings.len(), 1, "{:?}", v.findings);
+    assert!(v.warnings[0].contains("emptied: the GPU Operator will add it back as true"));
+    let v = update_with(
+        "n",
+        &old,
+        &new,
+        &facts_for("v25.3.4", sandbox),
+        &Policy::default(),
+    );
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+}
+
+#[test]
+fn mode_and_version_decide_which_sandbox_operands_exist() {
+    use crate::core::operator::SandboxMode::{Kata, KubeVirt};
+    let off = |version: &str, mode| facts_for(version, sandbox_on(mode)).off();
+    // Before v26.3: no mode; no kata sandbox device plugin.
+    assert!(!off("v25.10.1", Kata).contains(Operand::SandboxDevicePlugin));
+    assert!(off("v25.10.1", Kata).contains(Operand::KataSandboxDevicePlugin));
+    assert!(!off("v25.10.1", KubeVirt).contains(Operand::CcManager));
+    // v26.3: kubevirt mode runs the sandbox device plugin, kata mode the kata one and cc-manager.
+    assert!(!off("v26.3.3", KubeVirt).contains(Operand::SandboxDevicePlugin));
+    assert!(off("v26.3.3", KubeVirt).contains(Operand::KataSandboxDevicePlugin));
+    assert!(off("v26.3.3", KubeVirt).contains(Operand::CcManager));
+    assert!(off("v26.3.3", Kata).contains(Operand::SandboxDevicePlugin));
+    assert!(!off("v26.3.3", Kata).contains(Operand::KataSandboxDevicePlugin));
+    assert!(!off("v26.3.3", Kata).contains(Operand::CcManager));
+    // kata-manager: never from v26.7.
+    assert!(!off("v26.3.3", Kata).contains(Operand::KataManager));
+    assert!(off("v26.7.0", Kata).contains(Operand::KataManager));
 }

@@ -3,8 +3,10 @@
 use super::{Action, Change, Ctx, Finding, Rule};
 use crate::core::echo::echo;
 use crate::core::operands::{
-    DEPLOY_PREFIX, OPERANDS_KEY, Operand, Value, Writer, closest_known, is_gpu_node,
+    DEPLOY_PREFIX, GPU_PRESENT_KEY, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, Value,
+    closest_known, is_gpu_node,
 };
+use crate::core::operator::{LabelAction, labelling_pass};
 
 /// How many unknown deploy keys one finding names; it counts the others.
 const UNKNOWN_KEYS_SHOWN: usize = 5;
@@ -133,62 +135,157 @@ impl Ctx<'_, '_> {
         }
     }
 
+    /// What the operator's next labelling pass does to the labels this request writes
+    /// ([`labelling_pass`], `docs/gpu-operator.md`): adds a removed (from v26.7 also an emptied)
+    /// label back as `true`, sweeps a label outside the node's set, and for `operands=false`
+    /// deletes every label it manages.
     pub(super) fn operator_will_restore(&self, out: &mut Vec<Finding>) {
         let Some(old) = self.review.old_labels else {
             return;
         };
         let labels = self.review.labels;
-        let operands_off = labels.get(OPERANDS_KEY).is_some_and(|v| v == "false");
-        if operands_off || !is_gpu_node(labels) {
+        let facts = self.facts;
+        let version = &facts.version.text;
+        // Judged as the operator sees a node NFD has labelled: a node with gpu.present=true
+        // and no NFD label is flipped and swept by the operator (`check` shows that pass as
+        // it is), but that is NFD's absence, not this request's doing. Nodes without any GPU
+        // label are left to `device-plugin-on-non-gpu-node`.
+        if !is_gpu_node(labels) {
             return;
         }
+        let mut seen = labels.clone();
+        if !NFD_NVIDIA_PCI_KEYS
+            .iter()
+            .any(|k| seen.get(*k).is_some_and(|v| v == "true"))
+        {
+            seen.insert(NFD_NVIDIA_PCI_KEYS[0].to_owned(), "true".to_owned());
+        }
+        let pass = labelling_pass(&seen, facts.version.era, &facts.sandbox);
         let node = self.node();
-        for (key, old_value) in old.iter().filter(|(k, _)| k.starts_with(DEPLOY_PREFIX)) {
-            let Some(op) = Operand::from_key(key) else {
-                continue;
-            };
-            if op.info().writer != Writer::Operator {
-                continue;
+        let was_off = old.get(OPERANDS_KEY).is_some_and(|v| v == "false");
+        if pass.operands_disabled {
+            if !was_off {
+                let gone: Vec<&str> = pass
+                    .actions
+                    .iter()
+                    .filter(|(_, a)| **a == LabelAction::Sweep)
+                    .map(|(k, _)| &k[DEPLOY_PREFIX.len()..])
+                    .collect();
+                if !gone.is_empty() {
+                    out.push(Finding {
+                        rule: Rule::OperatorWillRestore,
+                        action: Action::Off,
+                        change: Change::New,
+                        message: format!(
+                            "node {node}: with {OPERANDS_KEY}=false the GPU Operator ({version}) sweeps every deploy \
+                             label it manages ({}), the =false ones too; removing {OPERANDS_KEY} later adds them all \
+                             back as \"true\", so those choices are lost.",
+                            gone.join(", ")
+                        ),
+                        warning: format!(
+                            "{OPERANDS_KEY}=false: the GPU Operator sweeps {} deploy labels; removing it later adds them back as true, =false choices lost",
+                            gone.len()
+                        ),
+                    });
+                }
             }
-            let (what, when) = match labels.get(key) {
-                None => ("removes", "on its next labelling pass"),
-                Some(v) if v.is_empty() && !old_value.is_empty() => (
-                    "empties",
-                    "(v26.7 and later; older versions leave it empty and run nothing)",
-                ),
-                _ => continue,
-            };
-            let done = if what == "removes" {
-                "removed"
-            } else {
-                "emptied"
-            };
-            // `container-toolkit=false` under a running device plugin is itself refused: the
-            // advice must name the device plugin too.
-            let plugin = Operand::DevicePlugin.key();
-            let strands_plugin = op == Operand::ContainerToolkit
-                && self.after.contains(Operand::DevicePlugin)
-                && self.facts.toolkit_managed;
-            let (fix, short_fix) = if strands_plugin {
-                (
-                    format!("set {key}=false together with {plugin}=false to keep the toolkit off"),
-                    "keep it off only with device-plugin=false too",
-                )
-            } else {
-                (
-                    format!("set {key}=false to keep {op} off"),
-                    "use =false to keep it off",
-                )
-            };
+            return;
+        }
+        let added: Vec<&str> = pass
+            .actions
+            .iter()
+            .filter(|(_, a)| **a == LabelAction::Add)
+            .map(|(k, _)| k.as_str())
+            .collect();
+        if was_off && !added.is_empty() {
+            let names: Vec<&str> = added.iter().map(|k| &k[DEPLOY_PREFIX.len()..]).collect();
             out.push(Finding {
                 rule: Rule::OperatorWillRestore,
                 action: Action::Off,
                 change: Change::New,
                 message: format!(
-                    "node {node}: this request {what} {key}, but the GPU Operator sets it back to \"true\" {when}; {fix}."
+                    "node {node}: without {OPERANDS_KEY}=false the GPU Operator ({version}) adds {} back as \"true\" \
+                     on its next labelling pass; set the ones to keep off to false afterwards.",
+                    names.join(", ")
                 ),
-                warning: format!("{key} {done}: the GPU Operator will set it back to true; {short_fix}"),
+                warning: format!(
+                    "{OPERANDS_KEY} no longer false: the GPU Operator will add {} deploy labels back as true",
+                    names.len()
+                ),
             });
+            return;
+        }
+        let where_ = match pass.workload {
+            Some(w) => format!("a {} node's deploy labels", w.name()),
+            None => format!("the deploy labels of a node with {GPU_PRESENT_KEY}=true"),
+        };
+        for (key, action) in &pass.actions {
+            let Some(op) = Operand::from_key(key) else {
+                continue;
+            };
+            let old_value = old.get(key.as_str());
+            let new_value = labels.get(key.as_str());
+            match action {
+                LabelAction::Add => {
+                    let what = match (old_value, new_value) {
+                        (Some(_), None) => "removes",
+                        (Some(o), Some(v)) if v.is_empty() && !o.is_empty() => "empties",
+                        _ => continue,
+                    };
+                    let done = if what == "removes" {
+                        "removed"
+                    } else {
+                        "emptied"
+                    };
+                    // `container-toolkit=false` under a running device plugin is itself refused:
+                    // the advice must name the device plugin too.
+                    let plugin = Operand::DevicePlugin.key();
+                    let strands_plugin = op == Operand::ContainerToolkit
+                        && self.after.contains(Operand::DevicePlugin)
+                        && facts.toolkit_managed;
+                    let (fix, short_fix) = if strands_plugin {
+                        (
+                            format!(
+                                "set {key}=false together with {plugin}=false to keep the toolkit off"
+                            ),
+                            "keep it off only with device-plugin=false too",
+                        )
+                    } else {
+                        (
+                            format!("set {key}=false to keep {op} off"),
+                            "use =false to keep it off",
+                        )
+                    };
+                    out.push(Finding {
+                        rule: Rule::OperatorWillRestore,
+                        action: Action::Off,
+                        change: Change::New,
+                        message: format!(
+                            "node {node}: this request {what} {key}, but the GPU Operator ({version}) adds it back \
+                             as \"true\" on its next labelling pass; {fix}."
+                        ),
+                        warning: format!(
+                            "{key} {done}: the GPU Operator will add it back as true; {short_fix}"
+                        ),
+                    });
+                }
+                LabelAction::Sweep if new_value.is_some() && old_value != new_value => {
+                    let value = new_value.map(String::as_str).unwrap_or_default();
+                    out.push(Finding {
+                        rule: Rule::OperatorWillRestore,
+                        action: Action::Off,
+                        change: Change::New,
+                        message: format!(
+                            "node {node}: this request sets {key}={value:?}, but the GPU Operator ({version}) sweeps \
+                             it on its next labelling pass: it is not one of {where_}."
+                        ),
+                        warning: format!(
+                            "{key}={value:?}: the GPU Operator will sweep it (not one of {where_})"
+                        ),
+                    });
+                }
+                _ => {}
+            }
         }
     }
 }

@@ -120,9 +120,54 @@ impl Ctx<'_, '_> {
                     "node {node}: {key}={value:?} keeps the operator validator off, so {names} {already}wait forever \
                      for its toolkit-ready check; set {key}=true."
                 ),
-                format!("{node}: {names} {already}hang: operator-validator={value:?}"),
+                format!(
+                    "{node}: {} {already}hang: operator-validator={value:?}",
+                    short_list(names)
+                ),
             )
         });
+    }
+
+    pub(super) fn operand_without_sandbox_validator(&self, out: &mut Vec<Finding>) {
+        let key = Operand::SandboxValidator.key();
+        let waiting = |labels: Option<&Labels>, set: OperandSet| -> OperandSet {
+            let Some(labels) = labels else {
+                return OperandSet::EMPTY;
+            };
+            // A missing label is added by the operator on a sandbox node; only an explicit
+            // non-true value keeps the sandbox validator away.
+            let validator_off = labels.get(key).is_some_and(|v| v != "true");
+            if !validator_off {
+                return OperandSet::EMPTY;
+            }
+            set.iter()
+                .filter(|op| op.waits_for(Wait::SandboxValidator))
+                .collect()
+        };
+        let after = waiting(Some(self.review.labels), self.after);
+        let before = waiting(self.review.old_labels, self.before);
+        let value = self.new_value(key).unwrap_or_default();
+        self.per_subset(
+            out,
+            Rule::OperandWithoutSandboxValidator,
+            after,
+            before,
+            |names, change| {
+                let node = self.node();
+                let already = if change == Change::Existing { "already " } else { "" };
+                (
+                    format!(
+                        "node {node}: {key}={value:?} keeps the sandbox validator off, so {names} {already}wait \
+                         forever for its files (workload-type, vfio-pci-ready, vgpu-devices-ready, \
+                         vgpu-manager-ready); set {key}=true."
+                    ),
+                    format!(
+                        "{node}: {} {already}hang: sandbox-validator={value:?}",
+                        short_list(names)
+                    ),
+                )
+            },
+        );
     }
 
     pub(super) fn device_plugin_on_non_gpu_node(&self, out: &mut Vec<Finding>) {
@@ -153,5 +198,16 @@ impl Ctx<'_, '_> {
             ),
             warning: format!("{node}: device-plugin {already}runs on a node with no NVIDIA GPU label"),
         });
+    }
+}
+
+/// A list of operand names short enough for a kubectl warning line: more than three become
+/// a count (the full list is in the finding's message).
+fn short_list(names: &str) -> String {
+    let n = names.split(", ").count();
+    if n > 3 {
+        format!("{n} operands")
+    } else {
+        names.to_owned()
     }
 }

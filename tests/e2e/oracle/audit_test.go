@@ -1,0 +1,297 @@
+package oracle
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"gpu-deploy-guard/tests/e2e/framework"
+)
+
+// daemonSet is what the test reads of one of the operator's DaemonSets.
+type daemonSet struct {
+	Metadata struct {
+		Name       string `json:"name"`
+		Generation int64  `json:"generation"`
+	} `json:"metadata"`
+	Spec struct {
+		Template struct {
+			Spec struct {
+				NodeSelector map[string]string `json:"nodeSelector"`
+			} `json:"spec"`
+		} `json:"template"`
+	} `json:"spec"`
+	Status struct {
+		ObservedGeneration     int64 `json:"observedGeneration"`
+		DesiredNumberScheduled int   `json:"desiredNumberScheduled"`
+	} `json:"status"`
+}
+
+func operatorDaemonSets(t *testing.T) []daemonSet {
+	t.Helper()
+	var list struct {
+		Items []daemonSet `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(cp.MustKubectl(t, "get", "daemonsets", "-n", operatorNS, "-o", "json")), &list); err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+// deployOperand is the operand a DaemonSet runs when its nodeSelector is
+// exactly one deploy label set to "true"; "" otherwise.
+func deployOperand(ds daemonSet) string {
+	sel := ds.Spec.Template.Spec.NodeSelector
+	if len(sel) != 1 {
+		return ""
+	}
+	for k, v := range sel {
+		if strings.HasPrefix(k, deployPrefix) && v == "true" {
+			return strings.TrimPrefix(k, deployPrefix)
+		}
+	}
+	return ""
+}
+
+// auditReport is the part of `audit -o json` compared here.
+type auditReport struct {
+	Nodes []struct {
+		Name     string `json:"name"`
+		Operands []struct {
+			Operand  string `json:"operand"`
+			Expected bool   `json:"expected"`
+		} `json:"operands"`
+	} `json:"nodes"`
+}
+
+// TestAuditAgreesWithOperatorDaemonSets: the audit over the DaemonSets the
+// operator really created from its assets says an operand is expected on as
+// many nodes as the DaemonSet controller schedules it on
+// (desiredNumberScheduled), and on each node `check` says the same.
+func TestAuditAgreesWithOperatorDaemonSets(t *testing.T) {
+	o := setUp(t)
+	for name, l := range map[string]map[string]string{
+		"oracle-audit-mig": labels(nfd, migCapable+"=true"),
+		"oracle-audit-mps": labels(nfd, "nvidia.com/mps.capable=true"),
+		"oracle-audit-cpu": labels("kubernetes.io/os=linux"),
+	} {
+		if _, _, code := cp.Kubectl("get", "node", name); code != 0 {
+			createNode(t, name, l)
+		}
+	}
+	o.settle(t)
+	compareAudit(t, o, "sandbox workloads off")
+
+	// Sandbox workloads on: the operator deploys the sandbox operands its
+	// sample ClusterPolicy enables, on vm-passthrough and vm-vgpu nodes. The
+	// vGPU manager's image tag needs NFD's kernel label of a vm-vgpu node
+	// (TransformVGPUManager); without it the operator stops before the
+	// sandbox states.
+	for name, l := range map[string]map[string]string{
+		"oracle-audit-passthrough": labels(nfd, nfdKernel, workload+"=vm-passthrough"),
+		"oracle-audit-vgpu":        labels(nfd, nfdKernel, workload+"=vm-vgpu"),
+	} {
+		if _, _, code := cp.Kubectl("get", "node", name); code != 0 {
+			createNode(t, name, l)
+		}
+	}
+	o.patchPolicy(t, `{"sandboxWorkloads":{"enabled":true}}`)
+	t.Cleanup(func() {
+		o.patchPolicy(t, `{"sandboxWorkloads":{"enabled":false},"nodeStatusExporter":{"enabled":false}}`)
+		o.settle(t)
+	})
+	o.settle(t)
+	compareAudit(t, o, "sandbox workloads on")
+
+	// Evidence beats defaults: with the node status exporter on (off by default), an audit
+	// of files that has the DaemonSets but not the ClusterPolicy still expects it wherever
+	// the DaemonSet controller schedules it.
+	o.patchPolicy(t, `{"nodeStatusExporter":{"enabled":true}}`)
+	o.settle(t)
+	var nse daemonSet
+	framework.WaitFor(t, 60*time.Second, "the node status exporter's DaemonSet to be scheduled", func() (bool, string) {
+		for _, ds := range operatorDaemonSets(t) {
+			if deployOperand(ds) == "node-status-exporter" && ds.Status.ObservedGeneration == ds.Metadata.Generation && ds.Status.DesiredNumberScheduled > 0 {
+				nse = ds
+				return true, ""
+			}
+		}
+		return false, "no scheduled nvidia-node-status-exporter yet"
+	})
+	dir := t.TempDir()
+	files := map[string][]string{
+		"nodes.json":      {"get", "nodes", "-o", "json"},
+		"pods.json":       {"get", "pods", "-n", operatorNS, "-o", "json"},
+		"daemonsets.json": {"get", "daemonsets", "-n", operatorNS, "-o", "json"},
+	}
+	for name, args := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(cp.MustKubectl(t, args...)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report, out := runAuditArgs(t, "--nodes", filepath.Join(dir, "nodes.json"), "--pods", filepath.Join(dir, "pods.json"),
+		"--daemonsets", filepath.Join(dir, "daemonsets.json"))
+	expected := 0
+	for _, n := range report.Nodes {
+		for _, op := range n.Operands {
+			if op.Operand == "node-status-exporter" && op.Expected {
+				expected++
+			}
+		}
+	}
+	if expected != nse.Status.DesiredNumberScheduled {
+		t.Errorf("node-status-exporter: the DaemonSet controller schedules it on %d nodes, the audit of files without the ClusterPolicy expects it on %d\n%s",
+			nse.Status.DesiredNumberScheduled, expected, out)
+	}
+}
+
+// compareAudit compares the audit's expectations with the DaemonSet
+// controller's desiredNumberScheduled, and check's with the audit's, node by
+// node.
+func compareAudit(t *testing.T, o *oracle, when string) {
+	t.Helper()
+	t.Logf("%s:", when)
+	// The DaemonSet controller has caught up with every DaemonSet and node.
+	var sets []daemonSet
+	framework.WaitFor(t, 60*time.Second, "the DaemonSet controller to observe the operator's DaemonSets", func() (bool, string) {
+		sets = operatorDaemonSets(t)
+		for _, ds := range sets {
+			if ds.Status.ObservedGeneration != ds.Metadata.Generation {
+				return false, fmt.Sprintf("%s: observedGeneration %d, generation %d", ds.Metadata.Name, ds.Status.ObservedGeneration, ds.Metadata.Generation)
+			}
+		}
+		return len(sets) > 0, fmt.Sprintf("%d DaemonSets", len(sets))
+	})
+	// desiredNumberScheduled is stable: read twice, a second apart.
+	time.Sleep(time.Second)
+	again := operatorDaemonSets(t)
+	desired := map[string]int{}
+	var names []string
+	for _, ds := range again {
+		names = append(names, fmt.Sprintf("%s%v=%d", ds.Metadata.Name, ds.Spec.Template.Spec.NodeSelector, ds.Status.DesiredNumberScheduled))
+		if op := deployOperand(ds); op != "" {
+			desired[op] += ds.Status.DesiredNumberScheduled
+		}
+	}
+	slices.Sort(names)
+	t.Logf("the operator's DaemonSets (nodeSelector=desiredNumberScheduled):\n  %s", strings.Join(names, "\n  "))
+	if len(desired) == 0 {
+		t.Fatal("the operator created no DaemonSet selecting a single deploy label")
+	}
+
+	report, stdout := runAudit(t)
+	expected := map[string]int{}
+	perNode := map[string]map[string]bool{}
+	for _, n := range report.Nodes {
+		perNode[n.Name] = map[string]bool{}
+		for _, op := range n.Operands {
+			if op.Expected {
+				expected[op.Operand]++
+				perNode[n.Name][op.Operand] = true
+			}
+		}
+	}
+	for op, want := range desired {
+		if expected[op] != want {
+			t.Errorf("%s, operand %s: the DaemonSet controller schedules it on %d nodes, the audit expects it on %d", when, op, want, expected[op])
+		}
+	}
+	for op, n := range expected {
+		if _, ok := desired[op]; !ok {
+			t.Errorf("%s, operand %s: the audit expects it on %d nodes, but the operator created no DaemonSet for it", when, op, n)
+		}
+	}
+	if t.Failed() {
+		t.Logf("audit -o json:\n%s", stdout)
+	}
+
+	// check, on each node's labels and the ClusterPolicy, runs what the
+	// audit expects.
+	dir := t.TempDir()
+	policyFile := filepath.Join(dir, "clusterpolicy.json")
+	if err := os.WriteFile(policyFile, []byte(cp.MustKubectl(t, "get", "clusterpolicy", o.policyName, "-o", "json")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range report.Nodes {
+		nodeFile := filepath.Join(dir, n.Name+".json")
+		if err := os.WriteFile(nodeFile, []byte(cp.MustKubectl(t, "get", "node", n.Name, "-o", "json")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out := runCheck(t, "--node", nodeFile, "--cluster-policy", policyFile)
+		for op, runs := range out.Operands.After {
+			if _, hasDS := desired[op]; !hasDS {
+				continue // no DaemonSet of the operator: nothing runs, whatever check assumes
+			}
+			if runs != perNode[n.Name][op] {
+				t.Errorf("%s, node %s, operand %s: check says runs=%v, the audit expected=%v", when, n.Name, op, runs, perNode[n.Name][op])
+			}
+		}
+	}
+}
+
+// runAudit runs `gpu-deploy-guard audit -o json` against the control plane.
+func runAudit(t *testing.T) (auditReport, string) {
+	t.Helper()
+	return runAuditArgs(t)
+}
+
+// runAuditArgs runs `gpu-deploy-guard audit -o json` with args.
+func runAuditArgs(t *testing.T, args ...string) (auditReport, string) {
+	t.Helper()
+	cmd := exec.Command(framework.RequireProductBinary(t), append([]string{"audit", "-o", "json"}, args...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+cp.KubeconfigPath)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	// 1: operands are missing (no kubelet runs the pods); 2 would be an error.
+	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1) {
+		t.Fatalf("audit: %v\n%s\n%s", err, out.String(), errb.String())
+	}
+	var r auditReport
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("audit -o json: %v\n%s", err, out.String())
+	}
+	return r, out.String()
+}
+
+// checkOutput is the part of `check -o json` compared here.
+type checkOutput struct {
+	Operands struct {
+		After map[string]bool `json:"after"`
+	} `json:"operands"`
+}
+
+// runCheck runs `gpu-deploy-guard check -o json` with args.
+func runCheck(t *testing.T, args ...string) checkOutput {
+	t.Helper()
+	out := runCheckRaw(t, args...)
+	var c checkOutput
+	if err := json.Unmarshal([]byte(out), &c); err != nil {
+		t.Fatalf("check -o json: %v\n%s", err, out)
+	}
+	return c
+}
+
+// runCheckRaw runs `gpu-deploy-guard check -o json` with args and returns
+// its output; exit 1 (denied) is an answer, not an error.
+func runCheckRaw(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(framework.RequireProductBinary(t), append([]string{"check", "-o", "json"}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1) {
+		t.Fatalf("check %v: %v\n%s\n%s", args, err, out.String(), errb.String())
+	}
+	return out.String()
+}
