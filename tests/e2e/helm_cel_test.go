@@ -26,7 +26,7 @@ func TestHelmCELPolicyWithClusterPolicyParamHonoursToolkitEnabled(t *testing.T) 
 		}
 	})
 
-	got := runHelm(t, "template", helmRelease, helmChartDir, "--namespace", helmNamespace,
+	got := runHelm(t, "template", helmRelease, helmChartDir, "--namespace", helmNamespace, "--kube-version", helmKubeVersion,
 		"--set", "celPolicy.enabled=true", "--set", "celPolicy.clusterPolicyParam=true",
 		"--show-only", "templates/celpolicy.yaml")
 	if got.code != 0 {

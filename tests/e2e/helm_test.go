@@ -43,6 +43,9 @@ const (
 	helmRelease   = "gpu-deploy-guard"
 	helmNamespace = "gpu-deploy-guard"
 	checksumKey   = "checksum/config"
+	// helm template talks to no cluster: the chart's kubeVersion check needs
+	// the version the suite runs.
+	helmKubeVersion = "1.34.12"
 )
 
 var (
@@ -128,13 +131,13 @@ func startHelmGuard(t *testing.T, values ...string) *helmGuard {
 	t.Helper()
 	bin := framework.RequireProductBinary(t)
 	got := runHelm(t, append([]string{"template", helmRelease, helmChartDir, "--namespace", helmNamespace,
-		"--show-only", "templates/configmap.yaml"}, values...)...)
+		"--kube-version", helmKubeVersion, "--show-only", "templates/configmap.yaml"}, values...)...)
 	if got.code != 0 {
 		t.Fatalf("helm template: %s", got)
 	}
 	config := configMapConfig(t, got.stdout)
-	dir := filepath.Join(cp.Dir, "gpu-deploy-guard-helm")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, err := os.MkdirTemp(cp.Dir, "gpu-deploy-guard-helm-")
+	if err != nil {
 		t.Fatal(err)
 	}
 	h := &helmGuard{configFile: filepath.Join(dir, "config.yaml")}
@@ -142,7 +145,7 @@ func startHelmGuard(t *testing.T, values ...string) *helmGuard {
 		t.Fatal(err)
 	}
 	g, err := framework.StartGuard(framework.GuardConfig{Bin: bin, Dir: dir, LogDir: cp.LogDir,
-		ConfigFile: h.configFile, Name: "gpu-deploy-guard-helm", ExtraArgs: []string{"--no-cluster-watch"}})
+		ConfigFile: h.configFile, Name: filepath.Base(dir), ExtraArgs: []string{"--no-cluster-watch"}})
 	if g != nil {
 		t.Cleanup(g.Stop)
 	}
@@ -493,7 +496,7 @@ func TestHelmUninstallLeavesNoWebhookConfiguration(t *testing.T) {
 	expectResult(t, "helm uninstall", runHelm(t, "uninstall", helmRelease, "--namespace", helmNamespace, "--wait"), 0,
 		"release \""+helmRelease+"\" uninstalled\n", "")
 	expectResult(t, "kubectl get validatingwebhookconfigurations,validatingadmissionpolicies -o name",
-		kubectl("get", "validatingwebhookconfigurations,validatingadmissionpolicies,validatingadmissionpolicybindings", "-o", "name"), 0, "", "No resources found\n")
+		kubectl("get", "validatingwebhookconfigurations,validatingadmissionpolicies,validatingadmissionpolicybindings", "-o", "name"), 0, "", "")
 	expectResult(t, "after uninstall: kubectl label node lab-node-2 device-plugin=true --dry-run=server", dryRunLabNode2(), 0,
 		"node/lab-node-2 labeled (server dry run)\n", "")
 }
@@ -514,7 +517,7 @@ func TestHelmInstallWhosePodsNeverBecomeReadyIsRolledBack(t *testing.T) {
 		t.Fatalf("helm install --wait --atomic with pods that never become ready: %s\nwant exit 1, rolled back", got)
 	}
 	expectResult(t, "kubectl get validatingwebhookconfigurations -o name", kubectl("get", "validatingwebhookconfigurations", "-o", "name"), 0,
-		"", "No resources found\n")
+		"", "")
 	expectResult(t, "after the failed install: kubectl label node lab-node-2 device-plugin=true --dry-run=server", dryRunLabNode2(), 0,
 		"node/lab-node-2 labeled (server dry run)\n", "")
 }

@@ -63,6 +63,7 @@ else
   bin="${GDG_BIN:-target/release/gpu-deploy-guard}"
 fi
 [[ -x "$bin" ]] || die "no binary at $bin (run make build, or set GDG_BIN)"
+bin="$(realpath "$bin")"
 echo "== checking $bin ($triple)"
 
 # Shared objects of distroless/cc-debian12: libc6, libgcc-s1, libstdc++6.
@@ -95,7 +96,7 @@ serves_as_65532() {
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   admin=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   (cd / && exec setpriv --reuid=65532 --regid=65532 --clear-groups --no-new-privs -- \
-    "$root/$bin" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
+    "$bin" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
     --tls-cert "$dir/tls.crt" --tls-key "$dir/tls.key" --no-cluster-watch --shutdown-delay 0s) >"$dir/log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do
