@@ -161,6 +161,7 @@ check "every rendered object is valid (Kubernetes $K8S_SCHEMA_VERSION schemas, c
 check "operatorNamespace=nvidia-gpu-operator reaches every operator-namespace reference" \
   "$py" "$here/same_objects.py" --operator-namespace nvidia-gpu-operator "$work/everything.yaml"
 
+check "values reach the objects they are documented to change" "$py" "$here/values_check.py" "$work"
 check "the krew plugin manifest renders for a release" "$py" "$here/krew_check.py" .krew.yaml
 
 echo "== tests/helm: $passed passed, $failed failed ($((SECONDS - start))s)"
