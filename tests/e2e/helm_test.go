@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"os"
@@ -389,6 +390,88 @@ func TestHelmUpgradeWithChangedRulesRollsThePods(t *testing.T) {
 	if n := strings.Count(runHelm(t, "history", helmRelease, "-n", helmNamespace, "-o", "json").stdout, `"revision":`); n != 3 {
 		t.Errorf("helm history shows %d revisions, want 3 (install and two upgrades)", n)
 	}
+	expectSelfSignedRotation(t)
+}
+
+// expectSelfSignedRotation checks the chart's self-signed certificates on
+// the installed release: the upgrades above kept the Secret the install
+// generated, and the chart, rendered against the cluster (helm template
+// --dry-run=server, which runs its lookup), puts that CA in the caBundle;
+// with certificates.selfSigned.regenerate=true it renders a new CA and
+// certificate and a caBundle trusting the old CA and the new one, so the
+// replicas still serving the old certificate stay trusted during the
+// rotation. (The post-renderer replaces the caBundle of what is installed
+// here, so the chart's own caBundle is read from the rendering.)
+func expectSelfSignedRotation(t *testing.T) {
+	t.Helper()
+	secret := func(key string) string {
+		return cp.MustKubectl(t, "get", "secret", helmRelease+"-tls", "-n", helmNamespace, "-o", "jsonpath={.data."+strings.ReplaceAll(key, ".", `\.`)+"}")
+	}
+	installedCA, installedCert := secret("ca.crt"), secret("tls.crt")
+	first := runHelm(t, "get", "manifest", helmRelease, "-n", helmNamespace, "--revision", "1")
+	if first.code != 0 {
+		t.Fatalf("helm get manifest --revision 1: %s", first)
+	}
+	if !strings.Contains(first.stdout, "tls.crt: "+installedCert) || !strings.Contains(first.stdout, "ca.crt: "+installedCA) {
+		t.Fatalf("the Secret after two upgrades is not the one the install generated")
+	}
+	render := func(values ...string) (caBundle []byte, ca, cert string) {
+		t.Helper()
+		got := runHelm(t, append([]string{"template", helmRelease, helmChartDir, "--namespace", helmNamespace, "--dry-run=server", "--kube-version", helmKubeVersion,
+			"--set=config.rules.device-plugin-without-toolkit=warn"}, values...)...)
+		if got.code != 0 {
+			t.Fatalf("helm template --dry-run=server %v: %s", values, got)
+		}
+		objs, err := framework.SplitManifests([]byte(got.stdout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s struct {
+			Data map[string]string `json:"data"`
+		}
+		var v struct {
+			Webhooks []struct {
+				ClientConfig struct {
+					CABundle []byte `json:"caBundle"`
+				} `json:"clientConfig"`
+			} `json:"webhooks"`
+		}
+		for _, o := range objs {
+			switch o.Kind {
+			case "Secret":
+				err = yaml.Unmarshal(o.YAML, &s)
+			case "ValidatingWebhookConfiguration":
+				err = yaml.Unmarshal(o.YAML, &v)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(v.Webhooks) != 2 || !bytes.Equal(v.Webhooks[0].ClientConfig.CABundle, v.Webhooks[1].ClientConfig.CABundle) {
+			t.Fatalf("want two webhooks with one caBundle, got %+v", v.Webhooks)
+		}
+		return v.Webhooks[0].ClientConfig.CABundle, s.Data["ca.crt"], s.Data["tls.crt"]
+	}
+	pemOf := func(b64 string) string {
+		b, err := base64.StdEncoding.DecodeString(b64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+
+	bundle, ca, cert := render()
+	if ca != installedCA || cert != installedCert || string(bundle) != pemOf(installedCA) {
+		t.Errorf("an upgrade would not keep the installed CA and certificate, or its caBundle is not that CA")
+	}
+	bundle, ca, cert = render("--set=certificates.selfSigned.regenerate=true")
+	if ca == installedCA || cert == installedCert {
+		t.Fatalf("regenerate=true renders the installed CA or certificate again")
+	}
+	if string(bundle) != pemOf(installedCA)+pemOf(ca) || strings.Count(string(bundle), "BEGIN CERTIFICATE") != 2 {
+		t.Errorf("regenerate=true: caBundle is not the installed CA followed by the new one:\n%s", bundle)
+	}
+	verifyServingCert(t, []byte(pemOf(ca)), []byte(pemOf(cert)), helmRelease+"."+helmNamespace+".svc")
 }
 
 // dryRunLabNode2 is the lab's bad change as a server-side dry run.
@@ -512,7 +595,7 @@ func TestHelmInstallWhosePodsNeverBecomeReadyIsRolledBack(t *testing.T) {
 	cp.MustKubectl(t, "delete", "validatingwebhookconfiguration", framework.WebhookConfigurationName, "--ignore-not-found")
 	t.Cleanup(func() { helmUninstall(t) })
 	got := runHelm(t, "install", helmRelease, helmChartDir, "--namespace", helmNamespace, "--create-namespace",
-		"--wait", "--atomic", "--timeout", "20s")
+		"--wait", "--atomic", "--timeout", "10s")
 	if got.code != 1 || !strings.Contains(got.stderr, "uninstalled due to atomic being set") {
 		t.Fatalf("helm install --wait --atomic with pods that never become ready: %s\nwant exit 1, rolled back", got)
 	}
