@@ -54,6 +54,28 @@ check "the chart runs the pods as 65532 too" bash -c \
 cargo_cmd="$(grep -oE 'cargo build [^&;]+' "$dockerfile" | head -1 | sed 's/[[:space:]]*$//')"
 check "the Dockerfile's cargo command" test "$cargo_cmd" = 'cargo build --release --locked --bin gpu-deploy-guard --target "$RUST_TARGET"'
 
+context_is_a_package() {
+  local d line src rc=0
+  d="$(mktemp -d)"
+  # What the Dockerfile copies from the context (COPY without --from), each
+  # source let through by the allow-list in Dockerfile.dockerignore.
+  while read -r line; do
+    read -r -a words <<<"$line"
+    for src in "${words[@]:1:${#words[@]}-2}"; do
+      if ! grep -qE "^!${src%/}/?$" deploy/Dockerfile.dockerignore; then
+        echo "COPY source $src is not let through by deploy/Dockerfile.dockerignore"; rc=1
+      fi
+      cp -r "$src" "$d/" || rc=1
+    done
+  done < <(grep -E '^COPY ' "$dockerfile" | grep -v -- '--from')
+  if [[ $rc == 0 ]]; then
+    (cd "$d" && cargo metadata --no-deps --locked --offline --format-version 1 >/dev/null) || rc=1
+  fi
+  rm -rf "$d"
+  return $rc
+}
+check "the build context (COPY sources, let through by the .dockerignore) is a whole cargo package" context_is_a_package
+
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 if [[ "${GDG_IMAGE_EXACT:-}" == 1 ]]; then
   echo "== RUST_TARGET=$triple $cargo_cmd"

@@ -1,0 +1,120 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gpu-deploy-guard/tests/e2e/framework"
+)
+
+// The kubectl plugin: the product binary installed as
+// kubectl-gpu_deploy_guard (a symlink on PATH, as krew installs it), run
+// through the real kubectl, against the lab.
+
+// kubectlPlugin runs `kubectl gpu-deploy-guard args...` with the admin
+// kubeconfig (kubectl passes its environment, not its flags, to plugins).
+func kubectlPlugin(t *testing.T, args ...string) result {
+	t.Helper()
+	bin := framework.RequireProductBinary(t)
+	dir := filepath.Join(cp.Dir, "plugin-bin")
+	link := filepath.Join(dir, "kubectl-gpu_deploy_guard")
+	if _, err := os.Lstat(link); err != nil {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(bin, link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(cp.KubectlPath, append([]string{"gpu-deploy-guard"}, args...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+cp.KubeconfigPath, "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	code := 0
+	if err := cmd.Run(); err != nil {
+		code = -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+	}
+	return result{stdout.String(), stderr.String(), code}
+}
+
+// The lab's refusal, as the plugin prints the finding.
+const pluginLabNode2Denial = "  deny device-plugin-without-toolkit: node lab-node-2: nvidia.com/gpu.deploy.device-plugin=true would run the NVIDIA device plugin " +
+	"without the container toolkit (nvidia.com/gpu.deploy.container-toolkit is not set), so GPU pods would be " +
+	"scheduled there and fail to start; set nvidia.com/gpu.deploy.container-toolkit=true in the same command, " +
+	"or leave the device plugin off (nvidia.com/gpu.deploy.device-plugin=false).\n"
+
+// TestKubectlPluginPredictsTheWebhookAndAppliesOnlyWhenAllAllowed: the
+// plugin reads the lab through the kubeconfig and prints, per node, the
+// operands before and after and the webhook's verdict with its findings;
+// the webhook then decides the same; --apply labels only when every node
+// is allowed; bad input exits 2.
+func TestKubectlPluginPredictsTheWebhookAndAppliesOnlyWhenAllAllowed(t *testing.T) {
+	setUpLab(t)
+	// The lab's bad change: denied, nothing applied, even with --apply.
+	want := "NODE        OPERANDS BEFORE  OPERANDS AFTER  VERDICT\n" +
+		"lab-node-2  -                -               DENIED\n" + pluginLabNode2Denial
+	got := kubectlPlugin(t, "label", "nodes", "lab-node-2", deployPrefix+"device-plugin=true")
+	if got.code != 1 || got.stderr != "" || !strings.HasPrefix(got.stdout, "NODE") || !strings.Contains(got.stdout, pluginLabNode2Denial) ||
+		!strings.Contains(got.stdout, "DENIED") {
+		t.Fatalf("kubectl gpu-deploy-guard label nodes lab-node-2 device-plugin=true:\n%s\nwant exit 1 and a table like\n%s", got, want)
+	}
+	t.Logf("kubectl gpu-deploy-guard label nodes lab-node-2 device-plugin=true:\n%s", got)
+	// The webhook agrees, with the same sentence.
+	expectResult(t, "kubectl label node lab-node-2 device-plugin=true --dry-run=server", dryRunLabNode2(), 1, "", labNode2Refusal)
+
+	got = kubectlPlugin(t, "label", "nodes", "lab-node-1", "lab-node-2", deployPrefix+"device-plugin=true", "--apply")
+	if got.code != 1 || !strings.Contains(got.stdout, "nothing applied: a change is denied\n") || strings.Contains(got.stdout, "labeled") {
+		t.Fatalf("--apply with lab-node-2 denied:\n%s\nwant exit 1 and nothing applied", got)
+	}
+	if labels := deployLabels(t, "lab-node-2"); labels != "" {
+		t.Fatalf("lab-node-2 deploy labels after a refused --apply: %q", labels)
+	}
+
+	// The GPU nodes by selector, the DCGM exporter off: allowed, applied, the
+	// operands column loses dcgm-exporter.
+	got = kubectlPlugin(t, "label", "nodes", "-l", "nvidia.com/gpu.present=true", deployPrefix+"dcgm-exporter=false", "--apply")
+	if got.code != 0 || got.stderr != "" || !strings.Contains(got.stdout, "node/lab-node-0 labeled\nnode/lab-node-1 labeled\n") ||
+		strings.Contains(got.stdout, "lab-node-2") || strings.Count(got.stdout, "ALLOWED") != 2 {
+		t.Fatalf("-l nvidia.com/gpu.present=true dcgm-exporter=false --apply:\n%s\nwant exit 0, both GPU nodes allowed and labeled", got)
+	}
+	t.Logf("kubectl gpu-deploy-guard label nodes -l nvidia.com/gpu.present=true dcgm-exporter=false --apply:\n%s", got)
+	for _, n := range []string{"lab-node-0", "lab-node-1"} {
+		if v := nodeLabels(t, n)[deployPrefix+"dcgm-exporter"]; v != "false" {
+			t.Errorf("%s dcgm-exporter=%q after --apply, want false", n, v)
+		}
+	}
+	waitDesired(t, "nvidia-dcgm-exporter", "0")
+
+	// Every node, the toolkit removed: the two nodes running the device
+	// plugin are denied (exit 1), the third is allowed.
+	got = kubectlPlugin(t, "label", "nodes", "--all", deployPrefix+"container-toolkit-")
+	if got.code != 1 || strings.Count(got.stdout, "DENIED") != 2 || !strings.Contains(got.stdout, "lab-node-2") {
+		t.Fatalf("--all container-toolkit-:\n%s\nwant exit 1 with two nodes denied", got)
+	}
+
+	// Bad input: exit 2, with what is wrong.
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"label", "nodes", "lab-node-0"}, "no label change given"},
+		{[]string{"label", "nodes", "no-such-node", deployPrefix + "driver=true"}, `node "no-such-node" not found`},
+		{[]string{"label", "nodes", "lab-node-0", "--all", deployPrefix + "driver=true"}, "exactly one of"},
+		{[]string{"label", "pods", "lab-node-0", deployPrefix + "driver=true"}, "only nodes"},
+		{[]string{"label", "nodes", "lab-node-0", "nvidia.com/gpu.deploy.driver=no good"}, "label value"},
+		{[]string{"label", "nodes", "-l", "a=(", deployPrefix + "driver=true"}, "selector"},
+		{[]string{"label", "nodes", "lab-node-0", deployPrefix + "driver=true", "--bogus"}, "--bogus"},
+	} {
+		got := kubectlPlugin(t, c.args...)
+		if got.code != 2 || !strings.Contains(got.stderr, c.says) || got.stdout != "" {
+			t.Errorf("kubectl gpu-deploy-guard %s:\n%s\nwant exit 2, stderr naming %q", strings.Join(c.args, " "), got, c.says)
+		}
+	}
+}
