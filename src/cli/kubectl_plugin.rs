@@ -268,10 +268,7 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
 
 /// Who the kubeconfig authenticates as (matters for exemptions), from a SelfSubjectReview.
 async fn whoami(client: &Client) -> (String, Vec<String>, Option<String>) {
-    let review: SelfSubjectReview = serde_json::from_value(serde_json::json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview", "metadata": {}
-    }))
-    .unwrap_or_default();
+    let review = SelfSubjectReview::default();
     match Api::<SelfSubjectReview>::all(client.clone())
         .create(&PostParams::default(), &review)
         .await

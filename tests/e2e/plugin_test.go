@@ -118,3 +118,58 @@ func TestKubectlPluginPredictsTheWebhookAndAppliesOnlyWhenAllAllowed(t *testing.
 		}
 	}
 }
+
+// TestVersionNamesTheCommitAndCompletionScriptsLoad: --version names the
+// commit the binary was built from (build.rs), for the command and for the
+// plugin; `completion` writes a script each shell accepts, and refuses an
+// unknown shell.
+func TestVersionNamesTheCommitAndCompletionScriptsLoad(t *testing.T) {
+	bin := framework.RequireProductBinary(t)
+	run := func(name string, args ...string) result {
+		cmd := exec.Command(name, args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		code := 0
+		if err := cmd.Run(); err != nil {
+			code = -1
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			}
+		}
+		return result{stdout.String(), stderr.String(), code}
+	}
+	head := run("git", "-C", repoRoot(t), "rev-parse", "--short=12", "HEAD")
+	if head.code != 0 {
+		t.Fatalf("git rev-parse HEAD in the repository: %s", head)
+	}
+	commit := strings.TrimSpace(head.stdout)
+	expectResult(t, "gpu-deploy-guard --version", run(bin, "--version"), 0, "gpu-deploy-guard 0.1.0 (commit "+commit+")\n", "")
+	expectResult(t, "kubectl gpu-deploy-guard --version", kubectlPlugin(t, "--version"), 0,
+		"kubectl gpu-deploy-guard 0.1.0 (commit "+commit+")\n", "")
+
+	dir := t.TempDir()
+	for _, c := range []struct{ shell, marker string }{
+		{"bash", "complete -F _gpu-deploy-guard"},
+		{"zsh", "#compdef gpu-deploy-guard"},
+		{"fish", "complete -c gpu-deploy-guard"},
+	} {
+		got := run(bin, "completion", c.shell)
+		if got.code != 0 || got.stderr != "" || !strings.Contains(got.stdout, c.marker) ||
+			!strings.Contains(got.stdout, "serve") || !strings.Contains(got.stdout, "completion") {
+			t.Errorf("gpu-deploy-guard completion %s: exit %d, %d bytes, stderr %q; want the %s script", c.shell, got.code, len(got.stdout), got.stderr, c.shell)
+			continue
+		}
+		script := filepath.Join(dir, "completion."+c.shell)
+		if err := os.WriteFile(script, []byte(got.stdout), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if c.shell == "bash" {
+			// bash parses and loads it: the completion function exists afterwards.
+			expectResult(t, "bash: source completion.bash; type -t _gpu-deploy-guard",
+				run("bash", "-c", "source "+script+" && type -t _gpu-deploy-guard"), 0, "function\n", "")
+		}
+	}
+	if got := run(bin, "completion", "powershell"); got.code != 2 || !strings.Contains(got.stderr, "powershell") {
+		t.Errorf("gpu-deploy-guard completion powershell: %s\nwant exit 2 naming the value", got)
+	}
+}
