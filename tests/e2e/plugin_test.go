@@ -151,7 +151,7 @@ func TestVersionNamesTheCommitAndCompletionScriptsLoad(t *testing.T) {
 
 	dir := t.TempDir()
 	for _, c := range []struct{ shell, marker string }{
-		{"bash", "complete -F _gpu-deploy-guard"},
+		{"bash", "complete -F _gpu__deploy__guard"},
 		{"zsh", "#compdef gpu-deploy-guard"},
 		{"fish", "complete -c gpu-deploy-guard"},
 	} {
@@ -167,8 +167,8 @@ func TestVersionNamesTheCommitAndCompletionScriptsLoad(t *testing.T) {
 		}
 		if c.shell == "bash" {
 			// bash parses and loads it: the completion function exists afterwards.
-			expectResult(t, "bash: source completion.bash; type -t _gpu-deploy-guard",
-				run("bash", "-c", "source "+script+" && type -t _gpu-deploy-guard"), 0, "function\n", "")
+			expectResult(t, "bash: source completion.bash; type -t _gpu__deploy__guard",
+				run("bash", "-c", "source "+script+" && type -t _gpu__deploy__guard"), 0, "function\n", "")
 		}
 	}
 	if got := run(bin, "completion", "powershell"); got.code != 2 || !strings.Contains(got.stderr, "powershell") {
