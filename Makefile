@@ -4,7 +4,7 @@
 CARGO ?= cargo
 BIN := target/release/gpu-deploy-guard
 
-.PHONY: all build test unit lint e2e monitoring-test cel-test playground playground-down bench bench-smoke fuzz fuzz-smoke soak clean
+.PHONY: all build test unit lint e2e monitoring-test helm-test image-test render-manifests cel-test playground playground-down bench bench-smoke fuzz fuzz-smoke soak clean
 
 all: build
 
@@ -12,7 +12,7 @@ build:
 	$(CARGO) build --release --locked
 
 ## test: everything CI runs: formatting, lints, unit/integration tests, end-to-end tests.
-test: lint unit fuzz-smoke monitoring-test e2e cel-test bench-smoke
+test: lint unit fuzz-smoke monitoring-test helm-test e2e image-test cel-test bench-smoke
 
 unit:
 	$(CARGO) test --locked
@@ -29,6 +29,20 @@ e2e: build
 ## monitoring-test: promtool checks and unit tests of every alert, dashboard and CRD sync checks.
 monitoring-test:
 	bash tests/monitoring/run.sh
+
+## helm-test: helm lint, values schema, stale-manifest check and offline validation of every rendered object
+## (builds helm from the Go module proxy once; installs kubernetes-validate into a venv in the cache).
+helm-test:
+	bash tests/helm/run.sh
+
+## render-manifests: re-render deploy/release, deploy/base, the cert-manager overlay, deploy/cel and the ServiceMonitor from the chart.
+render-manifests:
+	bash deploy/render-manifests.sh
+
+## image-test: what can be tested of the container image without a Docker engine: the binary the
+## Dockerfile's cargo command builds links only against distroless/cc's libraries and serves as uid 65532.
+image-test: build
+	GDG_BIN=$(CURDIR)/$(BIN) bash tests/image/run.sh
 
 ## cel-test: the ValidatingAdmissionPolicy fallback against a real kube-apiserver (after e2e: reuses its build cache).
 cel-test:

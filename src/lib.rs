@@ -11,11 +11,20 @@
 //! - [`webhook`]: AdmissionReview bytes in, the verdict's response out.
 //! - [`audit`]: the pure audit of nodes and pods, and its outputs.
 //! - [`serve`]: the process: listeners, TLS, readiness, drain, the cluster watch.
-//! - [`cli`]: the offline commands `check`, `audit` and `certs`.
+//! - [`cli`]: the offline commands `check`, `audit`, `certs`, `completion`, and the
+//!   kubectl plugin.
 //!
 //! [`metrics`] (the Prometheus registry) and [`certs`] (CA generation) are
 //! leaves that any layer above `core` may use.
 #![forbid(unsafe_code)]
+
+/// `--version`: the package version and the git commit it was built from (`build.rs`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("GDG_GIT_COMMIT"),
+    ")"
+);
 
 pub mod audit;
 pub mod certs;

@@ -6,12 +6,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use gpu_deploy_guard::cli::{audit, certs, check};
+use gpu_deploy_guard::cli::kubectl_plugin::{self, PluginCli};
+use gpu_deploy_guard::cli::{audit, certs, check, completion};
 use gpu_deploy_guard::serve;
 
 /// Keeps NVIDIA GPU Operator deploy labels (nvidia.com/gpu.deploy.*) from breaking a node's GPU stack.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(name = "gpu-deploy-guard", version = gpu_deploy_guard::VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -27,15 +28,31 @@ enum Command {
     Certs(certs::CertsArgs),
     /// Check that every operand a node's labels call for runs there (a cluster or files).
     Audit(audit::AuditArgs),
+    /// Print a shell completion script (bash, zsh or fish) on standard output.
+    Completion(completion::CompletionArgs),
 }
 
 fn main() -> ExitCode {
+    // Installed as kubectl-gpu_deploy_guard, the same binary is `kubectl gpu-deploy-guard`.
+    if kubectl_plugin::invoked_as_plugin(std::env::args_os().next().as_deref()) {
+        return kubectl_plugin::run(PluginCli::parse());
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => report(serve::cmd::run(args)),
         Command::Check(args) => check::run(args),
         Command::Certs(args) => report(certs::run(args)),
         Command::Audit(args) => audit::run(args),
+        Command::Completion(args) => {
+            use clap::CommandFactory;
+            completion::write(
+                args.shell,
+                &mut Cli::command(),
+                "gpu-deploy-guard",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
     }
 }
 
@@ -58,5 +75,6 @@ mod tests {
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+        PluginCli::command().debug_assert();
     }
 }

@@ -60,6 +60,25 @@ impl Change {
     }
 }
 
+/// Applies kubectl-style changes to a node's labels, as `kubectl label` would; returns a note
+/// for each removal of a label that is not there.
+pub fn apply_changes(labels: &mut Labels, changes: &[Change]) -> Vec<String> {
+    let mut notes = Vec::new();
+    for change in changes {
+        match change {
+            Change::Set(k, v) => {
+                labels.insert(k.clone(), v.clone());
+            }
+            Change::Remove(k) => {
+                if labels.remove(k).is_none() {
+                    notes.push(format!("label {k:?} is not on the node; nothing to remove"));
+                }
+            }
+        }
+    }
+    notes
+}
+
 fn is_name(s: &str) -> bool {
     let bytes = s.as_bytes();
     !bytes.is_empty()
@@ -170,18 +189,7 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         None if input.create => (None, node.labels().clone()),
         None => (Some(node.labels().clone()), node.labels().clone()),
     };
-    for change in changes {
-        match change {
-            Change::Set(k, v) => {
-                after.insert(k, v);
-            }
-            Change::Remove(k) => {
-                if after.remove(&k).is_none() {
-                    notes.push(format!("label {k:?} is not on the node; nothing to remove"));
-                }
-            }
-        }
-    }
+    notes.extend(apply_changes(&mut after, &changes));
     let operation = if input.create {
         Operation::Create
     } else {

@@ -1,6 +1,8 @@
 //! The offline commands: `check` (the webhook's decision on Node files), `audit` (files or a
-//! live cluster) and `certs`.
+//! live cluster), `certs`, `completion`, and the kubectl plugin (`kubectl gpu-deploy-guard`).
 
 pub mod audit;
 pub mod certs;
 pub mod check;
+pub mod completion;
+pub mod kubectl_plugin;

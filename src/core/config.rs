@@ -122,6 +122,19 @@ mod tests {
     }
 
     #[test]
+    fn the_three_modes_are_read_and_another_is_refused() {
+        for (text, mode) in [
+            ("enforce", Mode::Enforce),
+            ("warn", Mode::Warn),
+            ("audit", Mode::Audit),
+        ] {
+            assert_eq!(parse(&format!("mode: {text}\n")).unwrap().policy.mode, mode);
+        }
+        let err = parse("mode: block\n").unwrap_err().to_string();
+        assert!(err.contains("block"), "{err}");
+    }
+
+    #[test]
     fn empty_file_gives_the_defaults() {
         assert_eq!(parse("").unwrap(), Config::default());
         assert_eq!(parse("{}").unwrap(), Config::default());

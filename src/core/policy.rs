@@ -17,13 +17,18 @@ use crate::core::operator::after_pauses;
 use crate::core::rules::Ctx;
 use crate::core::rules::{Action, Change, Finding, Kind, RULES, Rule};
 
-/// `warn` turns every deny into a warning: a way to roll the webhook out before enforcing.
+/// How findings reach the requester. The staged rollout goes `audit`, `warn`, `enforce`.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
+    /// Denials are denials, warnings warnings.
     #[default]
     Enforce,
+    /// Every deny becomes a warning.
     Warn,
+    /// Nothing is denied or shown: every finding is recorded (audit annotations, metrics,
+    /// report) with action `audit`, and a denial that was not given is kept as `would_deny`.
+    Audit,
 }
 
 /// Identities whose requests are always allowed (and still recorded).
@@ -244,6 +249,12 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
                 f.action = Action::Audit;
             }
             (Decision::Exempt, None, would)
+        }
+        (None, would) if policy.mode == Mode::Audit => {
+            for f in &mut findings {
+                f.action = Action::Audit;
+            }
+            (Decision::Allowed, None, would)
         }
         (None, Some(msg)) => (Decision::Denied, Some(msg), None),
         (None, None) => (Decision::Allowed, None, None),

@@ -42,9 +42,11 @@ var baseApplyLines = []string{
 	"clusterrolebinding.rbac.authorization.k8s.io/gpu-deploy-guard",
 	"configmap/gpu-deploy-guard-config",
 	"service/gpu-deploy-guard",
+	"service/gpu-deploy-guard-metrics",
 	"priorityclass.scheduling.k8s.io/gpu-deploy-guard-critical",
 	"deployment.apps/gpu-deploy-guard",
 	"poddisruptionbudget.policy/gpu-deploy-guard",
+	"networkpolicy.networking.k8s.io/gpu-deploy-guard",
 	"validatingwebhookconfiguration.admissionregistration.k8s.io/gpu-deploy-guard",
 }
 
@@ -153,16 +155,25 @@ func expectCommonObjects(t *testing.T) {
 		`{.spec.replicas} {.spec.template.spec.priorityClassName} {.spec.template.spec.serviceAccountName} `+
 			`{.spec.template.spec.containers[0].image} {.spec.template.spec.volumes[?(@.name=="tls")].secret.secretName}`,
 		"deployment", "gpu-deploy-guard", "-n", guardNS)
-	expectGet(t, "ClusterIP webhook 443 webhook", `{.spec.type} {.spec.ports[0].name} {.spec.ports[0].port} {.spec.ports[0].targetPort}`,
+	// The webhook Service exposes the webhook port only; /metrics has a
+	// Service of its own, and the NetworkPolicy admits the metrics port
+	// from the monitoring namespace only.
+	expectGet(t, "ClusterIP webhook 443 webhook", `{.spec.type} {.spec.ports[*].name} {.spec.ports[*].port} {.spec.ports[*].targetPort}`,
 		"service", "gpu-deploy-guard", "-n", guardNS)
+	expectGet(t, "ClusterIP metrics 8080 admin", `{.spec.type} {.spec.ports[*].name} {.spec.ports[*].port} {.spec.ports[*].targetPort}`,
+		"service", "gpu-deploy-guard-metrics", "-n", guardNS)
+	expectGet(t, "webhook admin monitoring", `{.spec.ingress[0].ports[*].port} {.spec.ingress[1].ports[*].port} `+
+		`{.spec.ingress[1].from[0].namespaceSelector.matchLabels.kubernetes\.io/metadata\.name}`,
+		"networkpolicy", "gpu-deploy-guard", "-n", guardNS)
 	expectGet(t, "1 AlwaysAllow", `{.spec.maxUnavailable} {.spec.unhealthyPodEvictionPolicy}`,
 		"poddisruptionbudget", "gpu-deploy-guard", "-n", guardNS)
 	expectGet(t, "1000000000 PreemptLowerPriority", `{.value} {.preemptionPolicy}`, "priorityclass", "gpu-deploy-guard-critical")
 	expectGet(t, "restricted", `{.metadata.labels.pod-security\.kubernetes\.io/enforce}`, "namespace", guardNS)
 	expectGet(t,
-		"enforce.gpu-deploy-guard.io Fail UPDATE gpu-deploy-guard/gpu-deploy-guard:443/validate\n"+
-			"observe.gpu-deploy-guard.io Ignore CREATE,UPDATE gpu-deploy-guard/gpu-deploy-guard:443/validate\n",
+		"enforce.gpu-deploy-guard.io Fail UPDATE nodes,nodes/status gpu-deploy-guard/gpu-deploy-guard:443/validate\n"+
+			"observe.gpu-deploy-guard.io Ignore CREATE,UPDATE nodes gpu-deploy-guard/gpu-deploy-guard:443/validate\n",
 		`{range .webhooks[*]}{.name} {.failurePolicy} {.rules[0].operations[0]}{range .rules[0].operations[1:]},{@}{end} `+
+			`{.rules[0].resources[0]}{range .rules[0].resources[1:]},{@}{end} `+
 			`{.clientConfig.service.namespace}/{.clientConfig.service.name}:{.clientConfig.service.port}{.clientConfig.service.path}{"\n"}{end}`,
 		"validatingwebhookconfiguration", framework.WebhookConfigurationName)
 	expectGuardPods(t)
@@ -298,12 +309,12 @@ func TestCertManagerOverlayInstallsWithStandInCRDs(t *testing.T) {
 
 	overlay := filepath.Join(repoRoot(t), "deploy", "overlays", "cert-manager")
 	got := installKustomization(t, overlay)
-	lines := append(slicesClone(baseApplyLines[:len(baseApplyLines)-1]),
+	lines := append(slicesClone(baseApplyLines[:len(baseApplyLines)-2]),
 		"certificate.cert-manager.io/gpu-deploy-guard-ca",
 		"certificate.cert-manager.io/gpu-deploy-guard-tls",
 		"issuer.cert-manager.io/gpu-deploy-guard-ca",
-		"issuer.cert-manager.io/gpu-deploy-guard-selfsigned",
-		baseApplyLines[len(baseApplyLines)-1])
+		"issuer.cert-manager.io/gpu-deploy-guard-selfsigned")
+	lines = append(lines, baseApplyLines[len(baseApplyLines)-2:]...)
 	expectResult(t, "kubectl apply -k deploy/overlays/cert-manager", got, 0, applyOutput(lines, "created"), "")
 	expectCommonObjects(t)
 

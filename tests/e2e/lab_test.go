@@ -103,6 +103,14 @@ func useGuard(t testing.TB) *framework.Guard {
 func setUpLab(t *testing.T) *framework.Guard {
 	t.Helper()
 	g := useGuard(t)
+	resetLab(t)
+	return g
+}
+
+// resetLab is setUpLab without registering the shared webhook, for tests
+// that register their own (the Helm chart's).
+func resetLab(t *testing.T) {
+	t.Helper()
 	cp.MustKubectl(t, "apply", "-f", operandDaemonSet)
 	cp.MustKubectl(t, "apply", "-f", operatorRBAC)
 	data, err := os.ReadFile(labNodes)
@@ -131,7 +139,6 @@ func setUpLab(t *testing.T) *framework.Guard {
 	} {
 		waitDesired(t, ds.name, ds.desired)
 	}
-	return g
 }
 
 // result is what one kubectl invocation did.

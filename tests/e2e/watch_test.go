@@ -63,17 +63,32 @@ func startWatchingGuard(t *testing.T, extraArgs ...string) *framework.Guard {
 	if guard == nil {
 		t.Fatal("startWatchingGuard needs the shared webhook's config file: call setUpLab first")
 	}
-	base := filepath.Join(repoRoot(t), "deploy", "base")
-	manifests := []string{"namespace.yaml", "serviceaccount.yaml", "rbac.yaml"}
+	// deploy/base's Namespace, ServiceAccount and RBAC, as shipped.
+	objs, err := cp.Kustomize(filepath.Join(repoRoot(t), "deploy", "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var manifests []string
+	for _, o := range objs {
+		switch o.Kind {
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
+			manifests = append(manifests, string(o.YAML))
+		}
+	}
+	if len(manifests) != 6 {
+		t.Fatalf("deploy/base has %d Namespace/ServiceAccount/RBAC objects, want 6", len(manifests))
+	}
 	t.Cleanup(func() {
 		for _, m := range slices.Backward(manifests) {
-			if got := kubectl("delete", "-f", filepath.Join(base, m), "--ignore-not-found", "--wait=true", "--timeout=120s"); got.code != 0 {
-				t.Errorf("cleanup: kubectl delete -f deploy/base/%s: %s", m, got)
+			if got := kubectlWithInput(m, "delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=120s"); got.code != 0 {
+				t.Errorf("cleanup: kubectl delete of deploy/base's %s: %s", firstLineOf(m), got)
 			}
 		}
 	})
 	for _, m := range manifests {
-		cp.MustKubectl(t, "apply", "-f", filepath.Join(base, m))
+		if got := kubectlWithInput(m, "apply", "-f", "-"); got.code != 0 {
+			t.Fatalf("kubectl apply of deploy/base's %s: %s", firstLineOf(m), got)
+		}
 	}
 	token := strings.TrimSpace(cp.MustKubectl(t, "create", "token", "gpu-deploy-guard", "-n", guardNS, "--duration=1h"))
 	kubeconfig, err := cp.WriteTokenKubeconfig("gpu-deploy-guard-sa", token)
@@ -106,6 +121,16 @@ func startWatchingGuard(t *testing.T, extraArgs ...string) *framework.Guard {
 		t.Fatalf("starting the watching gpu-deploy-guard serve: %v", err)
 	}
 	return g
+}
+
+// firstLineOf names a manifest in messages: its first line with a name.
+func firstLineOf(manifest string) string {
+	for _, line := range strings.Split(manifest, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "name:") {
+			return strings.TrimSpace(line)
+		}
+	}
+	return strings.SplitN(manifest, "\n", 2)[0]
 }
 
 // auditGauges is the watching guard's audit on /metrics, one line per

@@ -413,6 +413,49 @@ fn warn_mode_turns_a_denial_into_a_warning() {
 }
 
 #[test]
+fn audit_mode_denies_and_warns_nothing_and_records_everything() {
+    let old = lab_node_2();
+    let new = with(&old, &[("device-plugin", Some("true"))]);
+    let policy = Policy {
+        mode: Mode::Audit,
+        ..Policy::default()
+    };
+    let v = update_with("lab-node-2", &old, &new, &ClusterFacts::default(), &policy);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert!(v.allowed());
+    assert_eq!(v.message, None);
+    assert!(
+        v.warnings.is_empty(),
+        "audit mode shows no warnings: {:?}",
+        v.warnings
+    );
+    assert!(!v.findings.is_empty());
+    assert!(v.findings.iter().all(|f| f.action == Action::Audit));
+    assert_eq!(rules(&v)[0].0, Rule::DevicePluginWithoutToolkit);
+    // The refusal enforce mode would give is recorded, in the audit annotations too.
+    let enforced = update_with(
+        "lab-node-2",
+        &old,
+        &new,
+        &ClusterFacts::default(),
+        &Policy::default(),
+    );
+    assert_eq!(v.would_deny, enforced.message);
+    let annotations = v.audit_annotations();
+    assert!(annotations.contains(&("decision", "allowed".to_owned())));
+    assert!(
+        annotations
+            .iter()
+            .any(|(k, v)| *k == "would-deny" && v.contains("device-plugin=true"))
+    );
+    assert!(
+        annotations
+            .iter()
+            .any(|(k, v)| *k == "findings" && v.contains("device-plugin-without-toolkit=audit"))
+    );
+}
+
+#[test]
 fn dry_run_is_decided_like_a_real_request() {
     let old = lab_node_2();
     let new = with(&old, &[("device-plugin", Some("true"))]);

@@ -261,3 +261,8 @@ func (cp *ControlPlane) waitGuardConsulted(g *Guard) error {
 		return now > before, fmt.Sprintf("CREATE reviews counted: %v, before the probe: %v", now, before)
 	})
 }
+
+// WaitGuardConsulted returns once the API server sends reviews to g, for
+// webhook configurations registered some other way than RegisterGuard (the
+// Helm chart's, through a post-renderer).
+func (cp *ControlPlane) WaitGuardConsulted(g *Guard) error { return cp.waitGuardConsulted(g) }

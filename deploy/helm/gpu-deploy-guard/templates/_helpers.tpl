@@ -1,0 +1,88 @@
+{{/* Name of the chart, or nameOverride. */}}
+{{- define "gdg.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name of the objects: fullnameOverride, else the release name if it contains the chart name, else both. */}}
+{{- define "gdg.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "gdg.labels" -}}
+app.kubernetes.io/name: {{ include "gdg.name" . }}
+app.kubernetes.io/part-of: gpu-deploy-guard
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Selector of the webhook pods (never changes between versions). */}}
+{{- define "gdg.selector" -}}
+app.kubernetes.io/name: {{ include "gdg.name" . }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{- define "gdg.tlsSecret" -}}
+{{- default (printf "%s-tls" (include "gdg.fullname" .)) .Values.certificates.secretName -}}
+{{- end -}}
+
+{{/* <service>.<namespace>.svc: the name the API server checks in the serving certificate. */}}
+{{- define "gdg.serviceDNS" -}}
+{{- printf "%s.%s.svc" (include "gdg.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- define "gdg.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator's service accounts, as CEL: request.userInfo.username starts with this. */}}
+{{- define "gdg.operatorSAPrefix" -}}
+{{- printf "system:serviceaccount:%s:" .Values.operatorNamespace -}}
+{{- end -}}
+
+{{/* The config file the webhook reads (config.yaml of the ConfigMap). */}}
+{{- define "gdg.config" -}}
+{{- $modes := dict "audit" "audit" "warn" "warn" "enforce" "enforce" -}}
+mode: {{ get $modes .Values.enforcement }}
+operatorNamespace: {{ .Values.operatorNamespace }}
+enforceOnCreate: {{ .Values.config.enforceOnCreate }}
+rules:
+{{- range $id, $action := .Values.config.rules }}
+  {{ $id }}: {{ $action }}
+{{- end }}
+exemptions:
+  usernames: {{ toJson .Values.config.exemptions.usernames }}
+  groups: {{ toJson .Values.config.exemptions.groups }}
+  serviceAccountNamespaces: {{ toJson (uniq (prepend .Values.config.exemptions.serviceAccountNamespaces .Values.operatorNamespace)) }}
+{{- end -}}
+
+{{/* CEL: at least one nvidia.com/gpu.deploy.* label is added, changed or removed (UPDATE only: reads oldObject). */}}
+{{- define "gdg.celChangesDeployLabel" -}}
+(has(object.metadata.labels) &&
+  object.metadata.labels.exists(k,
+    k.startsWith('nvidia.com/gpu.deploy.') &&
+    (!has(oldObject.metadata.labels) ||
+     !(k in oldObject.metadata.labels) ||
+     oldObject.metadata.labels[k] != object.metadata.labels[k])))
+||
+(has(oldObject.metadata.labels) &&
+  oldObject.metadata.labels.exists(k,
+    k.startsWith('nvidia.com/gpu.deploy.') &&
+    (!has(object.metadata.labels) ||
+     !(k in object.metadata.labels))))
+{{- end -}}

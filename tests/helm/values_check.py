@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Checks that values reach the objects they are documented to change.
+
+    values_check.py DIR
+
+DIR holds `helm template` output per value set of tests/helm/run.sh
+(<name>.yaml). Prints each failed expectation; exits 1 if any.
+"""
+
+import base64
+import sys
+
+import yaml
+
+problems = []
+
+
+def load(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def one(objs, kind, suffix=""):
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"].endswith(suffix)]
+    if len(found) != 1:
+        problems.append(f"want one {kind} *{suffix}, found {len(found)}")
+        return {}
+    return found[0]
+
+
+def expect(what, got, want):
+    if got != want:
+        problems.append(f"{what}: {got!r}, want {want!r}")
+
+
+def kinds(objs):
+    return sorted({o["kind"] for o in objs})
+
+
+def container(objs):
+    return one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+d = sys.argv[1]
+sets = {n: load(f"{d}/{n}.yaml") for n in [
+    "defaults", "audit", "warn", "cert-manager", "cert-manager-clusterissuer", "existing-secret",
+    "everything", "host-network", "gke-private"]}
+
+# enforcement -> failurePolicy of the enforce webhook and mode in the config.
+for name, policy, mode in [("defaults", "Fail", "enforce"), ("warn", "Ignore", "warn"), ("audit", "Ignore", "audit")]:
+    vwc = one(sets[name], "ValidatingWebhookConfiguration")
+    expect(f"{name}: enforce webhook failurePolicy", vwc["webhooks"][0]["failurePolicy"], policy)
+    expect(f"{name}: observe webhook failurePolicy", vwc["webhooks"][1]["failurePolicy"], "Ignore")
+    cfg = yaml.safe_load(one(sets[name], "ConfigMap", "-config")["data"]["config.yaml"])
+    expect(f"{name}: config mode", cfg["mode"], mode)
+
+# Defaults: self-signed Secret whose CA is the caBundle and whose certificate names the Service.
+objs = sets["defaults"]
+secret = one(objs, "Secret")
+vwc = one(objs, "ValidatingWebhookConfiguration")
+expect("defaults: caBundle is the Secret's ca.crt", vwc["webhooks"][0]["clientConfig"].get("caBundle"), secret["data"]["ca.crt"])
+expect("defaults: nodes/status matched", vwc["webhooks"][0]["rules"][0]["resources"], ["nodes", "nodes/status"])
+expect("defaults: nodeSelector", one(objs, "Deployment")["spec"]["template"]["spec"]["nodeSelector"], {"kubernetes.io/os": "linux"})
+expect("defaults: webhook Service ports", [p["name"] for p in one(objs, "Service", "gpu-deploy-guard")["spec"]["ports"]], ["webhook"])
+expect("defaults: metrics Service ports", [p["name"] for p in one(objs, "Service", "-metrics")["spec"]["ports"]], ["metrics"])
+expect("defaults: no subPath", [m.get("subPath") for m in container(objs)["volumeMounts"]], [None, None])
+expect("defaults: kinds", kinds(objs), ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
+                                        "PodDisruptionBudget", "PriorityClass", "Role", "RoleBinding", "Secret", "Service",
+                                        "ServiceAccount", "ValidatingWebhookConfiguration"])
+
+# cert-manager: own CA Issuer chain, or the given ClusterIssuer and nothing else.
+objs = sets["cert-manager"]
+expect("cert-manager: kinds", kinds(objs).count("Issuer") + kinds(objs).count("Certificate"), 2)
+expect("cert-manager: inject-ca-from", one(objs, "ValidatingWebhookConfiguration")["metadata"]["annotations"],
+       {"cert-manager.io/inject-ca-from": "gpu-deploy-guard/gpu-deploy-guard-tls"})
+objs = sets["cert-manager-clusterissuer"]
+expect("cert-manager-clusterissuer: no Issuer", "Issuer" in kinds(objs), False)
+expect("cert-manager-clusterissuer: issuerRef", one(objs, "Certificate")["spec"]["issuerRef"],
+       {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": "corp-ca"})
+
+# existingSecret: no Secret rendered, the named one mounted, the given caBundle.
+objs = sets["existing-secret"]
+expect("existing-secret: no Secret", "Secret" in kinds(objs), False)
+tls = [v for v in one(objs, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"][0]
+expect("existing-secret: mounted Secret", tls["secret"]["secretName"], "my-tls")
+expect("existing-secret: caBundle", base64.b64decode(one(objs, "ValidatingWebhookConfiguration")["webhooks"][1]["clientConfig"]["caBundle"]),
+       b"not a real CA")
+
+# everything: monitoring labels and places, CEL param, report, digest, NetworkPolicy, tolerations.
+objs = sets["everything"]
+for kind in ("ServiceMonitor", "PrometheusRule"):
+    expect(f"everything: {kind} release label", one(objs, kind)["metadata"]["labels"].get("release"), "kube-prometheus-stack")
+dash = one(objs, "ConfigMap", "-dashboard")
+expect("everything: dashboard namespace", dash["metadata"]["namespace"], "grafana")
+expect("everything: dashboard label", dash["metadata"]["labels"].get("grafana_dashboard"), "1")
+expect("everything: dashboard annotations", dash["metadata"].get("annotations"), {"grafana_folder": "GPU"})
+expect("everything: ServiceMonitor port", one(objs, "ServiceMonitor")["spec"]["endpoints"][0]["port"], "metrics")
+expect("everything: paramKind", one(objs, "ValidatingAdmissionPolicy")["spec"].get("paramKind"),
+       {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy"})
+expect("everything: --report", "--report" in container(objs)["args"], True)
+expect("everything: image digest", container(objs)["image"],
+       "ghcr.io/gpu-deploy-guard/gpu-deploy-guard@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+np = one(objs, "NetworkPolicy")["spec"]["ingress"]
+expect("everything: webhook port from the API server only", np[0].get("from"), [{"ipBlock": {"cidr": "10.0.0.0/16"}}])
+expect("everything: metrics port from the metrics namespace's prometheus", np[1]["from"],
+       [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+         "podSelector": {"matchLabels": {"app": "prometheus"}}}])
+expect("everything: no PriorityClass object", "PriorityClass" in kinds(objs), False)
+expect("everything: priorityClassName", one(objs, "Deployment")["spec"]["template"]["spec"]["priorityClassName"], "system-cluster-critical")
+expect("everything: tolerations", one(objs, "Deployment")["spec"]["template"]["spec"]["tolerations"], [{"operator": "Exists"}])
+expect("everything: Namespace restricted", one(objs, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "restricted")
+cfg = yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"])
+expect("everything: exempt usernames", cfg["exemptions"]["usernames"], ["alice"])
+
+# hostNetwork: node ports, privileged namespace, no NetworkPolicy, no PDB, no watch, nodes only.
+objs = sets["host-network"]
+spec = one(objs, "Deployment")["spec"]["template"]["spec"]
+expect("host-network: hostNetwork", (spec.get("hostNetwork"), spec.get("dnsPolicy")), (True, "ClusterFirstWithHostNet"))
+expect("host-network: ports", [p["containerPort"] for p in container(objs)["ports"]], [9443, 9444])
+expect("host-network: listen args", [a for a in container(objs)["args"] if a.startswith("--listen") or a.startswith("--admin-listen")],
+       ["--listen=0.0.0.0:9443", "--admin-listen=0.0.0.0:9444"])
+expect("host-network: --no-cluster-watch", "--no-cluster-watch" in container(objs)["args"], True)
+expect("host-network: Namespace privileged", one(objs, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged")
+expect("host-network: no NetworkPolicy, no PDB", [k for k in kinds(objs) if k in ("NetworkPolicy", "PodDisruptionBudget")], [])
+expect("host-network: nodes only", one(objs, "ValidatingWebhookConfiguration")["webhooks"][0]["rules"][0]["resources"], ["nodes"])
+
+# GKE private clusters: the webhook on 10250 behind Service port 443.
+objs = sets["gke-private"]
+expect("gke-private: container port", container(objs)["ports"][0]["containerPort"], 10250)
+expect("gke-private: service port", one(objs, "Service", "gpu-deploy-guard")["spec"]["ports"][0]["port"], 443)
+
+for p in problems:
+    print(p)
+print(f"{len(problems)} unmet expectations")
+sys.exit(1 if problems else 0)
