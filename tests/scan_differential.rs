@@ -249,6 +249,9 @@ const INTERESTING: &[&[u8]] = &[
 
 /// One random edit of `body`.
 fn mutate(body: &[u8], rng: &mut Rng) -> Vec<u8> {
+    if body.is_empty() {
+        return rng.pick(INTERESTING).to_vec();
+    }
     let mut out = body.to_vec();
     let at = rng.below(out.len() + 1);
     match rng.below(6) {
