@@ -17,8 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpu_deploy_guard::audit::{self, Cluster, files, output};
-use gpu_deploy_guard::policy::Policy;
+use gpu_deploy_guard::audit::{self, output};
+use gpu_deploy_guard::core::facts::operator_defaults;
+use gpu_deploy_guard::core::policy::Policy;
+use gpu_deploy_guard::k8s::list as files;
 
 const CHILD_ENV: &str = "GDG_BENCH_CHILD";
 const PODS_PER_NODE: usize = 10;
@@ -143,7 +145,7 @@ fn child(spec: &str) {
     let (nodes, pods) =
         files::read_nodes_and_pods(Path::new(nodes_path), Path::new(pods_path)).expect("parse");
     let parsed = Instant::now();
-    let report = audit::audit(&nodes, &pods, &Cluster::default(), &Policy::default());
+    let report = audit::audit(&nodes, &pods, &operator_defaults(), &Policy::default());
     let audited = Instant::now();
     let text = output::lines(&report);
     let printed = Instant::now();

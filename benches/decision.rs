@@ -7,8 +7,9 @@ mod common;
 use std::hint::black_box;
 
 use common::Case;
-use gpu_deploy_guard::admission::{RequestLabels, parse_review};
-use gpu_deploy_guard::policy::{self, ClusterFacts, Decision, Policy};
+use gpu_deploy_guard::core::facts::ClusterFacts;
+use gpu_deploy_guard::core::policy::{self, Decision, Policy};
+use gpu_deploy_guard::webhook::{RequestLabels, parse_review};
 
 fn case(name: &'static str) -> Case {
     let facts = ClusterFacts::default();

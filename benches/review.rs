@@ -12,9 +12,11 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use common::Case;
-use gpu_deploy_guard::admission::{Limits, Webhook, parse_review, respond, review_request};
+use gpu_deploy_guard::core::facts::ClusterFacts;
+use gpu_deploy_guard::core::policy::Policy;
 use gpu_deploy_guard::metrics::Metrics;
-use gpu_deploy_guard::policy::{ClusterFacts, Policy};
+use gpu_deploy_guard::webhook::response::respond;
+use gpu_deploy_guard::webhook::{Limits, Webhook, parse_review, review_request};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
@@ -102,7 +104,7 @@ fn router_case(name: &str, body: Vec<u8>) -> Case {
         Arc::new(Metrics::new()),
         Limits::default(),
     );
-    let app = gpu_deploy_guard::admission::router(Arc::new(hook));
+    let app = gpu_deploy_guard::webhook::router(Arc::new(hook));
     let size = body.len();
     let body = bytes::Bytes::from(body);
     Case::new(format!("router/{name}"), move || {

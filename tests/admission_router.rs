@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use gpu_deploy_guard::admission::{Limits, Webhook, router};
+use gpu_deploy_guard::core::facts::ClusterFacts;
+use gpu_deploy_guard::core::policy::Policy;
 use gpu_deploy_guard::metrics::Metrics;
-use gpu_deploy_guard::policy::{ClusterFacts, Policy};
+use gpu_deploy_guard::webhook::{Limits, Webhook, router};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;

@@ -1,5 +1,5 @@
 //! `gpu-deploy-guard audit` from files, and `check --cluster-policy`, run as a user would:
-//! exact output and exit codes on the lab of GPU-OPERATOR.md.
+//! exact output and exit codes on the lab of docs/gpu-operator.md.
 
 use std::process::{Command, Output};
 

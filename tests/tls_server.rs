@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use gpu_deploy_guard::metrics::Metrics;
-use gpu_deploy_guard::server::{ServeError, Server};
-use gpu_deploy_guard::tls::TlsSource;
+use gpu_deploy_guard::serve::server::{ServeError, Server};
+use gpu_deploy_guard::serve::tls::TlsSource;
 use server_support::*;
 use std::sync::Arc;
 
@@ -289,7 +289,10 @@ async fn start_up_fails_naming_the_bad_file() {
 
     let other_key = write("other.key", &other.key_pem);
     let err = bind_error(files(&cert, &other_key)).await;
-    assert!(matches!(err, gpu_deploy_guard::server::ServeError::Tls(_)));
+    assert!(matches!(
+        err,
+        gpu_deploy_guard::serve::server::ServeError::Tls(_)
+    ));
     let err = err.to_string();
     assert!(
         err.contains("other.key") && err.contains("does not belong"),
@@ -368,11 +371,11 @@ async fn addresses_in_use_fail_start_up_naming_the_address() {
     // run() surfaces the same message through anyhow.
     let mut opts = options(source);
     opts.listen = taken_addr;
-    let err = gpu_deploy_guard::server::run(
+    let err = gpu_deploy_guard::serve::server::run(
         opts,
         hello_app(),
         Arc::new(Metrics::new()),
-        gpu_deploy_guard::server::Readiness::new(),
+        gpu_deploy_guard::serve::readiness::Readiness::new(),
         std::future::pending(),
     )
     .await

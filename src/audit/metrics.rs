@@ -143,10 +143,11 @@ impl AuditMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::audit::{Cluster, audit};
-    use crate::node::NodeView;
-    use crate::pod::{PodPhase, PodView};
-    use crate::policy::Policy;
+    use crate::audit::audit;
+    use crate::core::facts::operator_defaults;
+    use crate::core::policy::Policy;
+    use crate::k8s::node::NodeView;
+    use crate::k8s::pod::{PodPhase, PodView};
 
     fn node(name: &str, labels: &[(&str, &str)]) -> NodeView {
         let mut n = NodeView::default();
@@ -206,7 +207,7 @@ mod tests {
             node("cpu", &[]),
         ];
         let pods = [plugin_pod("a"), plugin_pod("b")];
-        let report = audit(&nodes, &pods, &Cluster::default(), &Policy::default());
+        let report = audit(&nodes, &pods, &operator_defaults(), &Policy::default());
         am.record(&report, 1_796_032_800);
         am.set_cluster_policy_available(true);
         let mut got = samples(&metrics);
@@ -235,7 +236,7 @@ mod tests {
         let report = audit(
             &nodes[..1],
             &pods[..1],
-            &Cluster::default(),
+            &operator_defaults(),
             &Policy::default(),
         );
         am.record(&report, 1_796_032_860);

@@ -1,19 +1,17 @@
 //! The audit: which operands each node should run, which it does run, and what
 //! is broken, from one list of nodes and one list of the operator's pods.
 //!
-//! [`audit`] is pure: no I/O, no clock. Reading files ([`files`]), listing a
-//! cluster ([`cluster`]), printing ([`output`]), the ClusterPolicyReport
-//! ([`report`]) and the `/metrics` gauges ([`metrics`]) are shells around it.
+//! [`audit`] is pure: no I/O, no clock. Printing ([`output`]), the
+//! ClusterPolicyReport ([`report`]), writing it to the cluster ([`apply`]) and
+//! the `/metrics` gauges ([`metrics`]) are shells around it. Its input comes
+//! from files or the API (`k8s`), or from the stores of `serve`'s cluster watch.
 //! The label rules come from [`policy::assess`], the webhook's own code, so the
 //! audit and the webhook never disagree about a node.
 
-pub mod cli;
-pub mod cluster;
-pub mod files;
+pub mod apply;
 pub mod metrics;
 pub mod output;
 pub mod report;
-pub mod split;
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -21,94 +19,13 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::daemonset::{is_daemonset_pod, operand_of_pod};
-use crate::node::NodeView;
-use crate::operands::{Operand, OperandSet, is_gpu_node};
-use crate::pod::{PodPhase, PodView};
-use crate::policy::{self, Action, ClusterFacts, Policy, Rule, STATE_RULES};
-
-/// The lab's matrix columns, always shown, in this order.
-pub const BASE_COLUMNS: [Operand; 5] = [
-    Operand::Driver,
-    Operand::ContainerToolkit,
-    Operand::DevicePlugin,
-    Operand::GpuFeatureDiscovery,
-    Operand::DcgmExporter,
-];
-
-/// Where the ClusterPolicy facts came from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PolicySource {
-    /// Read from the named ClusterPolicy.
-    Found(String),
-    /// None was given (an audit of files without `--cluster-policy`): the operator's defaults.
-    NotGiven,
-    /// The CRD is not installed or no ClusterPolicy exists: the operator's defaults.
-    Missing(String),
-    /// RBAC forbids reading ClusterPolicies: the operator's defaults.
-    Forbidden(String),
-    /// Reading failed otherwise: the operator's defaults.
-    Failed(String),
-}
-
-impl PolicySource {
-    /// The facts are the defaults because the ClusterPolicy could not be read.
-    pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
-            PolicySource::Missing(_) | PolicySource::Forbidden(_) | PolicySource::Failed(_)
-        )
-    }
-
-    pub fn state(&self) -> &'static str {
-        match self {
-            PolicySource::Found(_) => "found",
-            PolicySource::NotGiven => "not-given",
-            PolicySource::Missing(_) => "missing",
-            PolicySource::Forbidden(_) => "forbidden",
-            PolicySource::Failed(_) => "failed",
-        }
-    }
-
-    /// One sentence for logs, notes and the report.
-    pub fn describe(&self) -> String {
-        match self {
-            PolicySource::Found(name) => format!("operand switches read from ClusterPolicy {name}"),
-            PolicySource::NotGiven => {
-                "no ClusterPolicy given: the GPU Operator's default operand switches are assumed"
-                    .to_owned()
-            }
-            PolicySource::Missing(why)
-            | PolicySource::Forbidden(why)
-            | PolicySource::Failed(why) => {
-                format!(
-                    "ClusterPolicy unavailable ({why}): the GPU Operator's default operand switches are assumed"
-                )
-            }
-        }
-    }
-}
-
-/// Everything known about the cluster besides its nodes and pods.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cluster {
-    pub facts: ClusterFacts,
-    pub policy_source: PolicySource,
-    /// Operands whose DaemonSet exists, when the DaemonSets were listed. An operand whose
-    /// DaemonSet is known to be absent is expected nowhere.
-    pub daemonsets: Option<OperandSet>,
-}
-
-/// Nothing known: the operator's default switches, no DaemonSet list.
-impl Default for Cluster {
-    fn default() -> Self {
-        Cluster {
-            facts: crate::cluster_policy::operator_defaults(),
-            policy_source: PolicySource::NotGiven,
-            daemonsets: None,
-        }
-    }
-}
+use crate::core::facts::ClusterFacts;
+use crate::core::operands::{Operand, OperandSet, is_gpu_node};
+use crate::core::policy::{self, Policy};
+use crate::core::rules::{Action, Rule};
+use crate::k8s::daemonset::{is_daemonset_pod, operand_of_pod};
+use crate::k8s::node::NodeView;
+use crate::k8s::pod::{PodPhase, PodView};
 
 /// A rule the audit reports: one of the webhook's state rules, or its own pod check.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -128,8 +45,7 @@ impl AuditRule {
 
     /// Every rule the audit evaluates, in report order.
     pub fn all() -> impl Iterator<Item = AuditRule> {
-        STATE_RULES
-            .into_iter()
+        Rule::state_rules()
             .map(AuditRule::Policy)
             .chain(std::iter::once(AuditRule::OperandNotRunning))
     }
@@ -234,11 +150,11 @@ impl NodeAudit {
 pub struct AuditReport {
     /// Sorted by name.
     pub nodes: Vec<NodeAudit>,
-    /// Operands shown for every node: [`BASE_COLUMNS`], then those whose DaemonSet exists.
+    /// Operands shown for every node: those always shown, then those whose DaemonSet exists.
     pub columns: Vec<Operand>,
     /// Running DaemonSet pods in the namespace (the matrix's `TOTAL_PODS`).
     pub running_daemonset_pods: usize,
-    pub cluster: Cluster,
+    pub facts: ClusterFacts,
     /// The rules evaluated: every [`AuditRule`] but those the policy switches off.
     pub rules: Vec<AuditRule>,
 }
@@ -270,7 +186,7 @@ impl AuditReport {
 pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
     nodes: &[N],
     pods: &[P],
-    cluster: &Cluster,
+    facts: &ClusterFacts,
     policy: &Policy,
 ) -> AuditReport {
     let mut by_node: HashMap<&str, Vec<(Operand, &PodView)>> = HashMap::new();
@@ -289,10 +205,9 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
             by_node.entry(node).or_default().push((op, pod));
         }
     }
-    let present = cluster.daemonsets.unwrap_or(seen);
-    let columns: Vec<Operand> = BASE_COLUMNS
-        .into_iter()
-        .chain(Operand::all().filter(|op| present.contains(*op) && !BASE_COLUMNS.contains(op)))
+    let present = facts.daemonsets.unwrap_or(seen);
+    let columns: Vec<Operand> = Operand::always_shown()
+        .chain(Operand::all().filter(|op| present.contains(*op) && !op.info().always_shown))
         .collect();
 
     let mut out: Vec<NodeAudit> = nodes
@@ -300,7 +215,7 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
         .map(|n| {
             let n = n.borrow();
             let pods = by_node.get(n.name()).map_or(&[][..], Vec::as_slice);
-            audit_node(n, pods, &columns, cluster, policy)
+            audit_node(n, pods, &columns, facts, policy)
         })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -308,7 +223,7 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
         nodes: out,
         columns,
         running_daemonset_pods,
-        cluster: cluster.clone(),
+        facts: facts.clone(),
         rules: AuditRule::all()
             .filter(|r| match r {
                 AuditRule::Policy(rule) => policy.action(*rule) != Action::Off,
@@ -322,14 +237,14 @@ fn audit_node(
     node: &NodeView,
     pods: &[(Operand, &PodView)],
     columns: &[Operand],
-    cluster: &Cluster,
+    facts: &ClusterFacts,
     policy: &Policy,
 ) -> NodeAudit {
     let labels = node.labels();
-    let expected: OperandSet = policy::simulate(labels, &cluster.facts)
+    let expected: OperandSet = policy::simulate(labels, facts)
         .iter()
-        .filter(|op| op.info().daemonset.is_some())
-        .filter(|op| cluster.daemonsets.is_none_or(|ds| ds.contains(*op)))
+        .filter(|op| op.info().has_daemonset())
+        .filter(|op| facts.daemonsets.is_none_or(|ds| ds.contains(*op)))
         .collect();
     let with_pods: OperandSet = pods.iter().map(|(op, _)| *op).collect();
     let operands: Vec<OperandState> = Operand::all()
@@ -356,14 +271,14 @@ fn audit_node(
         operands,
         findings: Vec::new(),
     };
-    audit.findings = findings(&audit, node, cluster, policy);
+    audit.findings = findings(&audit, node, facts, policy);
     audit
 }
 
 fn findings(
     audit: &NodeAudit,
     node: &NodeView,
-    cluster: &Cluster,
+    facts: &ClusterFacts,
     policy: &Policy,
 ) -> Vec<AuditFinding> {
     let mut out = Vec::new();
@@ -372,7 +287,7 @@ fn findings(
     let toolkit_runs = audit.running(Operand::ContainerToolkit);
     if plugin_runs
         && !toolkit_runs
-        && cluster.facts.toolkit_managed
+        && facts.toolkit_managed
         && policy.action(dp_rule) != Action::Off
     {
         out.push(AuditFinding {
@@ -392,10 +307,10 @@ fn findings(
             rule: AuditRule::OperandNotRunning,
             level: Level::Fail,
             basis: Basis::Pods,
-            message: not_running_message(&audit.name, &missing, &cluster.facts),
+            message: not_running_message(&audit.name, &missing, facts),
         });
     }
-    for f in policy::assess(&audit.name, node.labels(), &cluster.facts, policy) {
+    for f in policy::assess(&audit.name, node.labels(), facts, policy) {
         let rule = AuditRule::Policy(f.rule);
         // What the pods show says more than what the labels imply.
         if out.iter().any(|o| o.rule == rule) {

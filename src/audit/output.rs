@@ -6,22 +6,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{AuditFinding, AuditReport, NodeAudit, OperandState, PolicySource};
-use crate::operands::Operand;
-use crate::policy::Rule;
-
-/// The matrix's name for an operand. The lab's `dcgm` column was the DCGM exporter, and stays
-/// so; the standalone DCGM host engine (`nvidia-dcgm`), when its DaemonSet exists, gets a column
-/// of its own named `dcgm-hostengine`. Every other operand goes by its deploy-label name.
-pub fn column_name(op: Operand) -> &'static str {
-    match op {
-        Operand::ContainerToolkit => "toolkit",
-        Operand::GpuFeatureDiscovery => "gfd",
-        Operand::DcgmExporter => "dcgm",
-        Operand::Dcgm => "dcgm-hostengine",
-        other => other.name(),
-    }
-}
+use super::{AuditFinding, AuditReport, NodeAudit, OperandState};
+use crate::core::facts::PolicySource;
+use crate::core::operands::Operand;
+use crate::core::rules::Rule;
 
 /// `-o lines`: per node `<node> MISSING <operand>` for each gap or `<node> OK`, then
 /// `<node> device-plugin-without-toolkit` per broken pairing.
@@ -54,7 +42,7 @@ pub fn matrix(report: &AuditReport) -> String {
         out.push_str(&node.name);
         for op in &report.columns {
             let yes = if node.running(*op) { "yes" } else { "no" };
-            let _ = write!(out, " {}={yes}", column_name(*op));
+            let _ = write!(out, " {}={yes}", op.column());
         }
         out.push('\n');
     }
@@ -111,8 +99,8 @@ struct JsonNode<'a> {
 
 /// `-o json`: the same facts, per node and operand, with the findings.
 pub fn json(report: &AuditReport) -> String {
-    let source = &report.cluster.policy_source;
-    let facts = &report.cluster.facts;
+    let facts = &report.facts;
+    let source = &facts.source;
     let out = JsonReport {
         cluster_policy: JsonPolicy {
             state: source.state(),

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{AuditReport, AuditRule, Level, NodeAudit};
-use crate::policy::Rule;
 
 pub const API_VERSION: &str = "wgpolicyk8s.io/v1alpha2";
 pub const KIND: &str = "ClusterPolicyReport";
@@ -92,29 +91,15 @@ pub struct Summary {
 /// How much a rule's failure hurts, in the report's words.
 pub fn severity(rule: AuditRule) -> &'static str {
     match rule {
-        AuditRule::Policy(Rule::DevicePluginWithoutToolkit) => "high",
+        AuditRule::Policy(rule) => rule.spec().severity,
         AuditRule::OperandNotRunning => "medium",
-        AuditRule::Policy(Rule::OperandWithoutToolkit | Rule::OperandWithoutValidator) => "medium",
-        AuditRule::Policy(_) => "low",
     }
 }
 
 /// What a pass means, per rule.
 fn passed(rule: AuditRule, node: &str) -> String {
     let what = match rule {
-        AuditRule::Policy(Rule::DevicePluginWithoutToolkit) => {
-            "the device plugin does not run without the container toolkit"
-        }
-        AuditRule::Policy(Rule::OperandWithoutToolkit) => {
-            "no operand waits for a container toolkit that does not run"
-        }
-        AuditRule::Policy(Rule::OperandWithoutValidator) => {
-            "no operand waits for an operator validator that is labelled off"
-        }
-        AuditRule::Policy(Rule::DevicePluginOnNonGpuNode) => {
-            "the device plugin does not run on a node without a GPU label"
-        }
-        AuditRule::Policy(_) => "no finding",
+        AuditRule::Policy(rule) => rule.spec().pass,
         AuditRule::OperandNotRunning => "every expected operand runs",
     };
     format!("node {node}: {what}")
@@ -132,7 +117,7 @@ impl NodeAudit {
 /// Builds the report of one audit.
 pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
     let mut results = Vec::new();
-    let source = &report.cluster.policy_source;
+    let source = &report.facts.source;
     if source.is_unavailable() {
         results.push(ReportResult {
             policy: NAME,

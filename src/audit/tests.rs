@@ -1,15 +1,16 @@
-//! The audit on the lab of GPU-OPERATOR.md (fixtures made by
+//! The audit on the lab of docs/gpu-operator.md (fixtures made by
 //! `tests/fixtures/audit/make-audit.py`), then one case per behaviour.
 
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::audit::files;
-use crate::audit::output::{self, column_name};
+use crate::audit::output;
 use crate::audit::report::{self, Outcome, Timestamp};
-use crate::cluster_policy;
-use crate::daemonset::{custom_selectors, operands_present};
-use crate::operands::Labels;
+use crate::core::facts::{PolicySource, operator_defaults};
+use crate::core::operands::Labels;
+use crate::k8s::daemonset::{custom_selectors, operands_present};
+use crate::k8s::list as files;
+use crate::k8s::read;
 
 fn fixture(case: &str, file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -26,7 +27,7 @@ fn lab(case: &str) -> (Vec<NodeView>, Vec<PodView>) {
 
 fn run(case: &str) -> AuditReport {
     let (nodes, pods) = lab(case);
-    audit(&nodes, &pods, &Cluster::default(), &Policy::default())
+    audit(&nodes, &pods, &operator_defaults(), &Policy::default())
 }
 
 fn node(name: &str, labels: &[(&str, &str)]) -> NodeView {
@@ -169,13 +170,11 @@ fn gaps_are_listed_per_node_and_operand() {
 fn real_daemonsets_narrow_what_is_expected_and_add_columns() {
     let (nodes, pods) = lab("lab-gaps");
     let ds = files::read_daemonsets(&fixture("lab-gaps", "daemonsets.json")).unwrap();
-    let cluster = Cluster {
-        facts: ClusterFacts {
-            selectors: custom_selectors(&ds),
-            ..crate::cluster_policy::operator_defaults()
-        },
-        policy_source: PolicySource::NotGiven,
+    let cluster = ClusterFacts {
+        selectors: custom_selectors(&ds),
+        source: PolicySource::NotGiven,
         daemonsets: Some(operands_present(&ds)),
+        ..operator_defaults()
     };
     let r = audit(&nodes, &pods, &cluster, &Policy::default());
     // GFD's DaemonSet selects a pool no lab node is in: its Pending pod is no gap.
@@ -201,15 +200,15 @@ fn real_daemonsets_narrow_what_is_expected_and_add_columns() {
 fn a_host_provided_toolkit_makes_the_lone_device_plugin_normal() {
     let (nodes, mut pods) = lab("lab-device-plugin-only");
     pods.retain(|p| p.daemonset.as_deref() != Some("nvidia-container-toolkit-daemonset"));
-    let cp = cluster_policy::read_file(
+    let cp = read::cluster_policy_file(
         &Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/audit/cluster-policy-host-toolkit.yaml"),
     )
     .unwrap();
-    let cluster = Cluster {
-        facts: cp.facts,
-        policy_source: PolicySource::Found(cp.name),
+    let cluster = ClusterFacts {
+        source: PolicySource::Found(cp.name),
         daemonsets: None,
+        ..cp.facts
     };
     let r = audit(&nodes, &pods, &cluster, &Policy::default());
     assert_eq!(
@@ -243,7 +242,7 @@ fn a_running_pod_wins_over_a_terminated_one_on_the_same_node() {
         pod("tk-new", "nvidia-container-toolkit-daemonset", "n", RUNNING),
         pod("dp", "nvidia-device-plugin-daemonset", "n", RUNNING),
     ];
-    let r = audit(&nodes, &pods, &Cluster::default(), &Policy::default());
+    let r = audit(&nodes, &pods, &operator_defaults(), &Policy::default());
     let tk = r.nodes[0].operand(Operand::ContainerToolkit).unwrap();
     assert_eq!(tk.pod.as_deref(), Some("tk-new"));
     assert!(tk.running);
@@ -266,7 +265,7 @@ fn a_toolkit_pod_that_is_not_running_still_breaks_the_pairing() {
         ),
         pod("dp", "nvidia-device-plugin-daemonset", "n", RUNNING),
     ];
-    let r = audit(&nodes, &pods, &Cluster::default(), &Policy::default());
+    let r = audit(&nodes, &pods, &operator_defaults(), &Policy::default());
     assert_eq!(
         output::lines(&r),
         "n MISSING container-toolkit\nn device-plugin-without-toolkit\n"
@@ -284,7 +283,7 @@ fn pods_without_owner_references_are_matched_by_their_app_label() {
     let mut p = pod("exp", "nvidia-dcgm-exporter", "n", RUNNING);
     p.daemonset = None;
     p.owned = false;
-    let r = audit(&nodes, &[p], &Cluster::default(), &Policy::default());
+    let r = audit(&nodes, &[p], &operator_defaults(), &Policy::default());
     assert!(r.nodes[0].running(Operand::DcgmExporter));
     assert_eq!(r.running_daemonset_pods, 1);
 }
@@ -298,7 +297,7 @@ fn unscheduled_pods_and_pods_of_other_nodes_count_only_in_the_total() {
     let r = audit(
         &nodes,
         &[unscheduled, elsewhere],
-        &Cluster::default(),
+        &operator_defaults(),
         &Policy::default(),
     );
     assert!(!r.nodes[0].running(Operand::DcgmExporter));
@@ -320,7 +319,7 @@ fn only_the_exact_value_true_makes_an_operand_expected() {
     let r = audit(
         &nodes,
         &[] as &[PodView],
-        &Cluster::default(),
+        &operator_defaults(),
         &Policy::default(),
     );
     assert_eq!(
@@ -334,8 +333,8 @@ fn only_the_exact_value_true_makes_an_operand_expected() {
 #[test]
 fn an_operand_switched_off_or_without_a_daemonset_is_expected_nowhere() {
     let nodes = [node("n", &[("dcgm", "true"), ("mig-manager", "true")])];
-    let mut cluster = Cluster::default();
-    cluster.facts.disabled.insert(Operand::Dcgm);
+    let mut cluster = operator_defaults();
+    cluster.disabled.insert(Operand::Dcgm);
     cluster.daemonsets = Some(OperandSet::EMPTY);
     let r = audit(&nodes, &[] as &[PodView], &cluster, &Policy::default());
     assert_eq!(output::lines(&r), "n OK\n");
@@ -352,7 +351,7 @@ fn without_a_cluster_policy_the_operators_default_switches_apply() {
     let r = audit(
         &nodes,
         &[] as &[PodView],
-        &Cluster::default(),
+        &operator_defaults(),
         &Policy::default(),
     );
     assert_eq!(output::lines(&r), "n OK\n");
@@ -363,7 +362,7 @@ fn a_rule_switched_off_in_the_config_is_not_reported() {
     let (nodes, pods) = lab("lab-device-plugin-only");
     let mut policy = Policy::default();
     policy.actions[Rule::DevicePluginWithoutToolkit as usize] = Action::Off;
-    let r = audit(&nodes, &pods, &Cluster::default(), &policy);
+    let r = audit(&nodes, &pods, &operator_defaults(), &policy);
     assert_eq!(r.exit_code(), 0);
     assert!(
         !r.rules
@@ -382,7 +381,7 @@ fn nodes_come_out_sorted_by_name() {
     let r = audit(
         &nodes,
         &[] as &[PodView],
-        &Cluster::default(),
+        &operator_defaults(),
         &Policy::default(),
     );
     assert_eq!(output::lines(&r), "a OK\nb OK\nc OK\n");
@@ -391,13 +390,13 @@ fn nodes_come_out_sorted_by_name() {
 
 #[test]
 fn the_dcgm_column_is_the_exporter_and_the_host_engine_gets_its_own() {
-    assert_eq!(column_name(Operand::DcgmExporter), "dcgm");
-    assert_eq!(column_name(Operand::Dcgm), "dcgm-hostengine");
-    assert_eq!(column_name(Operand::MigManager), "mig-manager");
+    assert_eq!(Operand::DcgmExporter.column(), "dcgm");
+    assert_eq!(Operand::Dcgm.column(), "dcgm-hostengine");
+    assert_eq!(Operand::MigManager.column(), "mig-manager");
     // Without a DaemonSet list, a DaemonSet exists when one of its pods does.
     let nodes = [node("n", &[("dcgm", "true")])];
     let pods = [pod("d", "nvidia-dcgm", "n", RUNNING)];
-    let r = audit(&nodes, &pods, &Cluster::default(), &Policy::default());
+    let r = audit(&nodes, &pods, &operator_defaults(), &Policy::default());
     assert_eq!(
         output::matrix(&r),
         "n driver=no toolkit=no device-plugin=no gfd=no dcgm=no dcgm-hostengine=yes\nTOTAL_PODS=1\n"
@@ -461,11 +460,9 @@ fn the_report_yaml_follows_the_wgpolicyk8s_schema() {
     ] {
         policy.actions[rule as usize] = Action::Off;
     }
-    let cluster = Cluster {
-        policy_source: PolicySource::Forbidden(
-            "RBAC forbids listing clusterpolicies.nvidia.com".into(),
-        ),
-        ..Cluster::default()
+    let cluster = ClusterFacts {
+        source: PolicySource::Forbidden("RBAC forbids listing clusterpolicies.nvidia.com".into()),
+        ..operator_defaults()
     };
     let r = audit(&nodes, &pods, &cluster, &policy);
     let expected = include_str!("../../tests/fixtures/audit/report-one-node.yaml");
@@ -485,7 +482,7 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
     let r = audit(
         &nodes,
         &[] as &[PodView],
-        &Cluster::default(),
+        &operator_defaults(),
         &Policy::default(),
     );
     let rep = report::build(&r, at());

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use gpu_deploy_guard::certs::{self, Bundle};
 use gpu_deploy_guard::metrics::Metrics;
-use gpu_deploy_guard::server::{Readiness, ServeOptions, Server};
-use gpu_deploy_guard::tls::TlsSource;
+use gpu_deploy_guard::serve::readiness::Readiness;
+use gpu_deploy_guard::serve::server::{ServeOptions, Server};
+use gpu_deploy_guard::serve::tls::TlsSource;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;

@@ -214,7 +214,7 @@ impl ResolvesServerCert for CertResolver {
 /// (the API server supports both; older versions are broken), ALPN for
 /// HTTP/2 and HTTP/1.1, no client certificates (the API server does not
 /// send one unless configured to, and authorization is not this layer's job).
-pub fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerConfig>, TlsError> {
+fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerConfig>, TlsError> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(TlsError::Config)?
@@ -258,14 +258,6 @@ impl Tls {
 
     pub fn acceptor(&self) -> TlsAcceptor {
         TlsAcceptor::from(self.config.clone())
-    }
-
-    pub fn server_config(&self) -> Arc<ServerConfig> {
-        self.config.clone()
-    }
-
-    pub fn resolver(&self) -> Arc<CertResolver> {
-        self.resolver.clone()
     }
 
     /// Starts polling the certificate files every `interval`, if the

@@ -10,6 +10,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
+use super::meta::PartialMeta;
+
 /// `status.phase` of a Pod.
 /// Ordered from the most to the least useful, so that the best pod of several sorts first.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -90,29 +92,11 @@ pub(crate) struct RawPod {
     #[serde(default)]
     pub(crate) kind: Option<String>,
     #[serde(default)]
-    metadata: RawMeta,
+    metadata: PartialMeta<RawLabels, Vec<RawOwner>>,
     #[serde(default)]
     spec: RawSpec,
     #[serde(default)]
     status: RawStatus,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawMeta {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    namespace: Option<String>,
-    /// Kept so kube's watcher can resume instead of re-listing.
-    #[serde(default)]
-    resource_version: Option<String>,
-    #[serde(default)]
-    uid: Option<String>,
-    #[serde(default)]
-    labels: RawLabels,
-    #[serde(default)]
-    owner_references: Vec<RawOwner>,
 }
 
 #[derive(Default, Deserialize)]
@@ -146,27 +130,20 @@ struct RawStatus {
 
 impl From<RawPod> for PodView {
     fn from(raw: RawPod) -> Self {
-        let owned = !raw.metadata.owner_references.is_empty();
+        let (metadata, labels, owners) = raw.metadata.into_parts();
+        let owned = !owners.is_empty();
         // The controller reference decides; a lone DaemonSet reference without the flag counts too.
-        let daemonset = raw
-            .metadata
-            .owner_references
+        let daemonset = owners
             .into_iter()
             .filter(|o| o.kind == "DaemonSet")
             .max_by_key(|o| o.controller == Some(true))
             .map(|o| o.name);
         PodView {
-            metadata: ObjectMeta {
-                name: raw.metadata.name,
-                namespace: raw.metadata.namespace,
-                resource_version: raw.metadata.resource_version,
-                uid: raw.metadata.uid,
-                ..ObjectMeta::default()
-            },
+            metadata,
             node: raw.spec.node_name,
             phase: raw.status.phase,
             daemonset,
-            app: raw.metadata.labels.app,
+            app: labels.app,
             owned,
         }
     }

@@ -8,13 +8,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::cluster::{self, ClusterError};
-use super::files::{self, FileError};
-use super::report::{self, Timestamp};
-use super::{AuditReport, Cluster, PolicySource, audit, output};
-use crate::cluster_policy::{self, ClusterPolicyError};
-use crate::config::{Config, ConfigError};
-use crate::daemonset::{custom_selectors, operands_present};
+use crate::audit::apply::apply_report;
+use crate::audit::report::{self, Timestamp};
+use crate::audit::{AuditReport, audit, output};
+use crate::core::config::{Config, ConfigError};
+use crate::core::facts::{PolicySource, operator_defaults};
+use crate::k8s::api::{self as cluster, ClusterError};
+use crate::k8s::cluster_policy::ClusterPolicyError;
+use crate::k8s::daemonset::{custom_selectors, operands_present};
+use crate::k8s::list::{self as files, FileError};
+use crate::k8s::read;
 
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -102,7 +105,7 @@ pub enum AuditError {
     Runtime(std::io::Error),
 }
 
-/// Runs `audit` from a synchronous `main`. From an async `main`, await [`run_async`] instead.
+/// Runs `audit`: files without a runtime, a cluster on a single-threaded one.
 pub fn run(args: AuditArgs) -> ExitCode {
     if args.nodes.is_some() || args.pods.is_some() {
         return finish(audit_files(&args).and_then(|r| render(&args, r)));
@@ -111,24 +114,17 @@ pub fn run(args: AuditArgs) -> ExitCode {
         .enable_all()
         .build()
     {
-        Ok(rt) => rt.block_on(run_async(args)),
+        Ok(rt) => finish(
+            rt.block_on(audit_cluster(&args))
+                .and_then(|r| render(&args, r)),
+        ),
         Err(e) => finish(Err(AuditError::Runtime(e))),
     }
 }
 
-/// Runs `audit` inside an existing tokio runtime.
-pub async fn run_async(args: AuditArgs) -> ExitCode {
-    let outcome = if args.nodes.is_some() || args.pods.is_some() {
-        audit_files(&args)
-    } else {
-        audit_cluster(&args).await
-    };
-    finish(outcome.and_then(|r| render(&args, r)))
-}
-
 fn load_config(args: &AuditArgs) -> Result<Config, AuditError> {
     Ok(match &args.config {
-        Some(path) => Config::load(path)?,
+        Some(path) => read::config_file(path)?,
         None => Config::default(),
     })
 }
@@ -140,18 +136,18 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
     };
     let config = load_config(args)?;
     let (nodes, pods) = files::read_nodes_and_pods(nodes_path, pods_path)?;
-    let mut cluster = Cluster::default();
+    let mut facts = operator_defaults();
     if let Some(path) = &args.cluster_policy {
-        let p = cluster_policy::read_file(path)?;
-        cluster.facts = p.facts;
-        cluster.policy_source = PolicySource::Found(p.name);
+        let p = read::cluster_policy_file(path)?;
+        facts = p.facts;
+        facts.source = PolicySource::Found(p.name);
     }
     if let Some(path) = &args.daemonsets {
         let ds = files::read_daemonsets(path)?;
-        cluster.facts.selectors = custom_selectors(&ds);
-        cluster.daemonsets = Some(operands_present(&ds));
+        facts.selectors = custom_selectors(&ds);
+        facts.daemonsets = Some(operands_present(&ds));
     }
-    Ok(audit(&nodes, &pods, &cluster, &config.policy))
+    Ok(audit(&nodes, &pods, &facts, &config.policy))
 }
 
 async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
@@ -162,12 +158,12 @@ async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         .unwrap_or(config.operator_namespace.clone());
     let client = cluster::connect().await?;
     let snap = cluster::snapshot(&client, &namespace).await?;
-    if snap.cluster.policy_source.is_unavailable() {
-        eprintln!("warning: {}", snap.cluster.policy_source.describe());
+    if snap.facts.source.is_unavailable() {
+        eprintln!("warning: {}", snap.facts.source.describe());
     }
-    let result = audit(&snap.nodes, &snap.pods, &snap.cluster, &config.policy);
+    let result = audit(&snap.nodes, &snap.pods, &snap.facts, &config.policy);
     if args.report {
-        cluster::apply_report(&client, &report::build(&result, now())).await?;
+        apply_report(&client, &report::build(&result, now())).await?;
     }
     Ok(result)
 }

@@ -1,17 +1,17 @@
-//! The audit's view of a live cluster: a fixed number of list calls, however
-//! many nodes (one for nodes, one for the operator's pods, one for its
-//! DaemonSets, one for ClusterPolicies), and writing the ClusterPolicyReport.
+//! The API: the audit's snapshot of a live cluster (a fixed number of list calls,
+//! however many nodes: one for nodes, one for the operator's pods, one for its
+//! DaemonSets, one for ClusterPolicies), how a missing CRD or RBAC shows, what the
+//! ClusterPolicies and DaemonSets say, and writing an object with server-side apply.
 
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Client, Error as KubeError};
 use serde_json::Value;
 
-use super::report::{self, PolicyReport};
-use super::{Cluster, PolicySource};
-use crate::cluster_policy::{self, operator_defaults};
-use crate::daemonset::{DaemonSetView, custom_selectors, operands_present};
-use crate::node::NodeView;
-use crate::pod::PodView;
+use super::cluster_policy;
+use super::daemonset::{DaemonSetView, custom_selectors, operands_present};
+use super::node::NodeView;
+use super::pod::PodView;
+use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
 
 /// The field manager of every write, and so the owner of the report's fields.
 pub const FIELD_MANAGER: &str = "gpu-deploy-guard";
@@ -26,8 +26,9 @@ pub enum ClusterError {
         #[source]
         source: KubeError,
     },
-    #[error("cannot write ClusterPolicyReport {}: {}", report::NAME, brief(.source))]
-    Report {
+    #[error("cannot write {what}: {}", brief(.source))]
+    Write {
+        what: String,
         #[source]
         source: KubeError,
     },
@@ -49,17 +50,6 @@ pub fn cluster_policy_resource() -> ApiResource {
         api_version: "nvidia.com/v1".into(),
         kind: "ClusterPolicy".into(),
         plural: "clusterpolicies".into(),
-    }
-}
-
-/// `wgpolicyk8s.io/v1alpha2` ClusterPolicyReport, cluster-scoped.
-pub fn report_resource() -> ApiResource {
-    ApiResource {
-        group: "wgpolicyk8s.io".into(),
-        version: "v1alpha2".into(),
-        api_version: report::API_VERSION.into(),
-        kind: report::KIND.into(),
-        plural: "clusterpolicyreports".into(),
     }
 }
 
@@ -98,8 +88,8 @@ pub fn policy_unavailable(error: &KubeError) -> Option<PolicySource> {
 pub fn cluster_from(
     policies: Result<&[Value], PolicySource>,
     daemonsets: Option<&[&DaemonSetView]>,
-) -> Cluster {
-    let (mut facts, policy_source) = match policies {
+) -> ClusterFacts {
+    let (mut facts, source) = match policies {
         Ok(list) => match cluster_policy::choose(list).map(cluster_policy::from_object) {
             Some(Ok(p)) => (p.facts, PolicySource::Found(p.name)),
             Some(Err(e)) => (operator_defaults(), PolicySource::Failed(e.to_string())),
@@ -110,21 +100,19 @@ pub fn cluster_from(
         },
         Err(source) => (operator_defaults(), source),
     };
+    facts.source = source;
     if let Some(ds) = daemonsets {
         facts.selectors = custom_selectors(ds.iter().copied());
+        facts.daemonsets = Some(operands_present(ds.iter().copied()));
     }
-    Cluster {
-        facts,
-        policy_source,
-        daemonsets: daemonsets.map(|ds| operands_present(ds.iter().copied())),
-    }
+    facts
 }
 
 /// Everything one audit of a live cluster reads.
 pub struct Snapshot {
     pub nodes: Vec<NodeView>,
     pub pods: Vec<PodView>,
-    pub cluster: Cluster,
+    pub facts: ClusterFacts,
 }
 
 /// Connects with the kubeconfig (or the in-cluster service account).
@@ -167,32 +155,37 @@ pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, Clus
         Err(e) => Err(policy_unavailable(&e).unwrap_or_else(|| PolicySource::Failed(brief(&e)))),
     };
     let ds_refs: Vec<&DaemonSetView> = daemonsets.iter().collect();
-    let cluster = cluster_from(policies.as_deref().map_err(Clone::clone), Some(&ds_refs));
-    Ok(Snapshot {
-        nodes,
-        pods,
-        cluster,
-    })
+    let facts = cluster_from(policies.as_deref().map_err(Clone::clone), Some(&ds_refs));
+    Ok(Snapshot { nodes, pods, facts })
 }
 
-/// Writes the report with server-side apply: the report's fields belong to gpu-deploy-guard.
-pub async fn apply_report(client: &Client, report: &PolicyReport) -> Result<(), ClusterError> {
-    let api = Api::<DynamicObject>::all_with(client.clone(), &report_resource());
-    let body = serde_json::to_value(report).unwrap_or_default();
+/// Writes `body` with server-side apply, forcing: its fields belong to gpu-deploy-guard.
+/// `what` names the object in the error.
+pub async fn apply(
+    client: &Client,
+    resource: &ApiResource,
+    name: &str,
+    body: Value,
+    what: &str,
+) -> Result<(), ClusterError> {
+    let api = Api::<DynamicObject>::all_with(client.clone(), resource);
     api.patch(
-        report::NAME,
+        name,
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(body),
     )
     .await
     .map(|_| ())
-    .map_err(|source| ClusterError::Report { source })
+    .map_err(|source| ClusterError::Write {
+        what: what.to_owned(),
+        source,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operands::Operand;
+    use crate::core::operands::Operand;
     use kube::core::Status;
 
     #[test]
@@ -230,23 +223,20 @@ mod tests {
         )
         .unwrap();
         let c = cluster_from(Ok(&[cp]), Some(&[&ds]));
-        assert_eq!(
-            c.policy_source,
-            PolicySource::Found("cluster-policy".into())
-        );
-        assert!(!c.facts.toolkit_managed);
-        assert!(
-            c.facts
-                .selectors
-                .contains_key(&Operand::GpuFeatureDiscovery)
-        );
+        assert_eq!(c.source, PolicySource::Found("cluster-policy".into()));
+        assert!(!c.toolkit_managed);
+        assert!(c.selectors.contains_key(&Operand::GpuFeatureDiscovery));
         assert_eq!(
             c.daemonsets.map(|d| d.iter().collect::<Vec<_>>()),
             Some(vec![Operand::GpuFeatureDiscovery])
         );
         let none = cluster_from(Ok(&[]), None);
-        assert_eq!(none.policy_source.state(), "missing");
-        assert_eq!(none.facts, operator_defaults());
+        assert_eq!(none.source.state(), "missing");
+        let switches = ClusterFacts {
+            source: PolicySource::NotGiven,
+            ..none.clone()
+        };
+        assert_eq!(switches, operator_defaults());
         assert_eq!(none.daemonsets, None);
     }
 }

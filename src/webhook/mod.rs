@@ -13,15 +13,19 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionResponse, AdmissionReview};
 use tokio::sync::watch;
 use tower_http::timeout::TimeoutLayer;
 
+pub mod response;
+pub mod review;
+
+use response::respond;
+use review::{RequestView, ReviewBody};
+
+use crate::core::facts::ClusterFacts;
+use crate::core::operands::Labels;
+use crate::core::policy::{self, Decision, Operation, Policy, Review, Verdict};
 use crate::metrics::Metrics;
-use crate::operands::Labels;
-use crate::policy::{self, ClusterFacts, Decision, Operation, Policy, Review, Verdict};
-use crate::request::{RequestView, ReviewBody};
 
 /// Limits that protect the server from slow or oversized clients.
 #[derive(Clone, Copy, Debug)]
@@ -154,12 +158,8 @@ impl BadRequest {
     }
 
     fn into_response(self, uid: Option<String>) -> Response {
-        let mut resp = AdmissionResponse::invalid(self.to_string());
-        resp.result.code = self.status().as_u16();
-        if let Some(uid) = uid {
-            resp.uid = uid;
-        }
-        json_response(self.status(), &resp.into_review())
+        let body = response::invalid(self.to_string(), self.status().as_u16(), uid);
+        json_response(self.status(), &body)
     }
 }
 
@@ -373,29 +373,6 @@ impl RequestLabels {
             dry_run: req.dry_run,
         }
     }
-}
-
-/// The AdmissionReview answering `req` with `verdict`.
-pub fn respond(req: &RequestView<'_>, verdict: &Verdict) -> AdmissionReview<DynamicObject> {
-    // kube builds a response from its own request type only; start from its v1 template.
-    let mut resp = AdmissionResponse::invalid("");
-    resp.allowed = true;
-    resp.result = Default::default();
-    resp.uid = req.uid.clone();
-    if let Some(message) = &verdict.message {
-        resp = resp.deny(message);
-        resp.result.code = StatusCode::FORBIDDEN.as_u16();
-        resp.result.reason = "Forbidden".to_owned();
-    }
-    if !verdict.warnings.is_empty() {
-        resp.warnings = Some(verdict.warnings.clone());
-    }
-    resp.audit_annotations = verdict
-        .audit_annotations()
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect();
-    resp.into_review()
 }
 
 fn log_verdict(req: &RequestView<'_>, verdict: &Verdict) {

@@ -13,8 +13,9 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
-use crate::operands::Labels;
-use crate::policy::{self, ClusterFacts, Operation};
+use crate::core::facts::ClusterFacts;
+use crate::core::operands::Labels;
+use crate::core::policy::{self, Operation};
 
 /// A JSON string, borrowed from the body unless it contains escapes.
 #[derive(Debug)]
@@ -162,7 +163,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::operands::Operand;
+    use crate::core::operands::Operand;
 
     fn node(json: &str) -> NodeLabels<'_> {
         serde_json::from_str(json).unwrap()

@@ -6,17 +6,24 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::node::{NodeFileError, read_node};
-use crate::operands::{Labels, Operand, OperandSet};
-use crate::policy::{self, ClusterFacts, Decision, Finding, Operation, Review, Verdict};
+use std::process::ExitCode;
+
+use clap::ValueEnum;
+
+use crate::core::config::Config;
+use crate::core::facts::{ClusterFacts, operator_defaults};
+use crate::core::operands::{Labels, Operand, OperandSet};
+use crate::core::policy::{self, Decision, Operation, Review, Verdict};
+use crate::core::rules::{self, Finding};
+use crate::k8s::node::NodeFileError;
+use crate::k8s::read;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
     #[error(transparent)]
     Node(#[from] NodeFileError),
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] crate::core::config::ConfigError),
     #[error("change {change:?}: {problem}")]
     Change { change: String, problem: String },
     #[error("--operation create judges a new node: it takes no --old-node")]
@@ -134,9 +141,10 @@ pub struct CheckOutcome {
     pub notes: Vec<String>,
 }
 
-pub fn run(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
+/// The verdict on the input, ready to print.
+pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
     let config = match &input.config {
-        Some(path) => Config::load(path)?,
+        Some(path) => read::config_file(path)?,
         None => Config::default(),
     };
     let changes = input
@@ -147,11 +155,11 @@ pub fn run(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
     if input.create && input.old_node.is_some() {
         return Err(CheckError::CreateWithOldNode);
     }
-    let node = read_node(&input.node)?;
+    let node = read::node_file(&input.node)?;
     let mut notes = Vec::new();
     let (before, mut after) = match &input.old_node {
         Some(old) => (
-            Some(read_node(old)?.labels().clone()),
+            Some(read::node_file(old)?.labels().clone()),
             node.labels().clone(),
         ),
         None if input.create => (None, node.labels().clone()),
@@ -278,8 +286,8 @@ impl CheckOutcome {
             let _ = writeln!(out, "\nfindings:");
             for f in &v.findings {
                 let change = match f.change {
-                    policy::Change::New => "new",
-                    policy::Change::Existing => "existing",
+                    rules::Change::New => "new",
+                    rules::Change::Existing => "existing",
                 };
                 let _ = writeln!(
                     out,
@@ -302,20 +310,14 @@ impl CheckOutcome {
 }
 
 /// The operands the DaemonSet controller runs before and after, for every operand that runs in
-/// either state or whose label is on the node, plus the lab's five.
+/// either state or whose label is on the node, plus those always shown (the operand table's
+/// `always shown` column).
 fn operand_table(
     before: OperandSet,
     after: OperandSet,
     old: Option<&Labels>,
     new: &Labels,
 ) -> String {
-    const ALWAYS: [Operand; 5] = [
-        Operand::Driver,
-        Operand::ContainerToolkit,
-        Operand::DevicePlugin,
-        Operand::GpuFeatureDiscovery,
-        Operand::DcgmExporter,
-    ];
     let has_label =
         |op: Operand| new.contains_key(op.key()) || old.is_some_and(|o| o.contains_key(op.key()));
     let mut out = format!(
@@ -323,7 +325,7 @@ fn operand_table(
         "operand", "before", "after", "label after"
     );
     for op in Operand::all() {
-        if !(ALWAYS.contains(&op) || before.contains(op) || after.contains(op) || has_label(op)) {
+        if !(op.info().always_shown || before.contains(op) || after.contains(op) || has_label(op)) {
             continue;
         }
         let runs = |set: OperandSet| if set.contains(op) { "runs" } else { "-" };
@@ -345,6 +347,88 @@ fn operand_table(
         );
     }
     out
+}
+
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// The Node as `kubectl get node NAME -o json|yaml` prints it (`-` for standard input).
+    #[arg(long)]
+    pub node: PathBuf,
+    /// The Node before the change; then --node is the Node after it.
+    #[arg(long)]
+    pub old_node: Option<PathBuf>,
+    /// Label changes in kubectl syntax, applied to --node: `key=value` sets, `key-` removes.
+    #[arg(value_name = "CHANGE")]
+    pub changes: Vec<String>,
+    /// Judge the request as an update of the node, or as its creation (registration).
+    #[arg(long, value_enum, default_value_t = CheckOperation::Update)]
+    pub operation: CheckOperation,
+    /// The requesting user (matters for exemptions).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// A group of the requesting user; repeat for several.
+    #[arg(long = "group")]
+    pub groups: Vec<String>,
+    /// YAML configuration, as given to `serve`.
+    #[arg(long, env = "GDG_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The ClusterPolicy (`kubectl get clusterpolicy -o yaml`): its operand switches apply.
+    /// Without it, the GPU Operator's defaults are assumed, as `serve` does when it cannot read one.
+    #[arg(long, value_name = "FILE")]
+    pub cluster_policy: Option<PathBuf>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+pub enum CheckOperation {
+    Create,
+    Update,
+}
+
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+/// Runs `check`: prints the verdict; exit 0 allowed, 1 denied, 2 bad input.
+pub fn run(args: CheckArgs) -> ExitCode {
+    let facts = match &args.cluster_policy {
+        Some(path) => match read::cluster_policy_file(path) {
+            Ok(policy) => policy.facts,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => operator_defaults(),
+    };
+    let input = CheckInput {
+        node: args.node,
+        old_node: args.old_node,
+        changes: args.changes,
+        create: args.operation == CheckOperation::Create,
+        user: args.user,
+        groups: args.groups,
+        config: args.config,
+        facts,
+    };
+    match evaluate(&input) {
+        Ok(outcome) => {
+            let text = match args.output {
+                Output::Json => outcome.to_json(),
+                Output::Text => outcome.to_text(),
+            };
+            print!("{text}");
+            ExitCode::from(outcome.exit_code() as u8)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -6,31 +6,16 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use crate::operands::{Labels, OPERANDS, Operand, OperandSet};
-use crate::pod::PodView;
-
-/// Precompiled drivers get one DaemonSet per kernel, named after it.
-const PRECOMPILED_DRIVER_PREFIX: &str = "nvidia-driver-daemonset-";
-
-/// The operand a DaemonSet (or an `app` label, which carries the same name) runs.
-pub fn operand_of(daemonset: &str) -> Option<Operand> {
-    OPERANDS
-        .iter()
-        .find(|i| i.daemonset == Some(daemonset))
-        .map(|i| i.operand)
-        .or_else(|| {
-            daemonset
-                .starts_with(PRECOMPILED_DRIVER_PREFIX)
-                .then_some(Operand::Driver)
-        })
-}
+use super::meta::PartialMeta;
+use super::pod::PodView;
+use crate::core::operands::{Labels, Operand, OperandSet};
 
 /// The operand a pod belongs to: its owning DaemonSet's, or, for a pod without owner
 /// references, its `app` label's.
 pub fn operand_of_pod(pod: &PodView) -> Option<Operand> {
     match (&pod.daemonset, pod.owned) {
-        (Some(ds), _) => operand_of(ds),
-        (None, false) => pod.app.as_deref().and_then(operand_of),
+        (Some(ds), _) => Operand::of_daemonset(ds),
+        (None, false) => pod.app.as_deref().and_then(Operand::of_daemonset),
         (None, true) => None,
     }
 }
@@ -60,23 +45,9 @@ pub(crate) struct RawDaemonSet {
     #[serde(default)]
     pub(crate) kind: Option<String>,
     #[serde(default)]
-    metadata: RawMeta,
+    metadata: PartialMeta,
     #[serde(default)]
     spec: RawSpec,
-}
-
-/// `resourceVersion` stays so kube's watcher can resume instead of re-listing.
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawMeta {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    resource_version: Option<String>,
-    #[serde(default)]
-    uid: Option<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -101,13 +72,7 @@ struct RawPodSpec {
 impl From<RawDaemonSet> for DaemonSetView {
     fn from(raw: RawDaemonSet) -> Self {
         DaemonSetView {
-            metadata: ObjectMeta {
-                name: raw.metadata.name,
-                namespace: raw.metadata.namespace,
-                resource_version: raw.metadata.resource_version,
-                uid: raw.metadata.uid,
-                ..ObjectMeta::default()
-            },
+            metadata: raw.metadata.into_parts().0,
             node_selector: raw.spec.template.spec.node_selector.unwrap_or_default(),
         }
     }
@@ -119,12 +84,12 @@ partial_resource!(DaemonSetView, k8s_openapi::NamespaceResourceScope, kind: "Dae
 pub fn operands_present<'a>(daemonsets: impl IntoIterator<Item = &'a DaemonSetView>) -> OperandSet {
     daemonsets
         .into_iter()
-        .filter_map(|ds| operand_of(ds.name()))
+        .filter_map(|ds| Operand::of_daemonset(ds.name()))
         .collect()
 }
 
 /// Real selectors that differ from the default `<deploy key>: "true"`, for
-/// [`ClusterFacts::selectors`](crate::policy::ClusterFacts). An operand with several
+/// [`ClusterFacts::selectors`](crate::core::facts::ClusterFacts). An operand with several
 /// DaemonSets (precompiled drivers, one per kernel) keeps the default: each of them also
 /// requires the deploy label, and together they cover every kernel.
 pub fn custom_selectors<'a>(
@@ -132,7 +97,7 @@ pub fn custom_selectors<'a>(
 ) -> BTreeMap<Operand, Labels> {
     let mut by_operand: BTreeMap<Operand, Vec<&Labels>> = BTreeMap::new();
     for ds in daemonsets {
-        if let Some(op) = operand_of(ds.name()) {
+        if let Some(op) = Operand::of_daemonset(ds.name()) {
             by_operand.entry(op).or_default().push(&ds.node_selector);
         }
     }
@@ -168,23 +133,29 @@ mod tests {
 
     #[test]
     fn daemonset_names_map_to_operands() {
-        assert_eq!(operand_of("nvidia-driver-daemonset"), Some(Operand::Driver));
         assert_eq!(
-            operand_of("nvidia-driver-daemonset-5.15.0-1026-nvidia-ubuntu22.04"),
+            Operand::of_daemonset("nvidia-driver-daemonset"),
             Some(Operand::Driver)
         );
         assert_eq!(
-            operand_of("gpu-feature-discovery"),
+            Operand::of_daemonset("nvidia-driver-daemonset-5.15.0-1026-nvidia-ubuntu22.04"),
+            Some(Operand::Driver)
+        );
+        assert_eq!(
+            Operand::of_daemonset("gpu-feature-discovery"),
             Some(Operand::GpuFeatureDiscovery)
         );
-        assert_eq!(operand_of("nvidia-dcgm"), Some(Operand::Dcgm));
+        assert_eq!(Operand::of_daemonset("nvidia-dcgm"), Some(Operand::Dcgm));
         assert_eq!(
-            operand_of("nvidia-dcgm-exporter"),
+            Operand::of_daemonset("nvidia-dcgm-exporter"),
             Some(Operand::DcgmExporter)
         );
-        assert_eq!(operand_of("nvidia-device-plugin-mps-control-daemon"), None);
         assert_eq!(
-            operand_of("gpu-operator-node-feature-discovery-worker"),
+            Operand::of_daemonset("nvidia-device-plugin-mps-control-daemon"),
+            None
+        );
+        assert_eq!(
+            Operand::of_daemonset("gpu-operator-node-feature-discovery-worker"),
             None
         );
     }

@@ -5,12 +5,13 @@
 //! building it, and fails with a path when a label value is not a string.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::operands::Labels;
+use super::meta::PartialMeta;
+use super::read;
+use crate::core::operands::Labels;
 
 /// A Node reduced to what gpu-deploy-guard needs.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -19,31 +20,11 @@ pub struct NodeView {
     pub metadata: ObjectMeta,
 }
 
-/// Only `name`, `labels` and the identity fields; every other metadata field is skipped
-/// unparsed. `resourceVersion` must stay: kube's watcher resumes from it, and treats an event
-/// without one as an error that forces a full re-list.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct MetaParts {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    resource_version: Option<String>,
-    #[serde(default)]
-    uid: Option<String>,
-}
-
+/// The metadata of a Node: [`PartialMeta`] with every label.
 pub(crate) fn partial_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    let parts = MetaParts::deserialize(d)?;
-    Ok(ObjectMeta {
-        name: parts.name,
-        labels: parts.labels,
-        resource_version: parts.resource_version,
-        uid: parts.uid,
-        ..ObjectMeta::default()
-    })
+    let (mut meta, labels, _) = PartialMeta::<Option<Labels>>::deserialize(d)?.into_parts();
+    meta.labels = labels;
+    Ok(meta)
 }
 
 impl NodeView {
@@ -81,32 +62,24 @@ pub enum NodeFileError {
     },
 }
 
-/// A Node file as `kubectl get node X -o json|yaml` writes it, with the type checked.
+/// A Node as `kubectl get node X -o json|yaml` writes it, or one item of a NodeList.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct NodeFile {
+pub(crate) struct NodeFile {
     #[serde(default)]
     api_version: Option<String>,
     #[serde(default)]
-    kind: Option<String>,
+    pub(crate) kind: Option<String>,
     #[serde(default, deserialize_with = "partial_meta")]
-    metadata: ObjectMeta,
+    pub(crate) metadata: ObjectMeta,
 }
 
 /// Reads a Node from JSON or YAML text; `source_name` names the file in errors.
 pub fn parse_node(text: &str, source_name: &str) -> Result<NodeView, NodeFileError> {
-    // JSON is YAML, but serde_json's messages are better for JSON input.
-    let value: serde_json::Value = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).map_err(|e| NodeFileError::Syntax {
-            source_name: source_name.to_owned(),
-            message: e.to_string(),
-        })?
-    } else {
-        serde_norway::from_str(text).map_err(|e| NodeFileError::Syntax {
-            source_name: source_name.to_owned(),
-            message: e.to_string(),
-        })?
-    };
+    let value = read::json_or_yaml(text).map_err(|message| NodeFileError::Syntax {
+        source_name: source_name.to_owned(),
+        message,
+    })?;
     let file: NodeFile = serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         NodeFileError::Field {
@@ -131,28 +104,6 @@ pub fn parse_node(text: &str, source_name: &str) -> Result<NodeView, NodeFileErr
     Ok(NodeView {
         metadata: file.metadata,
     })
-}
-
-/// Reads a Node file, or standard input for `-`.
-pub fn read_node(path: &Path) -> Result<NodeView, NodeFileError> {
-    let (text, name) = if path == Path::new("-") {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(|error| {
-            NodeFileError::Read {
-                source_name: "standard input".to_owned(),
-                error,
-            }
-        })?;
-        (text, "standard input".to_owned())
-    } else {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|error| NodeFileError::Read {
-            source_name: name.clone(),
-            error,
-        })?;
-        (text, name)
-    };
-    parse_node(&text, &name)
 }
 
 #[cfg(test)]
@@ -210,7 +161,7 @@ mod tests {
 
     #[test]
     fn missing_file_is_named() {
-        let msg = read_node(Path::new("/nonexistent/node.json"))
+        let msg = read::node_file(std::path::Path::new("/nonexistent/node.json"))
             .unwrap_err()
             .to_string();
         assert!(

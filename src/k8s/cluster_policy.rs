@@ -1,61 +1,16 @@
 //! What the GPU Operator's `ClusterPolicy` (`nvidia.com/v1`) switches on and off.
 //!
 //! Read as plain JSON: only the `enabled` switches matter here, and a typed
-//! copy of the operator's CRD would break with every operator release. A
-//! switch that is absent takes the operator's own default
-//! (`api/nvidia/v1/clusterpolicy_types.go`, the `IsEnabled` methods).
+//! copy of the operator's CRD would break with every operator release. Which
+//! switch belongs to which operand, and its default when absent, are columns of
+//! the operand table ([`crate::core::operands::OPERANDS`]).
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::operands::{Operand, OperandSet};
-use crate::policy::ClusterFacts;
-
-/// Where each operand's switch lives, and its default when absent.
-struct Switch {
-    operand: Operand,
-    field: &'static str,
-    default: bool,
-    /// Only deployed when `spec.sandboxWorkloads.enabled` is true as well.
-    sandbox: bool,
-}
-
-const fn switch(operand: Operand, field: &'static str, default: bool, sandbox: bool) -> Switch {
-    Switch {
-        operand,
-        field,
-        default,
-        sandbox,
-    }
-}
-
-const SWITCHES: [Switch; 14] = [
-    switch(Operand::Driver, "driver", true, false),
-    switch(Operand::ContainerToolkit, "toolkit", true, false),
-    switch(Operand::DevicePlugin, "devicePlugin", true, false),
-    switch(Operand::GpuFeatureDiscovery, "gfd", true, false),
-    switch(Operand::Dcgm, "dcgm", true, false),
-    switch(Operand::DcgmExporter, "dcgmExporter", true, false),
-    switch(
-        Operand::NodeStatusExporter,
-        "nodeStatusExporter",
-        false,
-        false,
-    ),
-    switch(Operand::MigManager, "migManager", true, false),
-    switch(
-        Operand::SandboxDevicePlugin,
-        "sandboxDevicePlugin",
-        false,
-        true,
-    ),
-    switch(Operand::VfioManager, "vfioManager", false, true),
-    switch(Operand::VgpuManager, "vgpuManager", false, true),
-    switch(Operand::VgpuDeviceManager, "vgpuDeviceManager", false, true),
-    switch(Operand::CcManager, "ccManager", false, true),
-    switch(Operand::KataManager, "kataManager", false, true),
-];
+use super::read;
+use crate::core::facts::{ClusterFacts, switched_off};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterPolicyError {
@@ -105,35 +60,11 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
             }),
         }
     };
-    let sandbox = enabled("sandboxWorkloads", false)?;
-    let mut disabled = OperandSet::EMPTY;
-    for s in &SWITCHES {
-        if !enabled(s.field, s.default)? || (s.sandbox && !sandbox) {
-            disabled.insert(s.operand);
-        }
-    }
-    // Both come with sandbox workloads; neither has a switch of its own.
-    if !sandbox {
-        disabled.insert(Operand::SandboxValidator);
-        disabled.insert(Operand::KataSandboxDevicePlugin);
-    }
+    let disabled = switched_off(enabled)?;
     Ok(ClusterPolicy {
         name,
-        facts: ClusterFacts {
-            toolkit_managed: !disabled.contains(Operand::ContainerToolkit),
-            disabled,
-            ..ClusterFacts::default()
-        },
+        facts: ClusterFacts::from_switches(disabled),
     })
-}
-
-/// What the operator does without a word from a ClusterPolicy: every switch at its default
-/// (node status exporter and sandbox operands off). The audit and the webhook fall back to
-/// these facts when the ClusterPolicy is unknown.
-pub fn operator_defaults() -> ClusterFacts {
-    from_object(&Value::Object(serde_json::Map::new()))
-        .map(|p| p.facts)
-        .unwrap_or_default()
 }
 
 /// The one the operator acts on when there are several: it marks the others `ignored`.
@@ -154,11 +85,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ClusterPolicy, ClusterPolicyErro
         path: path.to_owned(),
         message,
     };
-    let value: Value = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).map_err(|e| syntax(e.to_string()))?
-    } else {
-        serde_norway::from_str(text).map_err(|e| syntax(e.to_string()))?
-    };
+    let value = read::json_or_yaml(text).map_err(syntax)?;
     let kind = value
         .get("kind")
         .and_then(Value::as_str)
@@ -197,23 +124,11 @@ pub fn parse(text: &str, path: &Path) -> Result<ClusterPolicy, ClusterPolicyErro
     }
 }
 
-/// The facts a ClusterPolicy file gives, for `check --cluster-policy FILE`.
-pub fn facts_from_cluster_policy_file(path: &Path) -> Result<ClusterFacts, ClusterPolicyError> {
-    read_file(path).map(|p| p.facts)
-}
-
-/// Reads and parses a ClusterPolicy file.
-pub fn read_file(path: &Path) -> Result<ClusterPolicy, ClusterPolicyError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ClusterPolicyError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    parse(&text, path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::facts::operator_defaults;
+    use crate::core::operands::Operand;
 
     fn parse_str(text: &str) -> Result<ClusterPolicy, ClusterPolicyError> {
         parse(text, Path::new("cp.yaml"))
@@ -333,7 +248,7 @@ mod tests {
             syntax,
             "ClusterPolicy file cp.yaml is neither JSON nor YAML: key must be a string at line 1 column 2"
         );
-        let missing = facts_from_cluster_policy_file(Path::new("/nonexistent/cp.yaml"))
+        let missing = crate::k8s::read::cluster_policy_file(Path::new("/nonexistent/cp.yaml"))
             .unwrap_err()
             .to_string();
         assert!(

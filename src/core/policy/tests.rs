@@ -1,6 +1,10 @@
-//! One test per behaviour; the lab of GPU-OPERATOR.md step by step first.
+//! One test per behaviour; the lab of docs/gpu-operator.md step by step first.
+
+use std::collections::BTreeMap;
 
 use super::*;
+use crate::core::facts::PolicySource;
+use crate::core::operands::OPERANDS_KEY;
 
 const P: &str = "nvidia.com/gpu.deploy.";
 
@@ -1091,7 +1095,7 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
             disabled: [Operand::ContainerToolkit, Operand::DcgmExporter]
                 .into_iter()
                 .collect(),
-            assumed: Some("no ClusterPolicy".to_owned()),
+            source: PolicySource::Missing("no ClusterPolicy".to_owned()),
             ..ClusterFacts::default()
         },
         ClusterFacts {

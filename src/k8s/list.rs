@@ -12,14 +12,13 @@
 use std::io::Read;
 use std::path::Path;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use super::daemonset::{DaemonSetView, RawDaemonSet};
+use super::node::{NodeFile, NodeView};
+use super::pod::{PodView, RawPod};
+use super::read;
 use super::split::{SplitError, read_items};
-use crate::daemonset::{DaemonSetView, RawDaemonSet};
-use crate::node::{NodeView, partial_meta};
-use crate::pod::{PodView, RawPod};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
@@ -80,19 +79,11 @@ const DAEMONSETS: ListKind = ListKind {
     command: "kubectl get daemonsets -n gpu-operator -o json",
 };
 
-#[derive(Deserialize)]
-struct NodeItem {
-    #[serde(default)]
-    kind: Option<String>,
-    #[serde(default, deserialize_with = "partial_meta")]
-    metadata: ObjectMeta,
-}
-
 trait Item {
     fn kind(&self) -> Option<&str>;
 }
 
-impl Item for NodeItem {
+impl Item for NodeFile {
     fn kind(&self) -> Option<&str> {
         self.kind.as_deref()
     }
@@ -107,14 +98,6 @@ impl Item for RawPod {
 impl Item for RawDaemonSet {
     fn kind(&self) -> Option<&str> {
         self.kind.as_deref()
-    }
-}
-
-fn display(path: &Path) -> String {
-    if path == Path::new("-") {
-        "standard input".to_owned()
-    } else {
-        path.display().to_string()
     }
 }
 
@@ -135,12 +118,12 @@ fn parse_list<T: DeserializeOwned + Item>(
     let outline = outline.map_err(|e| match e {
         SplitError::Io(source) => FileError::Read {
             what: kind.what,
-            path: display(path),
+            path: read::display(path),
             source,
         },
         SplitError::Syntax { message, at } => FileError::Syntax {
             what: kind.what,
-            path: display(path),
+            path: read::display(path),
             command: kind.command,
             message: format!("{message} at {at}"),
         },
@@ -151,7 +134,7 @@ fn parse_list<T: DeserializeOwned + Item>(
             at,
         } => FileError::Field {
             what: kind.what,
-            path: display(path),
+            path: read::display(path),
             field: if field.is_empty() {
                 format!("items[{index}]")
             } else {
@@ -178,7 +161,7 @@ fn parse_list<T: DeserializeOwned + Item>(
 fn wrong_kind(path: &Path, kind: &ListKind, found: String) -> FileError {
     FileError::Kind {
         what: kind.what,
-        path: display(path),
+        path: read::display(path),
         expected: match kind.item_kind {
             "Node" => "a List of Nodes",
             "Pod" => "a List of Pods",
@@ -195,7 +178,7 @@ pub fn parse_nodes(bytes: &[u8], path: &Path) -> Result<Vec<NodeView>, FileError
 }
 
 fn nodes_from(source: impl Read, path: &Path) -> Result<Vec<NodeView>, FileError> {
-    let items: Vec<NodeItem> = parse_list(source, path, &NODES)?;
+    let items: Vec<NodeFile> = parse_list(source, path, &NODES)?;
     Ok(items
         .into_iter()
         .map(|i| NodeView {
@@ -214,11 +197,6 @@ fn pods_from(source: impl Read, path: &Path) -> Result<Vec<PodView>, FileError> 
     Ok(items.into_iter().map(PodView::from).collect())
 }
 
-/// DaemonSets from `kubectl get daemonsets -o json` text; `path` names it in errors.
-pub fn parse_daemonsets(bytes: &[u8], path: &Path) -> Result<Vec<DaemonSetView>, FileError> {
-    daemonsets_from(bytes, path)
-}
-
 fn daemonsets_from(source: impl Read, path: &Path) -> Result<Vec<DaemonSetView>, FileError> {
     let items: Vec<RawDaemonSet> = parse_list(source, path, &DAEMONSETS)?;
     Ok(items.into_iter().map(DaemonSetView::from).collect())
@@ -230,12 +208,9 @@ fn read_with<T>(
     kind: &ListKind,
     parse: impl FnOnce(&mut dyn Read) -> Result<T, FileError>,
 ) -> Result<T, FileError> {
-    if path == Path::new("-") {
-        return parse(&mut std::io::stdin().lock());
-    }
-    let mut file = std::fs::File::open(path).map_err(|source| FileError::Read {
+    let mut file = read::open(path).map_err(|source| FileError::Read {
         what: kind.what,
-        path: display(path),
+        path: read::display(path),
         source,
     })?;
     parse(&mut file)

@@ -27,17 +27,19 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::audit::cluster::{
-    apply_report, cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,
-};
+use crate::audit;
+use crate::audit::apply::apply_report;
 use crate::audit::metrics::AuditMetrics;
 use crate::audit::report::{self, PolicyReport};
-use crate::audit::{self, Cluster, PolicySource};
-use crate::daemonset::DaemonSetView;
+use crate::core::facts::{ClusterFacts, PolicySource};
+use crate::core::policy::Policy;
+use crate::k8s::api::{
+    cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,
+};
+use crate::k8s::daemonset::DaemonSetView;
+use crate::k8s::node::NodeView;
+use crate::k8s::pod::PodView;
 use crate::metrics::Metrics;
-use crate::node::NodeView;
-use crate::pod::PodView;
-use crate::policy::{ClusterFacts, Policy};
 
 /// What the watch needs to know.
 #[derive(Clone, Debug)]
@@ -208,16 +210,15 @@ pub async fn watch_cluster(
             &status,
             &dirty_tx,
         ),
-        refresh_loop(
-            &client,
-            &config,
-            &stores,
-            &status,
-            dirty_rx,
-            &facts_tx,
-            &audit_metrics,
-            on_synced,
-        ),
+        Refresh {
+            client: &client,
+            config: &config,
+            stores: &stores,
+            status: &status,
+            facts_tx: &facts_tx,
+            audit_metrics: &audit_metrics,
+        }
+        .run(dirty_rx, on_synced),
     );
 }
 
@@ -303,119 +304,125 @@ fn set_health(status: &Mutex<Status>, kind: Kind, health: Health) -> Health {
     std::mem::replace(kind.health(&mut s), health)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn refresh_loop(
-    client: &Client,
-    config: &WatchConfig,
-    stores: &Stores,
-    status: &Mutex<Status>,
-    mut dirty: mpsc::Receiver<()>,
-    facts_tx: &watch::Sender<Arc<ClusterFacts>>,
-    audit_metrics: &AuditMetrics,
-    on_synced: impl FnOnce() + Send,
-) {
-    let deadline = Instant::now() + config.sync_timeout;
-    let mut on_synced = Some(on_synced);
-    let mut logged_source: Option<PolicySource> = None;
-    let mut audit_paused_logged = false;
-    let mut last_report: Option<PolicyReport> = None;
-    let mut report_failing = false;
-    loop {
-        tokio::select! {
-            received = dirty.recv() => if received.is_none() { return },
-            () = sleep_until(deadline), if on_synced.is_some() => {}
-        }
-        sleep(config.debounce).await;
-        while dirty.try_recv().is_ok() {}
+/// What the refresh loop reads and writes, besides its own state.
+struct Refresh<'a> {
+    client: &'a Client,
+    config: &'a WatchConfig,
+    stores: &'a Stores,
+    status: &'a Mutex<Status>,
+    facts_tx: &'a watch::Sender<Arc<ClusterFacts>>,
+    audit_metrics: &'a AuditMetrics,
+}
 
-        let (policies_health, ds_health, pods_health, nodes_health) = {
-            let s = status.lock().unwrap_or_else(|e| e.into_inner());
-            (
-                s.policies.clone(),
-                s.daemonsets.clone(),
-                s.pods.clone(),
-                s.nodes.clone(),
-            )
-        };
-        let cluster = current_cluster(stores, &policies_health, &ds_health);
-        // Decisions made on assumed facts say so in their audit annotations.
-        let mut facts = cluster.facts.clone();
-        facts.assumed = cluster
-            .policy_source
-            .is_unavailable()
-            .then(|| cluster.policy_source.describe());
-        let facts_changed = facts_tx.send_if_modified(|current| {
-            if **current == facts {
-                return false;
+impl Refresh<'_> {
+    /// After each burst of changes (debounced): publishes the facts, opens readiness once the
+    /// ClusterPolicy and DaemonSets are read (or at the sync timeout), and audits.
+    async fn run(self, mut dirty: mpsc::Receiver<()>, on_synced: impl FnOnce() + Send) {
+        let Refresh {
+            client,
+            config,
+            stores,
+            status,
+            facts_tx,
+            audit_metrics,
+        } = self;
+        let deadline = Instant::now() + config.sync_timeout;
+        let mut on_synced = Some(on_synced);
+        let mut logged_source: Option<PolicySource> = None;
+        let mut audit_paused_logged = false;
+        let mut last_report: Option<PolicyReport> = None;
+        let mut report_failing = false;
+        loop {
+            tokio::select! {
+                received = dirty.recv() => if received.is_none() { return },
+                () = sleep_until(deadline), if on_synced.is_some() => {}
             }
-            *current = Arc::new(facts);
-            true
-        });
-        if policies_health.settled()
-            && (facts_changed || logged_source.as_ref() != Some(&cluster.policy_source))
-        {
-            log_source(&cluster);
-            audit_metrics.set_cluster_policy_available(matches!(
-                cluster.policy_source,
-                PolicySource::Found(_)
-            ));
-            logged_source = Some(cluster.policy_source.clone());
-        }
-        let settled = policies_health.settled() && ds_health.settled();
-        if on_synced.is_some() && (settled || Instant::now() >= deadline) {
-            if !settled {
-                tracing::warn!(
-                    timeout = ?config.sync_timeout,
-                    "ClusterPolicy and DaemonSets not read in time; ready with the operator's defaults for now"
-                );
-            }
-            if let Some(f) = on_synced.take() {
-                f();
-            }
-        }
+            sleep(config.debounce).await;
+            while dirty.try_recv().is_ok() {}
 
-        if pods_health != Health::Synced || nodes_health != Health::Synced {
-            let unavailable = matches!(pods_health, Health::Unavailable(_))
-                || matches!(nodes_health, Health::Unavailable(_));
-            if unavailable && !audit_paused_logged {
-                tracing::warn!("continuous audit paused: nodes or operator pods cannot be listed");
-                audit_paused_logged = true;
+            let (policies_health, ds_health, pods_health, nodes_health) = {
+                let s = status.lock().unwrap_or_else(|e| e.into_inner());
+                (
+                    s.policies.clone(),
+                    s.daemonsets.clone(),
+                    s.pods.clone(),
+                    s.nodes.clone(),
+                )
+            };
+            let facts = current_facts(stores, &policies_health, &ds_health);
+            let facts_changed = facts_tx.send_if_modified(|current| {
+                if **current == facts {
+                    return false;
+                }
+                *current = Arc::new(facts.clone());
+                true
+            });
+            if policies_health.settled()
+                && (facts_changed || logged_source.as_ref() != Some(&facts.source))
+            {
+                log_source(&facts);
+                audit_metrics
+                    .set_cluster_policy_available(matches!(facts.source, PolicySource::Found(_)));
+                logged_source = Some(facts.source.clone());
             }
-            continue;
-        }
-        audit_paused_logged = false;
-        let nodes = stores.nodes.state();
-        let pods = stores.pods.state();
-        let result = audit::audit(&nodes, &pods, &cluster, &config.policy);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
-        audit_metrics.record(&result, seconds);
-        tracing::debug!(
-            nodes = result.nodes.len(),
-            ok = result.nodes.iter().filter(|n| n.is_ok()).count(),
-            "audit"
-        );
-        if config.report {
-            let built = report::build(&result, report::Timestamp { seconds, nanos: 0 });
-            let comparable = built.without_timestamps();
-            if last_report.as_ref() == Some(&comparable) {
+            let settled = policies_health.settled() && ds_health.settled();
+            if on_synced.is_some() && (settled || Instant::now() >= deadline) {
+                if !settled {
+                    tracing::warn!(
+                        timeout = ?config.sync_timeout,
+                        "ClusterPolicy and DaemonSets not read in time; ready with the operator's defaults for now"
+                    );
+                }
+                if let Some(f) = on_synced.take() {
+                    f();
+                }
+            }
+
+            if pods_health != Health::Synced || nodes_health != Health::Synced {
+                let unavailable = matches!(pods_health, Health::Unavailable(_))
+                    || matches!(nodes_health, Health::Unavailable(_));
+                if unavailable && !audit_paused_logged {
+                    tracing::warn!(
+                        "continuous audit paused: nodes or operator pods cannot be listed"
+                    );
+                    audit_paused_logged = true;
+                }
                 continue;
             }
-            match apply_report(client, &built).await {
-                Ok(()) => {
-                    if report_failing {
-                        tracing::info!("ClusterPolicyReport written again");
-                    }
-                    report_failing = false;
-                    last_report = Some(comparable);
+            audit_paused_logged = false;
+            let nodes = stores.nodes.state();
+            let pods = stores.pods.state();
+            let result = audit::audit(&nodes, &pods, &facts, &config.policy);
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+            audit_metrics.record(&result, seconds);
+            tracing::debug!(
+                nodes = result.nodes.len(),
+                ok = result.nodes.iter().filter(|n| n.is_ok()).count(),
+                "audit"
+            );
+            if config.report {
+                let built = report::build(&result, report::Timestamp { seconds, nanos: 0 });
+                let comparable = built.without_timestamps();
+                if last_report.as_ref() == Some(&comparable) {
+                    continue;
                 }
-                Err(e) => {
-                    if !report_failing {
-                        tracing::warn!(error = %e, "cannot write the ClusterPolicyReport; retrying on the next change");
+                match apply_report(client, &built).await {
+                    Ok(()) => {
+                        if report_failing {
+                            tracing::info!("ClusterPolicyReport written again");
+                        }
+                        report_failing = false;
+                        last_report = Some(comparable);
                     }
-                    report_failing = true;
+                    Err(e) => {
+                        if !report_failing {
+                            tracing::warn!(error = %e, "cannot write the ClusterPolicyReport; retrying on the next change");
+                        }
+                        report_failing = true;
+                    }
                 }
             }
         }
@@ -423,7 +430,7 @@ async fn refresh_loop(
 }
 
 /// The facts the stores give now.
-fn current_cluster(stores: &Stores, policies: &Health, daemonsets: &Health) -> Cluster {
+fn current_facts(stores: &Stores, policies: &Health, daemonsets: &Health) -> ClusterFacts {
     let objects: Vec<Value> = stores
         .policies
         .state()
@@ -442,16 +449,16 @@ fn current_cluster(stores: &Stores, policies: &Health, daemonsets: &Health) -> C
     cluster_from(policies, daemonsets)
 }
 
-fn log_source(cluster: &Cluster) {
-    let source = &cluster.policy_source;
+fn log_source(facts: &ClusterFacts) {
+    let source = &facts.source;
     if source.is_unavailable() {
         tracing::warn!(state = source.state(), "{}", source.describe());
     } else {
-        let disabled: Vec<&str> = cluster.facts.disabled.iter().map(|op| op.name()).collect();
+        let disabled: Vec<&str> = facts.disabled.iter().map(|op| op.name()).collect();
         tracing::info!(
-            toolkit_managed = cluster.facts.toolkit_managed,
+            toolkit_managed = facts.toolkit_managed,
             disabled = %disabled.join(","),
-            custom_selectors = cluster.facts.selectors.len(),
+            custom_selectors = facts.selectors.len(),
             "{}",
             source.describe()
         );
@@ -522,15 +529,19 @@ mod tests {
             pods: reflector::store::<PodView>().0,
             nodes: reflector::store::<NodeView>().0,
         };
-        let c = current_cluster(&stores, &Health::Starting, &Health::Starting);
-        assert_eq!(c.facts, crate::cluster_policy::operator_defaults());
+        let c = current_facts(&stores, &Health::Starting, &Health::Starting);
+        let switches = ClusterFacts {
+            source: PolicySource::NotGiven,
+            ..c.clone()
+        };
+        assert_eq!(switches, crate::core::facts::operator_defaults());
         assert_eq!(c.daemonsets, None);
-        let c = current_cluster(
+        let c = current_facts(
             &stores,
             &Health::Unavailable(Unavailable::Forbidden),
             &Health::Synced,
         );
-        assert_eq!(c.policy_source.state(), "forbidden");
+        assert_eq!(c.source.state(), "forbidden");
         assert_eq!(c.daemonsets.map(|d| d.is_empty()), Some(true));
     }
 }

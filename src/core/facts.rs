@@ -1,0 +1,148 @@
+//! What is known about the cluster beyond a node's labels: the ClusterPolicy's operand
+//! switches, the operand DaemonSets (which exist, and their real selectors), and where these
+//! facts came from. One type, [`ClusterFacts`], for the webhook, `check` and the audit.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+
+use crate::core::operands::{Labels, OPERANDS, Operand, OperandSet};
+
+/// What is known about the cluster beyond the node itself, and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterFacts {
+    /// The ClusterPolicy deploys the container toolkit (`spec.toolkit.enabled`, true when unknown).
+    /// When false, every host brings its own toolkit and the device plugin needs no DaemonSet.
+    pub toolkit_managed: bool,
+    /// Operands switched off in the ClusterPolicy: they run nowhere, whatever the labels say.
+    pub disabled: OperandSet,
+    /// Operand DaemonSets whose nodeSelector is not the default `<deploy key>: "true"`.
+    pub selectors: BTreeMap<Operand, Labels>,
+    /// Operands whose DaemonSet exists, when the DaemonSets were listed. An operand whose
+    /// DaemonSet is known to be absent is expected nowhere (by the audit).
+    pub daemonsets: Option<OperandSet>,
+    /// Where the switches came from.
+    pub source: PolicySource,
+}
+
+impl Default for ClusterFacts {
+    fn default() -> Self {
+        ClusterFacts {
+            toolkit_managed: true,
+            disabled: OperandSet::EMPTY,
+            selectors: BTreeMap::new(),
+            daemonsets: None,
+            source: PolicySource::NotGiven,
+        }
+    }
+}
+
+/// The ClusterPolicy field that turns sandbox workloads (and so the sandbox operands) on.
+pub const SANDBOX_WORKLOADS: &str = "sandboxWorkloads";
+
+/// The operands a ClusterPolicy switches off, given how to read one `spec.<field>.enabled`
+/// switch (with the operator's default when absent). Switches are read in table order,
+/// `sandboxWorkloads` first, so the first bad one is the one reported.
+pub fn switched_off<E>(
+    mut enabled: impl FnMut(&str, bool) -> Result<bool, E>,
+) -> Result<OperandSet, E> {
+    let sandbox = enabled(SANDBOX_WORKLOADS, false)?;
+    let mut disabled = OperandSet::EMPTY;
+    for info in &OPERANDS {
+        let switched_on = match info.switch {
+            Some(s) => enabled(s.field, s.default)?,
+            None => true,
+        };
+        if !switched_on || (info.sandbox && !sandbox) {
+            disabled.insert(info.operand);
+        }
+    }
+    Ok(disabled)
+}
+
+impl ClusterFacts {
+    /// Why these facts are assumed instead of read from the cluster (no cluster access, the
+    /// ClusterPolicy CRD is missing, RBAC forbids reading it, ...); `None` when they were read
+    /// or given. Decisions made on assumed facts say so in their audit annotations.
+    pub fn assumed(&self) -> Option<String> {
+        self.source.is_unavailable().then(|| self.source.describe())
+    }
+
+    /// The facts a ClusterPolicy with these switched-off operands gives.
+    pub fn from_switches(disabled: OperandSet) -> ClusterFacts {
+        ClusterFacts {
+            toolkit_managed: !disabled.contains(Operand::ContainerToolkit),
+            disabled,
+            ..ClusterFacts::default()
+        }
+    }
+}
+
+/// What the operator does without a word from a ClusterPolicy: every switch at its default
+/// (node status exporter and sandbox operands off). The audit and the webhook fall back to
+/// these facts when the ClusterPolicy is unknown.
+pub fn operator_defaults() -> ClusterFacts {
+    let Ok(defaults) = switched_off(|_, default| Ok::<bool, Infallible>(default));
+    ClusterFacts::from_switches(defaults)
+}
+
+/// Where the ClusterPolicy facts came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicySource {
+    /// Read from the named ClusterPolicy.
+    Found(String),
+    /// None was given (an audit of files without `--cluster-policy`): the operator's defaults.
+    NotGiven,
+    /// The CRD is not installed or no ClusterPolicy exists: the operator's defaults.
+    Missing(String),
+    /// RBAC forbids reading ClusterPolicies: the operator's defaults.
+    Forbidden(String),
+    /// Reading failed otherwise: the operator's defaults.
+    Failed(String),
+    /// `serve` cannot reach the cluster at all: the operator's defaults.
+    NoAccess(String),
+}
+
+impl PolicySource {
+    /// The facts are the defaults because the ClusterPolicy could not be read.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            PolicySource::Missing(_)
+                | PolicySource::Forbidden(_)
+                | PolicySource::Failed(_)
+                | PolicySource::NoAccess(_)
+        )
+    }
+
+    pub fn state(&self) -> &'static str {
+        match self {
+            PolicySource::Found(_) => "found",
+            PolicySource::NotGiven => "not-given",
+            PolicySource::Missing(_) => "missing",
+            PolicySource::Forbidden(_) => "forbidden",
+            PolicySource::Failed(_) => "failed",
+            PolicySource::NoAccess(_) => "no-access",
+        }
+    }
+
+    /// One sentence for logs, notes and the report.
+    pub fn describe(&self) -> String {
+        match self {
+            PolicySource::Found(name) => format!("operand switches read from ClusterPolicy {name}"),
+            PolicySource::NotGiven => {
+                "no ClusterPolicy given: the GPU Operator's default operand switches are assumed"
+                    .to_owned()
+            }
+            PolicySource::Missing(why)
+            | PolicySource::Forbidden(why)
+            | PolicySource::Failed(why) => {
+                format!(
+                    "ClusterPolicy unavailable ({why}): the GPU Operator's default operand switches are assumed"
+                )
+            }
+            PolicySource::NoAccess(why) => format!(
+                "no cluster access ({why}): the GPU Operator's default operand switches are assumed"
+            ),
+        }
+    }
+}

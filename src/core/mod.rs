@@ -1,0 +1,10 @@
+//! The pure core: what the operands are, the rules, the decision, the cluster facts and the
+//! configuration. Nothing here does I/O: no I/O crate (kube, axum, tokio, hyper, rustls,
+//! tracing) and no file or network access. The webhook, `check` and `audit` all call the same
+//! functions, so they can never disagree.
+
+pub mod config;
+pub mod facts;
+pub mod operands;
+pub mod policy;
+pub mod rules;

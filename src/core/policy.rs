@@ -1,0 +1,333 @@
+//! The decision: every rule of gpu-deploy-guard, as one pure function.
+//!
+//! [`decide`] takes the node's labels before and after a request, who made it
+//! and what the cluster is known to run, and returns a [`Verdict`]. No I/O, no
+//! clock, no globals: the webhook, `check` and `audit` all call it, so they can
+//! never disagree.
+//!
+//! The rules themselves, one table of them, are in [`crate::core::rules`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::facts::ClusterFacts;
+use crate::core::operands::{
+    DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet,
+};
+use crate::core::rules::Ctx;
+use crate::core::rules::{Action, Change, Finding, Kind, RULES, Rule};
+
+/// `warn` turns every deny into a warning: a way to roll the webhook out before enforcing.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Warn,
+}
+
+/// Identities whose requests are always allowed (and still recorded).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Exemptions {
+    pub usernames: Vec<String>,
+    pub groups: Vec<String>,
+    pub service_account_namespaces: Vec<String>,
+}
+
+/// The configured behaviour: one action per rule, the mode and the exemptions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub mode: Mode,
+    pub enforce_on_create: bool,
+    pub actions: [Action; RULES.len()],
+    pub exemptions: Exemptions,
+}
+
+/// The operator's namespace: its service accounts (operator, driver manager, MIG manager) are exempt.
+pub const DEFAULT_OPERATOR_NAMESPACE: &str = "gpu-operator";
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            mode: Mode::Enforce,
+            enforce_on_create: false,
+            actions: RULES.map(|s| s.default),
+            exemptions: Exemptions {
+                service_account_namespaces: vec![DEFAULT_OPERATOR_NAMESPACE.to_owned()],
+                ..Exemptions::default()
+            },
+        }
+    }
+}
+
+impl Policy {
+    pub fn action(&self, rule: Rule) -> Action {
+        self.actions[rule as usize]
+    }
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        }
+    }
+}
+
+/// One request to judge.
+#[derive(Clone, Copy, Debug)]
+pub struct Review<'a> {
+    pub node: &'a str,
+    pub operation: Operation,
+    /// The labels before the request; `None` for CREATE.
+    pub old_labels: Option<&'a Labels>,
+    pub labels: &'a Labels,
+    pub username: &'a str,
+    pub groups: &'a [String],
+    /// Decided exactly like a real request; carried for the record only.
+    pub dry_run: bool,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Allowed,
+    Denied,
+    Exempt,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allowed => "allowed",
+            Decision::Denied => "denied",
+            Decision::Exempt => "exempt",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub decision: Decision,
+    /// Set when denied: every deny finding's message.
+    pub message: Option<String>,
+    pub findings: Vec<Finding>,
+    /// What kubectl prints as `Warning:` lines.
+    pub warnings: Vec<String>,
+    /// Operands the DaemonSet controller runs before (empty for CREATE) and after the request.
+    pub before: OperandSet,
+    pub after: OperandSet,
+    /// Why the requester is exempt, when it is.
+    pub exempt: Option<String>,
+    /// For an exempt request: what would have been refused.
+    pub would_deny: Option<String>,
+    /// Set when the cluster facts behind the decision were assumed, not read.
+    pub assumed_facts: Option<String>,
+}
+
+impl Verdict {
+    pub fn allowed(&self) -> bool {
+        self.decision != Decision::Denied
+    }
+
+    /// Key/value pairs for the AdmissionResponse's `auditAnnotations`; the API server prefixes
+    /// each key with the webhook's name.
+    pub fn audit_annotations(&self) -> Vec<(&'static str, String)> {
+        let mut out = vec![("decision", self.decision.as_str().to_owned())];
+        if !self.findings.is_empty() {
+            let list: Vec<String> = self
+                .findings
+                .iter()
+                .map(|f| format!("{}={}", f.rule, f.action.as_str()))
+                .collect();
+            out.push(("findings", list.join(",")));
+        }
+        if self.before != self.after {
+            let mut changes = Vec::new();
+            for op in Operand::all() {
+                match (self.before.contains(op), self.after.contains(op)) {
+                    (false, true) => changes.push(format!("+{op}")),
+                    (true, false) => changes.push(format!("-{op}")),
+                    _ => {}
+                }
+            }
+            out.push(("operands", changes.join(",")));
+        }
+        if let Some(why) = &self.exempt {
+            out.push(("exempt", why.clone()));
+        }
+        if let Some(msg) = &self.would_deny {
+            out.push(("would-deny", msg.clone()));
+        }
+        if let Some(why) = &self.assumed_facts {
+            out.push(("cluster-facts", why.clone()));
+        }
+        out
+    }
+}
+
+/// Whether [`decide`] may read the label `key` under these facts: the deploy labels, the labels
+/// that mark a GPU node, and the keys of non-default operand nodeSelectors. The webhook copies
+/// only these from a reviewed Node (a GPU node has ~100 labels; these are 10–20); the tests
+/// check that dropping the others never changes a verdict.
+pub fn reads_label(key: &str, facts: &ClusterFacts) -> bool {
+    key.starts_with(DEPLOY_PREFIX)
+        || key == GPU_PRESENT_KEY
+        || NFD_NVIDIA_PCI_KEYS.contains(&key)
+        || facts.selectors.values().any(|sel| sel.contains_key(key))
+}
+
+/// The operands the DaemonSet controller runs on a node with these labels.
+pub fn simulate(labels: &Labels, facts: &ClusterFacts) -> OperandSet {
+    Operand::all()
+        .filter(|op| !facts.disabled.contains(*op) && selects(labels, *op, facts))
+        .collect()
+}
+
+fn selects(labels: &Labels, op: Operand, facts: &ClusterFacts) -> bool {
+    match facts.selectors.get(&op) {
+        Some(selector) => selector
+            .iter()
+            .all(|(k, v)| labels.get(k).is_some_and(|have| have == v)),
+        None => labels.get(op.key()).is_some_and(|v| v == "true"),
+    }
+}
+
+/// Decide one request.
+pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Verdict {
+    let after = simulate(review.labels, facts);
+    let before = review
+        .old_labels
+        .map_or(OperandSet::EMPTY, |old| simulate(old, facts));
+
+    let mut findings = Vec::new();
+    if matches!(review.operation, Operation::Create | Operation::Update) {
+        let ctx = Ctx {
+            review,
+            facts,
+            before,
+            after,
+            assessing: false,
+        };
+        ctx.run(Kind::State, &mut findings);
+        ctx.run(Kind::Change, &mut findings);
+        findings.retain(|f| policy.action(f.rule) != Action::Off);
+        for f in &mut findings {
+            f.action = effective_action(policy, review.operation, f);
+        }
+    }
+
+    let deny_messages: Vec<&str> = findings
+        .iter()
+        .filter(|f| f.action == Action::Deny)
+        .map(|f| f.message.as_str())
+        .collect();
+    let deny_message = (!deny_messages.is_empty()).then(|| deny_messages.join(" Also: "));
+
+    let exempt = exemption(review, &policy.exemptions);
+    let (decision, message, would_deny) = match (&exempt, deny_message) {
+        (Some(_), would) => {
+            for f in &mut findings {
+                f.action = Action::Audit;
+            }
+            (Decision::Exempt, None, would)
+        }
+        (None, Some(msg)) => (Decision::Denied, Some(msg), None),
+        (None, None) => (Decision::Allowed, None, None),
+    };
+    let warnings = findings
+        .iter()
+        .filter(|f| f.action == Action::Warn)
+        .map(|f| f.warning.clone())
+        .collect();
+
+    Verdict {
+        decision,
+        message,
+        findings,
+        warnings,
+        before,
+        after,
+        exempt,
+        would_deny,
+        assumed_facts: facts.assumed(),
+    }
+}
+
+/// The state rules alone, on a node's current labels: what `audit` reports for a node that no
+/// request is changing. Every finding is [`Change::Existing`] and carries the configured action
+/// (rules set to `off` are left out); the change rules need a request and are not evaluated.
+pub fn assess(node: &str, labels: &Labels, facts: &ClusterFacts, policy: &Policy) -> Vec<Finding> {
+    let review = Review {
+        node,
+        operation: Operation::Update,
+        old_labels: Some(labels),
+        labels,
+        username: "",
+        groups: &[],
+        dry_run: false,
+    };
+    let running = simulate(labels, facts);
+    let ctx = Ctx {
+        review: &review,
+        facts,
+        before: running,
+        after: running,
+        assessing: true,
+    };
+    let mut findings = Vec::new();
+    ctx.run(Kind::State, &mut findings);
+    findings.retain(|f| policy.action(f.rule) != Action::Off);
+    for f in &mut findings {
+        f.action = policy.action(f.rule);
+    }
+    findings
+}
+
+fn effective_action(policy: &Policy, operation: Operation, finding: &Finding) -> Action {
+    let configured = policy.action(finding.rule);
+    if configured != Action::Deny {
+        return configured;
+    }
+    let lowered = finding.change == Change::Existing
+        || policy.mode == Mode::Warn
+        || (operation == Operation::Create && !policy.enforce_on_create);
+    if lowered { Action::Warn } else { Action::Deny }
+}
+
+fn exemption(review: &Review<'_>, ex: &Exemptions) -> Option<String> {
+    if ex.usernames.iter().any(|u| u == review.username) {
+        return Some(format!("user {} is exempt", review.username));
+    }
+    if let Some(g) = review.groups.iter().find(|g| ex.groups.contains(g)) {
+        return Some(format!("group {g} is exempt"));
+    }
+    let sa_namespace = review
+        .username
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+        .map(|(ns, _)| ns);
+    if let Some(ns) = sa_namespace
+        && ex.service_account_namespaces.iter().any(|n| n == ns)
+    {
+        return Some(format!(
+            "service account {} of namespace {ns} is exempt",
+            review.username
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,345 @@
+//! The rules: [`RULES`] is the one table of everything about each rule (id, kind, default
+//! action, severity and pass text for the report, and the function that finds it). The
+//! functions live in [`state`] (rules on what a node runs) and [`change`] (rules on what a
+//! request writes); each one reads a [`Ctx`] and pushes [`Finding`]s.
+
+mod change;
+mod state;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::facts::ClusterFacts;
+use crate::core::operands::{DEPLOY_PREFIX, Operand, OperandSet};
+use crate::core::policy::Review;
+
+/// A rule's id is part of the interface: config keys, JSON output, metrics and annotations use it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rule {
+    DevicePluginWithoutToolkit,
+    OperandWithoutToolkit,
+    OperandWithoutValidator,
+    DevicePluginOnNonGpuNode,
+    UnknownDeployLabel,
+    ValueNotTrue,
+    OperatorWillRestore,
+}
+
+/// What happens when a rule finds something.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Refuse the request (HTTP 200, `allowed: false`, a message naming the fix).
+    Deny,
+    /// Allow, and return a warning that kubectl prints.
+    Warn,
+    /// Allow silently; record the finding in the audit annotations only.
+    Audit,
+    /// Drop the rule's findings: no warning, no annotation, no metric.
+    Off,
+}
+
+/// Whether a rule judges a node's state or a request's change.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Looks at what the DaemonSet controller will run on the node (the simulated operand set).
+    /// A request is judged by the transition: only a violation it creates is acted on; one the
+    /// node already had becomes a warning; one it removes is simply gone. [`assess`] and so the
+    /// audit evaluate these.
+    ///
+    /// [`assess`]: crate::core::policy::assess
+    State,
+    /// Looks at the labels the request itself writes.
+    Change,
+}
+
+/// One row of [`RULES`]: everything about one rule.
+pub struct RuleSpec {
+    pub rule: Rule,
+    /// Part of the interface: config keys, JSON output, metrics and annotations use it.
+    pub id: &'static str,
+    pub kind: Kind,
+    pub default: Action,
+    /// How much a failure hurts, in the words of a PolicyReport result.
+    pub severity: &'static str,
+    /// What a pass means, in the PolicyReport (only state rules are reported).
+    pub pass: &'static str,
+    /// What the rule finds.
+    pub summary: &'static str,
+    /// Adds the rule's findings for one evaluation.
+    pub check: fn(&Ctx<'_, '_>, &mut Vec<Finding>),
+}
+
+/// Every rule, in evaluation and report order. A new rule is a row here, a variant of
+/// [`Rule`] and its function (in `rules/state.rs` or `rules/change.rs`).
+pub const RULES: [RuleSpec; 7] = [
+    RuleSpec {
+        rule: Rule::DevicePluginWithoutToolkit,
+        id: "device-plugin-without-toolkit",
+        kind: Kind::State,
+        default: Action::Deny,
+        severity: "high",
+        pass: "the device plugin does not run without the container toolkit",
+        summary: "the device plugin would run while the operator-managed container toolkit would not",
+        check: |ctx, out| ctx.device_plugin_without_toolkit(out),
+    },
+    RuleSpec {
+        rule: Rule::OperandWithoutToolkit,
+        id: "operand-without-toolkit",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: "medium",
+        pass: "no operand waits for a container toolkit that does not run",
+        summary: "GFD, DCGM, DCGM exporter or MIG manager would run without the container toolkit",
+        check: |ctx, out| ctx.operand_without_toolkit(out),
+    },
+    RuleSpec {
+        rule: Rule::OperandWithoutValidator,
+        id: "operand-without-validator",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: "medium",
+        pass: "no operand waits for an operator validator that is labelled off",
+        summary: "operator-validator is labelled off while operands that wait for toolkit-ready run",
+        check: |ctx, out| ctx.operand_without_validator(out),
+    },
+    RuleSpec {
+        rule: Rule::DevicePluginOnNonGpuNode,
+        id: "device-plugin-on-non-gpu-node",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: "low",
+        pass: "the device plugin does not run on a node without a GPU label",
+        summary: "the device plugin would run on a node with no sign of an NVIDIA GPU",
+        check: |ctx, out| ctx.device_plugin_on_non_gpu_node(out),
+    },
+    RuleSpec {
+        rule: Rule::UnknownDeployLabel,
+        id: "unknown-deploy-label",
+        kind: Kind::Change,
+        default: Action::Warn,
+        severity: "low",
+        pass: "no finding",
+        summary: "a nvidia.com/gpu.deploy.* key that no operand uses",
+        check: |ctx, out| ctx.unknown_deploy_label(out),
+    },
+    RuleSpec {
+        rule: Rule::ValueNotTrue,
+        id: "value-not-true",
+        kind: Kind::Change,
+        default: Action::Warn,
+        severity: "low",
+        pass: "no finding",
+        summary: "a deploy label set to a value a person probably meant as on (only `true` schedules)",
+        check: |ctx, out| ctx.value_not_true(out),
+    },
+    RuleSpec {
+        rule: Rule::OperatorWillRestore,
+        id: "operator-will-restore",
+        kind: Kind::Change,
+        default: Action::Warn,
+        severity: "low",
+        pass: "no finding",
+        summary: "a deploy label removed or emptied on a GPU node: the operator sets it back to true",
+        check: |ctx, out| ctx.operator_will_restore(out),
+    },
+];
+
+impl Rule {
+    pub fn spec(self) -> &'static RuleSpec {
+        &RULES[self as usize]
+    }
+
+    pub fn id(self) -> &'static str {
+        self.spec().id
+    }
+
+    pub fn from_id(id: &str) -> Option<Rule> {
+        RULES.iter().find(|s| s.id == id).map(|s| s.rule)
+    }
+
+    pub fn all() -> impl Iterator<Item = Rule> {
+        RULES.iter().map(|s| s.rule)
+    }
+
+    /// The rules that judge a node's state: the ones [`assess`] evaluates, and so the ones the
+    /// audit reports.
+    ///
+    /// [`assess`]: crate::core::policy::assess
+    pub fn state_rules() -> impl Iterator<Item = Rule> {
+        RULES
+            .iter()
+            .filter(|s| s.kind == Kind::State)
+            .map(|s| s.rule)
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+impl Serialize for Rule {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.id())
+    }
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Deny => "deny",
+            Action::Warn => "warn",
+            Action::Audit => "audit",
+            Action::Off => "off",
+        }
+    }
+}
+
+/// Whether the request creates a finding or the node already had it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Change {
+    New,
+    Existing,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub rule: Rule,
+    /// The action taken: the configured one, lowered for existing findings, CREATE, warn mode
+    /// or an exempt requester.
+    pub action: Action,
+    pub change: Change,
+    /// A whole sentence: names the node, the labels and the fix.
+    pub message: String,
+    /// The same, short enough for a kubectl `Warning:` line.
+    #[serde(skip)]
+    pub warning: String,
+}
+
+/// Everything one evaluation needs, so rule functions stay short.
+pub struct Ctx<'r, 'a> {
+    pub(crate) review: &'r Review<'a>,
+    pub(crate) facts: &'r ClusterFacts,
+    pub(crate) before: OperandSet,
+    pub(crate) after: OperandSet,
+    /// No request: the node's current state is judged ([`assess`](crate::core::policy::assess)), so texts do not speak of one.
+    pub(crate) assessing: bool,
+}
+
+impl Ctx<'_, '_> {
+    /// Runs every rule of `kind`, in table order.
+    pub(crate) fn run(&self, kind: Kind, out: &mut Vec<Finding>) {
+        for spec in RULES.iter().filter(|s| s.kind == kind) {
+            (spec.check)(self, out);
+        }
+    }
+
+    fn node(&self) -> &str {
+        self.review.node
+    }
+
+    fn change(&self, in_before: bool) -> Change {
+        if self.review.old_labels.is_some() && in_before {
+            Change::Existing
+        } else {
+            Change::New
+        }
+    }
+
+    /// Said of an existing violation while judging a request; nothing to say in an assessment.
+    fn unchanged(&self) -> &'static str {
+        if self.assessing {
+            ""
+        } else {
+            "; this request does not change that"
+        }
+    }
+
+    fn toolkit_provided(&self, set: OperandSet) -> bool {
+        set.contains(Operand::ContainerToolkit) || !self.facts.toolkit_managed
+    }
+
+    fn old_value(&self, key: &str) -> Option<&str> {
+        self.review
+            .old_labels
+            .and_then(|old| old.get(key))
+            .map(String::as_str)
+    }
+
+    fn new_value(&self, key: &str) -> Option<&str> {
+        self.review.labels.get(key).map(String::as_str)
+    }
+
+    /// How the labels select an operand, in words: `nvidia.com/gpu.deploy.device-plugin=true`.
+    fn selector_words(&self, op: Operand) -> String {
+        match self.facts.selectors.get(&op) {
+            Some(sel) => {
+                let pairs: Vec<String> = sel.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!("the {op} DaemonSet's nodeSelector {}", pairs.join(","))
+            }
+            None => format!("{}=true", op.key()),
+        }
+    }
+
+    /// The state of a label after the request, in words, saying when the request changed it.
+    fn label_state(&self, key: &str) -> String {
+        let old = self.old_value(key);
+        match (old, self.new_value(key)) {
+            (Some(_), None) => format!("this request removes {key}"),
+            (None, None) => format!("{key} is not set"),
+            (o, Some(v)) if o != Some(v) && self.review.old_labels.is_some() => {
+                format!("this request sets {key}={v:?}")
+            }
+            (_, Some(v)) => format!("{key} is {v:?}"),
+        }
+    }
+
+    /// Emits one finding for the operands the request adds to a violating set, and one for those
+    /// that were already in it.
+    fn per_subset(
+        &self,
+        out: &mut Vec<Finding>,
+        rule: Rule,
+        after: OperandSet,
+        before: OperandSet,
+        text: impl Fn(&str, Change) -> (String, String),
+    ) {
+        let names = |pred: &dyn Fn(Operand) -> bool| -> Vec<&'static str> {
+            after
+                .iter()
+                .filter(|op| pred(*op))
+                .map(Operand::name)
+                .collect()
+        };
+        let is_existing = |op: Operand| self.review.old_labels.is_some() && before.contains(op);
+        let new = names(&|op| !is_existing(op));
+        let existing = names(&is_existing);
+        for (list, change) in [(new, Change::New), (existing, Change::Existing)] {
+            if list.is_empty() {
+                continue;
+            }
+            let (message, warning) = text(&list.join(", "), change);
+            out.push(Finding {
+                rule,
+                action: Action::Off,
+                change,
+                message,
+                warning,
+            });
+        }
+    }
+
+    /// Deploy-label keys the request adds or gives a new value.
+    fn written_deploy_labels(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.review
+            .labels
+            .iter()
+            .filter(|(k, _)| k.starts_with(DEPLOY_PREFIX))
+            .filter(|(k, v)| self.old_value(k) != Some(v.as_str()))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}

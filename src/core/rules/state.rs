@@ -1,0 +1,157 @@
+//! The state rules: what the DaemonSet controller will run on the node.
+
+use super::{Action, Change, Ctx, Finding, Rule};
+use crate::core::operands::{GPU_PRESENT_KEY, Labels, Operand, OperandSet, Wait, is_gpu_node};
+
+impl Ctx<'_, '_> {
+    pub(super) fn device_plugin_without_toolkit(&self, out: &mut Vec<Finding>) {
+        let broken =
+            |set: OperandSet| set.contains(Operand::DevicePlugin) && !self.toolkit_provided(set);
+        if !broken(self.after) {
+            return;
+        }
+        let node = self.node();
+        let toolkit = Operand::ContainerToolkit.key();
+        let plugin = Operand::DevicePlugin.key();
+        let change = self.change(broken(self.before));
+        let (message, warning) = match change {
+            Change::Existing => (
+                format!(
+                    "node {node} already runs the NVIDIA device plugin without the container toolkit ({}){}: \
+                     set {toolkit}=true or {plugin}=false to repair the node.",
+                    self.label_state(toolkit),
+                    self.unchanged()
+                ),
+                format!("{node} is already broken: device-plugin runs without container-toolkit"),
+            ),
+            Change::New => {
+                let toolkit_was_on = self.old_value(toolkit) == Some("true");
+                let fix = if toolkit_was_on {
+                    format!(
+                        "keep {toolkit}=true, or turn the device plugin off in the same command with {plugin}=false"
+                    )
+                } else {
+                    format!(
+                        "set {toolkit}=true in the same command, or leave the device plugin off ({plugin}=false)"
+                    )
+                };
+                (
+                    format!(
+                        "node {node}: {} would run the NVIDIA device plugin without the container toolkit ({}), \
+                         so GPU pods would be scheduled there and fail to start; {fix}.",
+                        self.selector_words(Operand::DevicePlugin),
+                        self.label_state(toolkit)
+                    ),
+                    format!(
+                        "{node}: device-plugin would run without container-toolkit; GPU pods would fail to start"
+                    ),
+                )
+            }
+        };
+        out.push(Finding {
+            rule: Rule::DevicePluginWithoutToolkit,
+            action: Action::Off,
+            change,
+            message,
+            warning,
+        });
+    }
+
+    pub(super) fn operand_without_toolkit(&self, out: &mut Vec<Finding>) {
+        let stranded = |set: OperandSet| -> OperandSet {
+            if self.toolkit_provided(set) {
+                return OperandSet::EMPTY;
+            }
+            // The device plugin waits for the toolkit too, but has a rule of its own.
+            set.iter()
+                .filter(|op| *op != Operand::DevicePlugin && op.waits_for(Wait::Toolkit))
+                .collect()
+        };
+        let after = stranded(self.after);
+        let before = stranded(self.before);
+        self.per_subset(out, Rule::OperandWithoutToolkit, after, before, |names, change| {
+            let node = self.node();
+            let toolkit = Operand::ContainerToolkit.key();
+            match change {
+                Change::New => (
+                    format!(
+                        "node {node}: {names} would run without the container toolkit ({}) and wait for it forever; \
+                         set {toolkit}=true or turn them off.",
+                        self.label_state(toolkit)
+                    ),
+                    format!("{node}: {names} would hang without container-toolkit"),
+                ),
+                Change::Existing => (
+                    format!(
+                        "node {node} already runs {names} without the container toolkit ({}){}.",
+                        self.label_state(toolkit),
+                        self.unchanged()
+                    ),
+                    format!("{node}: {names} already wait for container-toolkit"),
+                ),
+            }
+        });
+    }
+
+    pub(super) fn operand_without_validator(&self, out: &mut Vec<Finding>) {
+        let key = Operand::OperatorValidator.key();
+        let waiting = |labels: Option<&Labels>, set: OperandSet| -> OperandSet {
+            let Some(labels) = labels else {
+                return OperandSet::EMPTY;
+            };
+            // A missing validator label is added by the operator; only an explicit non-true value
+            // keeps the validator away for good.
+            let validator_off = labels.get(key).is_some_and(|v| v != "true");
+            if !validator_off {
+                return OperandSet::EMPTY;
+            }
+            set.iter()
+                .filter(|op| op.waits_for(Wait::ToolkitReady))
+                .collect()
+        };
+        let after = waiting(Some(self.review.labels), self.after);
+        let before = waiting(self.review.old_labels, self.before);
+        let value = self.new_value(key).unwrap_or_default();
+        self.per_subset(out, Rule::OperandWithoutValidator, after, before, |names, change| {
+            let node = self.node();
+            let already = if change == Change::Existing { "already " } else { "" };
+            (
+                format!(
+                    "node {node}: {key}={value:?} keeps the operator validator off, so {names} {already}wait forever \
+                     for its toolkit-ready check; set {key}=true."
+                ),
+                format!("{node}: {names} {already}hang: operator-validator={value:?}"),
+            )
+        });
+    }
+
+    pub(super) fn device_plugin_on_non_gpu_node(&self, out: &mut Vec<Finding>) {
+        let misplaced = |labels: &Labels, set: OperandSet| {
+            set.contains(Operand::DevicePlugin) && !is_gpu_node(labels)
+        };
+        if !misplaced(self.review.labels, self.after) {
+            return;
+        }
+        let before = self
+            .review
+            .old_labels
+            .is_some_and(|old| misplaced(old, self.before));
+        let change = self.change(before);
+        let node = self.node();
+        let already = if change == Change::Existing {
+            "already "
+        } else {
+            ""
+        };
+        out.push(Finding {
+            rule: Rule::DevicePluginOnNonGpuNode,
+            action: Action::Off,
+            change,
+            message: format!(
+                "node {node}: the NVIDIA device plugin {already}runs on a node without {GPU_PRESENT_KEY}=true \
+                 or an NFD NVIDIA PCI label; is this the right node?"
+            ),
+            warning: format!("{node}: device-plugin {already}runs on a node with no NVIDIA GPU label"),
+        });
+    }
+}

@@ -1,0 +1,45 @@
+//! The Kubernetes objects gpu-deploy-guard reads, reduced to the fields it needs, and how to
+//! read them: from a file or standard input ([`read`]), from a large List file in a stream
+//! ([`list`], [`split`]) or from the API ([`api`]).
+
+/// Implements `kube::Resource` for a partial view of a built-in kind, so reflectors can watch
+/// it while only the fields gpu-deploy-guard reads are deserialized.
+macro_rules! partial_resource {
+    ($view:ty, $scope:ty, kind: $kind:literal, group: $group:literal, version: $version:literal, plural: $plural:literal) => {
+        impl kube::Resource for $view {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($kind)
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($group)
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($version)
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed($plural)
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(
+                &mut self,
+            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+pub mod api;
+pub mod cluster_policy;
+pub mod daemonset;
+pub mod list;
+mod meta;
+pub mod node;
+pub mod pod;
+pub mod read;
+pub mod split;

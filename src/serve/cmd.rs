@@ -1,0 +1,239 @@
+//! `gpu-deploy-guard serve`: its flags, and the process that wires the webhook, the listeners
+//! and the cluster watch together.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::ValueEnum;
+
+use super::conn::AbortOnDrop;
+use super::readiness::Readiness;
+use super::server::{self, ServeOptions};
+use super::tls;
+use super::watch::{WatchConfig, watch_cluster};
+use crate::core::config::Config;
+use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
+use crate::k8s::read;
+use crate::metrics::Metrics;
+use crate::webhook::{self, Limits, Webhook};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// HTTPS address of the webhook (POST /validate).
+    #[arg(long, env = "GDG_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Plain-HTTP address of /livez, /readyz and /metrics.
+    #[arg(long, env = "GDG_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    pub admin_listen: SocketAddr,
+    /// PEM certificate chain to serve; re-read when the file changes. Without it, a
+    /// self-signed certificate for localhost is made in memory (for trying it out only).
+    #[arg(long, env = "GDG_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "GDG_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// With the self-signed certificate: write its CA here so a client can trust it.
+    #[arg(long, env = "GDG_WRITE_CA", conflicts_with = "tls_cert")]
+    pub write_ca: Option<PathBuf>,
+    /// YAML configuration: rule actions, mode, exemptions, operator namespace.
+    #[arg(long, env = "GDG_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "GDG_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Largest request body accepted, in bytes (413 above).
+    #[arg(long, env = "GDG_MAX_BODY_BYTES", default_value_t = Limits::default().max_body_bytes)]
+    pub max_body_bytes: usize,
+    /// Time for a request's head to arrive, from the start of a connection or from the first byte
+    /// of a later request on it.
+    #[arg(long, env = "GDG_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+    /// How long an idle HTTP/1.1 keep-alive connection stays open. Keep it above the API server's
+    /// 90 s, so the API server closes idle connections first and never sends a review on a
+    /// connection being closed.
+    #[arg(long, env = "GDG_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+    /// Time for a request's body to arrive.
+    #[arg(long, env = "GDG_BODY_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub body_timeout: Duration,
+    /// Time for a whole request, body included.
+    #[arg(long, env = "GDG_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Time for a TLS handshake.
+    #[arg(long, env = "GDG_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// After SIGTERM, how long in-flight reviews may take to finish.
+    #[arg(long, env = "GDG_DRAIN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+    /// After SIGTERM, how long to keep serving with /readyz at 503 before draining, so the
+    /// endpoint is gone from the Service before the listener closes.
+    #[arg(long, env = "GDG_SHUTDOWN_DELAY", default_value = "3s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+    /// Do not read the cluster: decide with the GPU Operator's default operand switches and
+    /// run no continuous audit. Without this, the ClusterPolicy, the operand DaemonSets, their
+    /// pods and the nodes are watched (in-cluster config or KUBECONFIG).
+    #[arg(long, env = "GDG_NO_CLUSTER_WATCH")]
+    pub no_cluster_watch: bool,
+    /// Write the continuous audit as ClusterPolicyReport `gpu-deploy-guard` (wgpolicyk8s.io/v1alpha2).
+    #[arg(long, env = "GDG_REPORT", conflicts_with = "no_cluster_watch")]
+    pub report: bool,
+    /// How often the certificate files are checked for rotation.
+    #[arg(long, env = "GDG_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub tls_reload_interval: Duration,
+}
+
+#[derive(Copy, Clone, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Parses a duration: `500ms`, `5s`, `2m`, `1h`, `1m30s` (humantime), a bare number of seconds,
+/// or a decimal number of `ms`, `s` or `m` (`1.5s`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let invalid = |e: &dyn std::fmt::Display| format!("{text:?}: {e}");
+    if let Ok(seconds) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).map_err(|e| invalid(&e));
+    }
+    if let Some(at) = text.find(|c: char| c.is_ascii_alphabetic())
+        && text[..at].contains('.')
+    {
+        let (number, unit) = text.split_at(at);
+        let scale = match unit {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "m" => 60.0,
+            _ => return Err(format!("{text:?}: a fraction takes the unit ms, s or m")),
+        };
+        let value: f64 = number.parse().map_err(|e| invalid(&e))?;
+        return Duration::try_from_secs_f64(value * scale).map_err(|e| invalid(&e));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like 500ms, 5s, 2m or 1m30s: {e}"))
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// Runs `serve` until SIGTERM or Ctrl-C, then drains.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    init_logs(args.log_format);
+    let (no_cluster_watch, report) = (args.no_cluster_watch, args.report);
+    let config = match &args.config {
+        Some(path) => read::config_file(path)?,
+        None => Config::default(),
+    };
+    let tls = match (args.tls_cert, args.tls_key) {
+        (Some(cert), Some(key)) => tls::TlsSource::Files { cert, key },
+        _ => tls::TlsSource::SelfSigned {
+            write_ca: args.write_ca,
+        },
+    };
+    let metrics = Arc::new(Metrics::new());
+    let limits = Limits {
+        max_body_bytes: args.max_body_bytes,
+        body_timeout: args.body_timeout,
+        request_timeout: args.request_timeout,
+    };
+    let (facts_tx, facts_rx) = tokio::sync::watch::channel(Arc::new(operator_defaults()));
+    let webhook = Webhook {
+        policy: config.policy.clone(),
+        facts: facts_rx,
+        metrics: metrics.clone(),
+        limits,
+    };
+    let options = ServeOptions {
+        listen: args.listen,
+        admin_listen: args.admin_listen,
+        tls,
+        reload_interval: args.tls_reload_interval,
+        header_timeout: args.header_timeout,
+        idle_timeout: args.idle_timeout,
+        handshake_timeout: args.handshake_timeout,
+        drain_timeout: args.drain_timeout,
+        shutdown_delay: args.shutdown_delay,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let readiness = Readiness::new();
+        // Dropped (and so stopped) when serving ends.
+        let _watch = if no_cluster_watch {
+            tracing::info!(
+                "cluster watch off: deciding with the GPU Operator's default operand switches"
+            );
+            None
+        } else {
+            start_cluster_watch(&config, report, facts_tx, metrics.clone(), &readiness).await
+        };
+        let app = webhook::router(Arc::new(webhook));
+        server::run(options, app, metrics, readiness, server::shutdown_signal()).await
+    })
+}
+
+/// Starts watching the cluster; `/readyz` waits (bounded) for its first sync. Without any
+/// cluster access the webhook still serves, on the operator's defaults, and says so.
+async fn start_cluster_watch(
+    config: &Config,
+    report: bool,
+    facts_tx: tokio::sync::watch::Sender<Arc<ClusterFacts>>,
+    metrics: Arc<Metrics>,
+    readiness: &Readiness,
+) -> Option<AbortOnDrop<()>> {
+    let client = match kube::Client::try_default().await {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::warn!(%error, "cannot reach the cluster: deciding with the GPU Operator's default operand switches");
+            let mut facts = operator_defaults();
+            facts.source = PolicySource::NoAccess(error.to_string());
+            let _ = facts_tx.send(Arc::new(facts));
+            return None;
+        }
+    };
+    let gate = readiness.gate("cluster-sync");
+    let mut watch = WatchConfig::new(config.operator_namespace.clone(), config.policy.clone());
+    watch.report = report;
+    let task = tokio::spawn(watch_cluster(client, watch, facts_tx, metrics, move || {
+        gate.open()
+    }));
+    Some(AbortOnDrop(task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(
+            parse_duration("5x")
+                .unwrap_err()
+                .contains("unknown time unit")
+        );
+        assert!(parse_duration("1.5h").unwrap_err().contains("ms, s or m"));
+        assert!(parse_duration("fast").is_err());
+    }
+}

@@ -1,0 +1,11 @@
+//! `serve`: the process around the webhook. The listeners and connections ([`server`]), TLS
+//! and certificate rotation ([`tls`]), readiness and the admin port ([`readiness`]), and the
+//! cluster watch ([`watch`]), which keeps the webhook's facts and the continuous audit current.
+
+pub mod cmd;
+mod conn;
+mod idle;
+pub mod readiness;
+pub mod server;
+pub mod tls;
+pub mod watch;

@@ -1,0 +1,242 @@
+//! The HTTPS listener for the webhook, the plain-HTTP admin listener, and
+//! graceful shutdown.
+//!
+//! This layer deals only with connections: TLS, HTTP/1.1 and HTTP/2,
+//! timeouts that stop a slow or silent client from holding a connection,
+//! and draining in-flight reviews on SIGTERM so a rolling update never cuts
+//! an API server request in half. What a request means is the router's job.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+use super::conn::{AbortOnDrop, Acceptor, ConnConfig};
+use super::readiness::{Readiness, admin_router};
+use super::tls::{Tls, TlsError, TlsSource};
+use crate::metrics::Metrics;
+
+/// How long the admin listener may take to finish its own requests once the
+/// webhook has drained; a scrape or probe answers in milliseconds.
+const ADMIN_DRAIN: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// HTTPS for the webhook. Port 0 picks a free port; see [`Server::local_addr`].
+    pub listen: SocketAddr,
+    /// Plain HTTP: `/livez`, `/readyz`, `/metrics`.
+    pub admin_listen: SocketAddr,
+    pub tls: TlsSource,
+    /// How often the certificate files are checked for a rotation.
+    pub reload_interval: Duration,
+    /// Time allowed to send a request head: from the start of a connection, and from the first
+    /// byte of each later request on it.
+    pub header_timeout: Duration,
+    /// How long an HTTP/1.1 keep-alive connection may wait for its next request. Longer than the
+    /// API server's 90 s, so that the API server, not us, closes idle connections (see
+    /// `serve/idle.rs`).
+    pub idle_timeout: Duration,
+    /// Time allowed for the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// After shutdown starts, the longest in-flight requests may run on.
+    pub drain_timeout: Duration,
+    /// After SIGTERM, how long to keep accepting while readiness is already 503: Kubernetes
+    /// takes a moment to drop the endpoint, and the API server must not be refused meanwhile.
+    pub shutdown_delay: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        addr: SocketAddr,
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{0} must be greater than zero")]
+    ZeroDuration(&'static str),
+}
+
+/// A server with its certificate loaded and both ports bound, not yet
+/// accepting. Splitting bind from serve lets a caller (or a test) learn the
+/// actual addresses when asked to listen on port 0.
+pub struct Server {
+    opts: ServeOptions,
+    tls: Tls,
+    listener: TcpListener,
+    admin_listener: TcpListener,
+    local_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    metrics: Arc<Metrics>,
+}
+
+impl Server {
+    /// Loads the certificate first, so a bad file fails start-up naming the
+    /// file before any port is taken, then binds the webhook and admin ports.
+    pub async fn bind(opts: ServeOptions, metrics: Arc<Metrics>) -> Result<Self, ServeError> {
+        for (name, value) in [
+            ("reload_interval", opts.reload_interval),
+            ("header_timeout", opts.header_timeout),
+            ("idle_timeout", opts.idle_timeout),
+            ("handshake_timeout", opts.handshake_timeout),
+            ("drain_timeout", opts.drain_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ServeError::ZeroDuration(name));
+            }
+        }
+        let tls = Tls::load(&opts.tls, &metrics)?;
+        let (listener, local_addr) = bind(opts.listen, "webhook").await?;
+        let (admin_listener, admin_addr) = bind(opts.admin_listen, "admin").await?;
+        Ok(Self {
+            opts,
+            tls,
+            listener,
+            admin_listener,
+            local_addr,
+            admin_addr,
+            metrics,
+        })
+    }
+
+    /// The address the webhook (HTTPS) listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The address the admin (plain HTTP) listener is on.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// Serves until `shutdown` resolves, then drains; see [`run`].
+    pub async fn serve(
+        self,
+        app: Router,
+        readiness: Readiness,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let Server {
+            opts,
+            tls,
+            listener,
+            admin_listener,
+            local_addr,
+            admin_addr,
+            metrics,
+        } = self;
+        let _reloader = tls
+            .spawn_reloader(opts.reload_interval, metrics.clone())
+            .map(AbortOnDrop);
+
+        let conn = Arc::new(ConnConfig::new(&opts, Some(metrics.clone())));
+        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin = Acceptor {
+            listener: admin_listener,
+            tls: None,
+            app: admin_router(metrics, readiness.clone()),
+            conn: Arc::new(ConnConfig::new(&opts, None)),
+            what: "admin",
+        };
+        let admin = AbortOnDrop(tokio::spawn(admin.run(async {
+            let _ = admin_stopped.await;
+        })));
+
+        let webhook = Acceptor {
+            listener,
+            tls: Some(tls.acceptor()),
+            app,
+            conn,
+            what: "webhook",
+        };
+        info!(%local_addr, %admin_addr, "serving");
+        readiness.set_serving(true);
+        let stopping = readiness.clone();
+        let delay = opts.shutdown_delay;
+        let connections = webhook
+            .run(async move {
+                shutdown.await;
+                // Report draining before the listener closes, so a probe
+                // from now on explains why the endpoint is going away.
+                stopping.set_serving(false);
+                if !delay.is_zero() {
+                    info!(delay = ?delay, "readiness is 503; still accepting until the endpoint is removed");
+                    tokio::time::sleep(delay).await;
+                }
+            })
+            .await;
+        info!(
+            open = connections.graceful.count(),
+            limit = ?opts.drain_timeout,
+            "shutting down: no new connections, letting requests in flight finish"
+        );
+        connections.drain(opts.drain_timeout).await;
+
+        let _ = admin_stop.send(());
+        match admin.join().await {
+            Some(connections) => connections.drain(ADMIN_DRAIN).await,
+            None => warn!("admin listener task ended abnormally"),
+        }
+        info!("shut down");
+        Ok(())
+    }
+}
+
+async fn bind(
+    addr: SocketAddr,
+    what: &'static str,
+) -> Result<(TcpListener, SocketAddr), ServeError> {
+    let err = |source| ServeError::Bind { addr, what, source };
+    let listener = TcpListener::bind(addr).await.map_err(err)?;
+    let local = listener.local_addr().map_err(err)?;
+    Ok((listener, local))
+}
+
+/// Loads TLS, binds both ports, serves `app` over HTTPS and the admin
+/// endpoints over HTTP until `shutdown` resolves, then drains in-flight
+/// requests for at most `drain_timeout` and returns.
+pub async fn run(
+    opts: ServeOptions,
+    app: Router,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    Server::bind(opts, metrics)
+        .await?
+        .serve(app, readiness, shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM (what the kubelet sends) or Ctrl-C.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(error) => {
+                warn!(%error, "cannot listen for SIGTERM; only Ctrl-C will stop the server");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let interrupt = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            warn!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = term => info!("SIGTERM received"),
+        () = interrupt => info!("interrupt received"),
+    }
+}
