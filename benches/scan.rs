@@ -1,16 +1,13 @@
-//! Reading an AdmissionReview body with the scanner (`src/scan.rs`): the fields the webhook needs,
+//! Reading an AdmissionReview body with the scanner (`webhook::scan`): the fields the webhook needs,
 //! every other value skipped unbuilt but checked. Compare with `review/parse` (serde into the
 //! webhook's view) and `review/floor` (serde skimming the body for the uid) on the same body.
-
-#[path = "../src/scan.rs"]
-#[allow(dead_code)]
-mod scan;
 
 mod common;
 
 use std::hint::black_box;
 
 use common::Case;
+use gpu_deploy_guard::webhook::scan;
 
 fn case(name: &str) -> Case {
     let body = common::review_body(name);

@@ -1,19 +1,16 @@
-//! The body scanner against serde, the webhook's reference reading of an AdmissionReview
-//! (`request::ReviewBody`): on every review fixture, on generated reviews and on mutations of
+//! The body scanner (`webhook::scan`) against serde, the webhook's reference reading of an
+//! AdmissionReview (`webhook::review::ReviewBody`): on every review fixture, on generated reviews and on mutations of
 //! both, serde refuses a body exactly when the scanner does, and otherwise both read the same
 //! fields. The scanner may leave a body to serde (`Unusual`) only for the forms its
 //! documentation names, and then the body is not one the API server sends.
 
-#[path = "../src/scan.rs"]
-#[allow(dead_code)]
-mod scan;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use gpu_deploy_guard::operands::{Labels, Operand};
-use gpu_deploy_guard::policy::ClusterFacts;
-use gpu_deploy_guard::request::{NodeLabels, ReviewBody};
+use gpu_deploy_guard::core::facts::ClusterFacts;
+use gpu_deploy_guard::core::operands::{Labels, Operand};
+use gpu_deploy_guard::webhook::review::{NodeLabels, ReviewBody};
+use gpu_deploy_guard::webhook::{parse_review, parse_with_serde, scan};
 
 /// What the webhook reads from a review, in a form both readings can be compared in.
 #[derive(Debug, PartialEq, Eq)]
@@ -44,15 +41,6 @@ struct ReadNode {
     labels: Labels,
 }
 
-fn operation_name(op: scan::Operation) -> &'static str {
-    match op {
-        scan::Operation::Create => "CREATE",
-        scan::Operation::Update => "UPDATE",
-        scan::Operation::Delete => "DELETE",
-        scan::Operation::Connect => "CONNECT",
-    }
-}
-
 fn from_scan(r: &scan::Review<'_>) -> Read {
     let node = |n: &scan::Node<'_>| ReadNode {
         name: n.name.as_deref().unwrap_or("").to_owned(),
@@ -72,7 +60,7 @@ fn from_scan(r: &scan::Review<'_>) -> Read {
                 q.kind.kind.to_string(),
             ),
             name: q.name.to_string(),
-            operation: operation_name(q.operation),
+            operation: q.operation.as_str(),
             username: q.user_info.username.as_ref().map(|s| s.to_string()),
             groups: q
                 .user_info
@@ -528,4 +516,33 @@ fn generated_reviews_read_the_same() {
         tally.read > 5_000 && tally.refused > 10_000 && tally.unusual > 50,
         "{tally:?}"
     );
+}
+
+#[test]
+fn a_form_the_scanner_leaves_to_serde_is_read_by_the_webhook_all_the_same() {
+    let body = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","kind":["","v1","Node"],"operation":{"UPDATE":null},"object":{"metadata":{"labels":{"a":"b"}}},"oldObject":{"metadata":{}}}}"#;
+    assert!(matches!(
+        scan::scan(body),
+        Err(scan::ScanError::Unusual { .. })
+    ));
+    let request = parse_review(body).unwrap_or_else(|(e, _)| panic!("{e}"));
+    assert_eq!(
+        (request.uid.as_str(), request.kind.kind.as_str()),
+        ("u", "Node")
+    );
+    assert_eq!(request.operation.as_str(), "UPDATE");
+}
+
+#[test]
+fn a_body_the_scanner_refuses_gets_serde_s_answer() {
+    for body in [
+        &br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE","object":{"metadata":{"labels":{"a":7}}}}}"#[..],
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1","#,
+        br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":null}"#,
+    ] {
+        let (by_webhook, uid) = parse_review(body).map(|_| ()).unwrap_err();
+        let (by_serde, serde_uid) = parse_with_serde(body).map(|_| ()).unwrap_err();
+        assert_eq!(by_webhook.to_string(), by_serde.to_string());
+        assert_eq!(uid, serde_uid);
+    }
 }

@@ -18,6 +18,7 @@ use tower_http::timeout::TimeoutLayer;
 
 pub mod response;
 pub mod review;
+pub mod scan;
 
 use response::respond;
 use review::{RequestView, ReviewBody};
@@ -246,22 +247,40 @@ pub fn parse_review(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err((BadRequest::Empty, None));
     }
+    // The scanner reads what the webhook needs and skips the rest unbuilt (`scan`). It refuses
+    // exactly what serde refuses (tests/scan_differential.rs), so a body it refuses is read again
+    // with serde, to say where and why, or to read one of the rare forms it leaves to serde.
+    let review = match scan::scan(bytes) {
+        Ok(review) => review,
+        Err(_) => return parse_with_serde(bytes),
+    };
+    check_review(&review.kind, &review.api_version)?;
+    review
+        .request
+        .map(RequestView::from)
+        .ok_or((BadRequest::NoRequest, None))
+}
+
+/// `parse_review` with serde alone: the reference reading of a review.
+pub fn parse_with_serde(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option<String>)> {
     // Read without tracking the path: serde_path_to_error copies every map key it passes, a
     // large Node's ~200 labels included. Only a body that fails is read again, to say where.
     let review: ReviewBody<'_> = match serde_json::from_slice(bytes) {
         Ok(review) => review,
         Err(error) => return Err(unreadable(bytes, error)),
     };
-    if review.kind.as_str() != "AdmissionReview" {
-        return Err((BadRequest::Kind(review.kind.as_str().to_owned()), None));
-    }
-    if review.api_version.as_str() != "admission.k8s.io/v1" {
-        return Err((
-            BadRequest::Version(review.api_version.as_str().to_owned()),
-            None,
-        ));
-    }
+    check_review(review.kind.as_str(), review.api_version.as_str())?;
     review.request.ok_or((BadRequest::NoRequest, None))
+}
+
+fn check_review(kind: &str, api_version: &str) -> Result<(), (BadRequest, Option<String>)> {
+    if kind != "AdmissionReview" {
+        return Err((BadRequest::Kind(kind.to_owned()), None));
+    }
+    if api_version != "admission.k8s.io/v1" {
+        return Err((BadRequest::Version(api_version.to_owned()), None));
+    }
+    Ok(())
 }
 
 /// Why serde_json refused a body, with the path to the field at fault and the uid when it can

@@ -27,6 +27,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
+pub use crate::core::policy::Operation;
+
 /// A JSON string: borrowed from the body unless it contains escapes.
 pub type Str<'a> = Cow<'a, str>;
 
@@ -65,15 +67,6 @@ pub struct GroupVersionKind<'a> {
 pub struct UserInfo<'a> {
     pub username: Option<Str<'a>>,
     pub groups: Option<Vec<Str<'a>>>,
-}
-
-/// The admission operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    Create,
-    Update,
-    Delete,
-    Connect,
 }
 
 /// A Node reduced to its name and labels.
