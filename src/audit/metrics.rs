@@ -144,22 +144,10 @@ impl AuditMetrics {
 mod tests {
     use super::*;
     use crate::audit::audit;
+    use crate::audit::tests::node;
     use crate::core::facts::operator_defaults;
     use crate::core::policy::Policy;
-    use crate::k8s::node::NodeView;
     use crate::k8s::pod::{PodPhase, PodView};
-
-    fn node(name: &str, labels: &[(&str, &str)]) -> NodeView {
-        let mut n = NodeView::default();
-        n.metadata.name = Some(name.to_owned());
-        n.metadata.labels = Some(
-            labels
-                .iter()
-                .map(|(k, v)| (format!("nvidia.com/gpu.deploy.{k}"), (*v).to_owned()))
-                .collect(),
-        );
-        n
-    }
 
     fn plugin_pod(node: &str) -> PodView {
         let mut p = PodView {

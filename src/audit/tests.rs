@@ -30,7 +30,7 @@ fn run(case: &str) -> AuditReport {
     audit(&nodes, &pods, &operator_defaults(), &Policy::default())
 }
 
-fn node(name: &str, labels: &[(&str, &str)]) -> NodeView {
+pub(super) fn node(name: &str, labels: &[(&str, &str)]) -> NodeView {
     let mut n = NodeView::default();
     n.metadata.name = Some(name.to_owned());
     n.metadata.labels = Some(

@@ -452,6 +452,23 @@ mod tests {
     }
 
     #[test]
+    fn daemonset_names_and_columns_come_from_the_table() {
+        assert_eq!(
+            Operand::of_daemonset("nvidia-driver-daemonset-5.15.0-1026-nvidia-ubuntu22.04"),
+            Some(Operand::Driver),
+            "a precompiled driver's per-kernel DaemonSet"
+        );
+        assert_eq!(
+            Operand::of_daemonset("nvidia-driver-daemonset"),
+            Some(Operand::Driver)
+        );
+        assert_eq!(Operand::of_daemonset("nvidia-driver"), None);
+        let shown: Vec<&str> = Operand::always_shown().map(Operand::column).collect();
+        assert_eq!(shown, ["driver", "toolkit", "device-plugin", "gfd", "dcgm"]);
+        assert!(!Operand::Nvsm.info().has_daemonset());
+    }
+
+    #[test]
     fn operand_set_holds_every_operand() {
         let all: OperandSet = Operand::all().collect();
         assert_eq!(all.iter().count(), OPERANDS.len());
