@@ -9,8 +9,9 @@
 #   1. criterion: policy::decide alone, lab nodes and a large node   (benches/decision.rs)
 #   2. criterion: a whole review in-process, parse+decide+serialize  (benches/review.rs)
 #   3. oha over TLS on loopback against the release binary and the floor server
-#      (benches/floor_server.rs), HTTP/1.1 keep-alive and HTTP/2, 16 and 64 connections:
-#      the highest rate, then p50/p99 at half of the floor's highest rate
+#      (benches/floor_server.rs), HTTP/1.1 keep-alive and HTTP/2: CPU per review (user+system
+#      CPU time from /proc around a fixed number of requests, floor and ours alternating), p50
+#      and p99 at fixed rates of 200 and 1,000 reviews/s, and the highest rate of each
 #   4. resident memory of both servers, idle and at peak
 #   5. every executable bench/sections/*.sh, see "Extra sections" below
 #   6. the audit at cluster scale (benches/audit.rs, its own table), when that file exists
@@ -50,6 +51,7 @@ if ((SMOKE)); then
     COUNT_ITERATIONS=5
     COUNT_CASES='large-node-review-allowed$'
     SERVER_REQUESTS=20
+    CPU_REQUESTS=200
     CELLS=(h1-c16 h2-c16)
 else
     DURATION=${BENCH_DURATION:-8}
@@ -58,8 +60,12 @@ else
     COUNT_ITERATIONS=200
     COUNT_CASES=.
     SERVER_REQUESTS=500
-    CELLS=(h1-c16 h1-c64 h2-c16 h2-c64)
+    # About 2 s of one core per run: 1% of it is two clock ticks of /proc's user and system times.
+    CPU_REQUESTS=${BENCH_CPU_REQUESTS:-20000}
+    CELLS=(h1-c16 h2-c16)
 fi
+# Fixed rates (reviews/s) for the latency runs: a busy cluster's API server sends a few hundred.
+RATES=(200 1000)
 CARGO=${CARGO:-cargo}
 OHA_VERSION=1.16.0
 # Outside the work tree, so a fresh clone (CI) reuses it when the machine still has it.
@@ -68,9 +74,9 @@ BODY_ALLOWED=$ROOT/benches/fixtures/large-node-review-allowed.json
 BODY_DENIED=$ROOT/benches/fixtures/large-node-review-denied.json
 
 # Nothing from an earlier run may pass for this one's.
-rm -rf "$OUT/load" "$OUT/sections" "$OUT/callgrind"
+rm -rf "$OUT/load" "$OUT/sections" "$OUT/callgrind" "$OUT/cpu"
 rm -f "$OUT"/{instructions,server-instructions,audit,memory,env}.txt "$OUT/summary.md"
-mkdir -p "$OUT/load" "$OUT/sections"
+mkdir -p "$OUT/load" "$OUT/sections" "$OUT/cpu"
 # The summary takes criterion results newer than this; older ones stay as criterion's baseline.
 touch "$OUT/started"
 export CRITERION_HOME=$OUT/criterion
@@ -110,7 +116,7 @@ for line in sys.stdin:
 [[ -x $FLOOR ]] || { log "cannot find the floor_server executable"; exit 1; }
 
 # --- 1 and 2: criterion ------------------------------------------------------------------
-for bench in decision review; do
+for bench in decision review scan; do
     log "criterion: $bench"
     "$CARGO" bench --locked --quiet --bench "$bench" -- "${CRITERION[@]}" >"$OUT/criterion-$bench.log" 2>&1 ||
         { cat "$OUT/criterion-$bench.log" >&2; exit 1; }
@@ -125,7 +131,7 @@ fi
 
 if command -v valgrind >/dev/null; then
     log "callgrind: instructions per decision and per review"
-    bench/count.sh --iterations "$COUNT_ITERATIONS" --cases "$COUNT_CASES" decision review \
+    bench/count.sh --iterations "$COUNT_ITERATIONS" --cases "$COUNT_CASES" decision review scan \
         >"$OUT/instructions.txt"
 else
     log "valgrind not installed: no instruction counts"
@@ -153,7 +159,9 @@ wait_port() {
     return 1
 }
 status_kib() { awk -v key="$2:" '$1 == key { print $2 }' "/proc/$1/status"; }
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# User and system CPU time of a process, all threads, in clock ticks (fields 14 and 15; the
+# command name in field 2 has no spaces here).
+cpu_times() { awk '{ print $14, $15 }' "/proc/$1/stat"; }
 
 PIDS=()
 cleanup() {
@@ -183,37 +191,68 @@ sleep 0.5
     echo "floor_idle_rss_kib $(status_kib "$FLOOR_PID" VmRSS)"
 } >"$OUT/memory.txt"
 
-# One oha run; writes OUT/load/NAME.json and adds the server's CPU use (% of one CPU) to it.
+# One oha run; writes OUT/load/NAME.json and adds the server's CPU use to it: % of one CPU, and
+# user and system CPU seconds (from /proc/PID/stat, all threads) during the run. RATE is `max`, a
+# number of reviews/s, or `nNUMBER`: that many requests as fast as they go.
 load() {
     local name=$1 server=$2 proto=$3 conns=$4 rate=$5 body=$6
     local port=$FLOOR_PORT pid=$FLOOR_PID
     [[ $server == ours ]] && port=$OURS_PORT pid=$OURS_PID
-    local args=(--no-tui --output-format json -z "${DURATION}s" -c "$conns"
+    local args=(--no-tui --output-format json -c "$conns"
         -m POST -H 'Content-Type: application/json' -D "$body" --insecure)
+    case $rate in
+    max) args+=(-z "${DURATION}s") ;;
+    n*) args+=(-n "${rate#n}") ;;
+    *) args+=(-z "${DURATION}s" -q "$rate" --latency-correction) ;;
+    esac
     [[ $proto == h2 ]] && args+=(--http2)
-    [[ $rate != max ]] && args+=(-q "$rate" --latency-correction)
     local before after
-    before=$(cpu_ticks "$pid")
+    before=$(cpu_times "$pid")
     "${load_on[@]}" "$OHA" "${args[@]}" "https://127.0.0.1:$port/validate" >"$OUT/load/$name.json"
-    after=$(cpu_ticks "$pid")
-    python3 - "$OUT/load/$name.json" "$((after - before))" "$(getconf CLK_TCK)" "$DURATION" <<'EOF'
+    after=$(cpu_times "$pid")
+    python3 - "$OUT/load/$name.json" "$before" "$after" "$(getconf CLK_TCK)" <<'EOF2'
 import json, sys
-path, ticks, hz, duration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+path, before, after, hz = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), int(sys.argv[4])
 with open(path) as f:
     result = json.load(f)
-result["serverCpuPercent"] = 100.0 * ticks / hz / duration
+user = (int(after[0]) - int(before[0])) / hz
+system = (int(after[1]) - int(before[1])) / hz
+result["serverCpuUserSeconds"] = user
+result["serverCpuSystemSeconds"] = system
+result["serverCpuPercent"] = 100.0 * (user + system) / result["summary"]["total"]
 with open(path, "w") as f:
     json.dump(result, f)
-EOF
+EOF2
 }
 max_rps() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["summary"]["requestsPerSec"])' "$1"; }
 
-log "load: ${DURATION}s per run, servers ${server_on[*]:-unpinned}, oha ${load_on[*]:-unpinned}"
+log "load: servers ${server_on[*]:-unpinned}, oha ${load_on[*]:-unpinned}"
+for proto in h1 h2; do
+    # CPU per review: the same number of requests to each server, floor and ours alternating,
+    # so that whatever else the machine does hits both alike. A warm-up run first: connections,
+    # TLS sessions and allocator pools are not what a review costs.
+    log "load: $proto, CPU per review ($CPU_REQUESTS requests per run, $((ROUNDS + 1)) rounds)"
+    for server in floor ours; do
+        load "$proto-$server-warmup" "$server" "$proto" 16 "n$((CPU_REQUESTS / 10 + 10))" "$BODY_ALLOWED"
+    done
+    for ((round = 1; round <= ROUNDS + 1; round++)); do
+        order=(floor ours)
+        ((round % 2 == 0)) && order=(ours floor)
+        for server in "${order[@]}"; do
+            load "$proto-$server-cpu-$round" "$server" "$proto" 16 "n$CPU_REQUESTS" "$BODY_ALLOWED"
+        done
+    done
+    # Latency at fixed rates, each server in turn.
+    for rate in "${RATES[@]}"; do
+        log "load: $proto, $rate reviews/s for ${DURATION}s"
+        for server in floor ours; do
+            load "$proto-$server-rate$rate" "$server" "$proto" 8 "$rate" "$BODY_ALLOWED"
+        done
+    done
+done
 for cell in "${CELLS[@]}"; do
     proto=${cell%-c*} conns=${cell#*-c}
-    log "load: $cell"
-    # Alternating (floor, ours, ours, floor, ...), so that whatever else the machine does hits
-    # both alike; the best round of each is its highest rate.
+    log "load: $cell, highest rate for ${DURATION}s"
     for ((round = 1; round <= ROUNDS; round++)); do
         order=(floor ours)
         ((round % 2 == 0)) && order=(ours floor)
@@ -221,15 +260,6 @@ for cell in "${CELLS[@]}"; do
             load "$cell-$server-max-$round" "$server" "$proto" "$conns" max "$BODY_ALLOWED"
         done
     done
-    best=$(for f in "$OUT/load/$cell-floor-max-"*.json; do max_rps "$f"; done | sort -g | tail -1)
-    half=$(python3 -c 'import sys; print(max(1, int(float(sys.argv[1]) / 2)))' "$best")
-    load "$cell-floor-half" floor "$proto" "$conns" "$half" "$BODY_ALLOWED"
-    load "$cell-ours-half" ours "$proto" "$conns" "$half" "$BODY_ALLOWED"
-    # Where ours cannot reach half the floor's rate, that run only shows its queue growing;
-    # half of its own highest rate shows its latency with room to spare.
-    best=$(for f in "$OUT/load/$cell-ours-max-"*.json; do max_rps "$f"; done | sort -g | tail -1)
-    own=$(python3 -c 'import sys; print(max(1, int(float(sys.argv[1]) / 2)))' "$best")
-    load "$cell-ours-halfown" ours "$proto" "$conns" "$own" "$BODY_ALLOWED"
 done
 # The less common path: a denied review (its message, and a log line at info).
 log "load: denied review"

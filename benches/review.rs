@@ -16,7 +16,7 @@ use gpu_deploy_guard::core::facts::ClusterFacts;
 use gpu_deploy_guard::core::policy::Policy;
 use gpu_deploy_guard::metrics::Metrics;
 use gpu_deploy_guard::webhook::response::respond;
-use gpu_deploy_guard::webhook::{Limits, Webhook, parse_review, review_request};
+use gpu_deploy_guard::webhook::{Limits, Webhook, parse_review, parse_with_serde, review_request};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
@@ -74,6 +74,14 @@ fn part_cases(name: &str) -> Vec<Case> {
         })
         .bytes(size)
     };
+    // The same with serde alone, as parse did before the scanner.
+    let parse_serde = {
+        let body = body.clone();
+        Case::new(format!("parse-serde/{name}"), move || {
+            black_box(parse_with_serde(black_box(&body)).ok());
+        })
+        .bytes(size)
+    };
     let respond = {
         let body: &'static [u8] = Vec::leak(body.clone());
         let req = parse_review(body).ok().unwrap();
@@ -89,7 +97,7 @@ fn part_cases(name: &str) -> Vec<Case> {
         })
         .bytes(size)
     };
-    vec![parse, respond, floor, router_case(name, body)]
+    vec![parse, parse_serde, respond, floor, router_case(name, body)]
 }
 
 /// The whole `/validate` handler through the router, on a current-thread runtime.

@@ -6,14 +6,15 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 out="${1:?usage: $0 OUT_DIR [--smoke]}"
-args=()
-# The smoke run also takes one -variants mode through its path (extra serve, metrics, the
-# paired table), so the tool behind BENCHMARKS.md's variant tables cannot rot unseen.
-[[ "${2:-}" == "--smoke" ]] && args+=(-smoke -variants enforce+nomc+idle=150s)
+# Besides none, the shipped webhook (HTTP/2 to a loopback URL) and CEL: the webhook over HTTP/1.1
+# to a non-loopback address (what the API server speaks to a Service) and a no-op webhook with the
+# same configuration there and on loopback, so that ours − no-op is serve's own cost.
+args=(-variants http1,noop+http1,noop)
+[[ "${2:-}" == "--smoke" ]] && args=(-smoke -variants http1,noop+http1)
 mkdir -p "$out/50-apiserver-latency"
 echo "## 5. Through the API server: label PATCH latency"
 echo
-echo "client-go PATCHes of an allowed deploy-label flip on a Node, interleaved in rounds: no admission, the webhook of deploy/base on loopback, the ValidatingAdmissionPolicy of deploy/cel."
+echo "client-go PATCHes of an allowed deploy-label flip on a Node, interleaved in rounds: no admission, the webhook of deploy/base (on loopback, HTTP/2, and on this machine's address, HTTP/1.1 as to a Service), a no-op webhook with the same configuration, the ValidatingAdmissionPolicy of deploy/cel."
 echo
 GDG_BIN="$root/target/release/gpu-deploy-guard" bash "$root/tests/e2e/apilatency.sh" "${args[@]}" \
   | tee "$out/50-apiserver-latency/table.md"

@@ -21,6 +21,7 @@ use tower_http::timeout::TimeoutLayer;
 pub mod label_syntax;
 pub mod response;
 pub mod review;
+pub mod scan;
 
 use response::respond;
 use review::{RequestView, ReviewBody};
@@ -355,24 +356,40 @@ pub fn parse_review(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err((BadRequest::Empty, None));
     }
+    // The scanner reads what the webhook needs and skips the rest unbuilt (`scan`). It refuses
+    // exactly what serde refuses (tests/scan_differential.rs), so a body it refuses is read again
+    // with serde, to say where and why, or to read one of the rare forms it leaves to serde.
+    let review = match scan::scan(bytes) {
+        Ok(review) => review,
+        Err(_) => return parse_with_serde(bytes),
+    };
+    check_review(&review.kind, &review.api_version)?;
+    let request = review.request.ok_or((BadRequest::NoRequest, None))?;
+    // A label outside Kubernetes syntax is refused before any work per label. serde's reader
+    // refuses it too, and names the field: let it say so, so both paths give the same answer.
+    let labels = [&request.object, &request.old_object];
+    if labels
+        .into_iter()
+        .flatten()
+        .flat_map(|node| node.labels.iter().flatten())
+        .any(|(key, value)| label_syntax::check(key, value).is_err())
+    {
+        return parse_with_serde(bytes);
+    }
+    let request = RequestView::from(request);
+    check_bounds(&request)?;
+    Ok(request)
+}
+
+/// `parse_review` with serde alone: the reference reading of a review.
+pub fn parse_with_serde(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option<String>)> {
     // Read without tracking the path: serde_path_to_error copies every map key it passes, a
     // large Node's ~200 labels included. Only a body that fails is read again, to say where.
     let review: ReviewBody<'_> = match serde_json::from_slice(bytes) {
         Ok(review) => review,
         Err(error) => return Err(unreadable(bytes, error)),
     };
-    if review.kind.as_str() != "AdmissionReview" {
-        return Err((
-            BadRequest::Kind(echo(review.kind.as_str()).into_owned()),
-            None,
-        ));
-    }
-    if review.api_version.as_str() != "admission.k8s.io/v1" {
-        return Err((
-            BadRequest::Version(echo(review.api_version.as_str()).into_owned()),
-            None,
-        ));
-    }
+    check_review(review.kind.as_str(), review.api_version.as_str())?;
     let request = review.request.ok_or((BadRequest::NoRequest, None))?;
     check_bounds(&request)?;
     Ok(request)
@@ -402,6 +419,16 @@ fn check_bounds(request: &RequestView<'_>) -> Result<(), (BadRequest, Option<Str
         if chars > MAX_NAME_CHARS {
             return Err((BadRequest::NameTooLong { field, chars }, uid()));
         }
+    }
+    Ok(())
+}
+
+fn check_review(kind: &str, api_version: &str) -> Result<(), (BadRequest, Option<String>)> {
+    if kind != "AdmissionReview" {
+        return Err((BadRequest::Kind(echo(kind).into_owned()), None));
+    }
+    if api_version != "admission.k8s.io/v1" {
+        return Err((BadRequest::Version(echo(api_version).into_owned()), None));
     }
     Ok(())
 }

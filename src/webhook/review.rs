@@ -139,6 +139,44 @@ impl<'de: 'a, 'a> Deserialize<'de> for LabelPairs<'a> {
     }
 }
 
+impl<'a> From<super::scan::Request<'a>> for RequestView<'a> {
+    fn from(r: super::scan::Request<'a>) -> Self {
+        RequestView {
+            uid: r.uid.into_owned(),
+            kind: GroupVersionKind {
+                group: r.kind.group.into_owned(),
+                version: r.kind.version.into_owned(),
+                kind: r.kind.kind.into_owned(),
+            },
+            name: r.name.into_owned(),
+            operation: r.operation,
+            user_info: UserInfo {
+                username: r.user_info.username.map(Cow::into_owned),
+                groups: r
+                    .user_info
+                    .groups
+                    .map(|g| g.into_iter().map(Cow::into_owned).collect()),
+            },
+            object: r.object.map(NodeLabels::from),
+            old_object: r.old_object.map(NodeLabels::from),
+            dry_run: r.dry_run,
+        }
+    }
+}
+
+impl<'a> From<super::scan::Node<'a>> for NodeLabels<'a> {
+    fn from(n: super::scan::Node<'a>) -> Self {
+        NodeLabels {
+            metadata: Metadata {
+                name: n.name.map(Text),
+                labels: n.labels.map(|pairs| {
+                    LabelPairs(pairs.into_iter().map(|(k, v)| (Text(k), Text(v))).collect())
+                }),
+            },
+        }
+    }
+}
+
 impl NodeLabels<'_> {
     pub fn name(&self) -> &str {
         self.metadata.name.as_ref().map_or("", Text::as_str)

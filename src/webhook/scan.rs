@@ -1,0 +1,1211 @@
+//! A scanner for the AdmissionReview body: it reads the fields the webhook needs (the review's
+//! apiVersion and kind; the request's uid, kind, name, operation, userInfo, dryRun; name and
+//! labels of object and oldObject) and skips every other value without building it.
+//!
+//! It accepts exactly what `serde_json::from_slice` accepts into the webhook's serde view of a
+//! review (`request::ReviewBody`), and extracts the same fields:
+//!
+//! - every value it skips is still checked to be JSON (structure, numbers, literals, string
+//!   escapes and control characters) with no depth limit, as serde_json's `IgnoredAny` does; like
+//!   serde_json it does not check that the bytes of a skipped string are UTF-8;
+//! - every string it reads (the keys of the objects it walks, the labels, the request's strings)
+//!   is checked to be UTF-8, its escapes decoded, its `\u` surrogates paired;
+//! - a key given twice in one of the objects it walks is an error (serde's `duplicate field`),
+//!   and a required field that is missing is an error; a label given twice is kept twice, in the
+//!   body's order, so that the last value wins when the labels are collected;
+//! - a label value that is not a string is an error even for a label the policy never reads.
+//!
+//! serde also accepts a few forms the API server never sends: an array in place of an object it
+//! reads as a struct (`"kind": ["", "v1", "Node"]`) and an object in place of the operation
+//! (`{"UPDATE": null}`). The scanner answers those with [`ScanError::Unusual`]; the caller then
+//! reads the body with serde, which decides. Every other error is final, and the caller reads the
+//! body with serde again only to say where and why.
+//!
+//! Labels are handed out as pairs borrowed from the body, in order, so a check of their syntax
+//! (name length, key and value grammar) can walk them before any per-label work.
+
+use std::borrow::Cow;
+use std::fmt;
+
+pub use crate::core::policy::Operation;
+
+/// A JSON string: borrowed from the body unless it contains escapes.
+pub type Str<'a> = Cow<'a, str>;
+
+/// The part of an AdmissionReview the webhook reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Review<'a> {
+    pub api_version: Str<'a>,
+    pub kind: Str<'a>,
+    /// `None` when absent or `null`.
+    pub request: Option<Request<'a>>,
+}
+
+/// The fields of `request` the webhook reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request<'a> {
+    pub uid: Str<'a>,
+    pub kind: GroupVersionKind<'a>,
+    /// Empty when absent.
+    pub name: Str<'a>,
+    pub operation: Operation,
+    pub user_info: UserInfo<'a>,
+    pub object: Option<Node<'a>>,
+    pub old_object: Option<Node<'a>>,
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupVersionKind<'a> {
+    /// Empty when absent (the core group).
+    pub group: Str<'a>,
+    pub version: Str<'a>,
+    pub kind: Str<'a>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UserInfo<'a> {
+    pub username: Option<Str<'a>>,
+    pub groups: Option<Vec<Str<'a>>>,
+}
+
+/// A Node reduced to its name and labels.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Node<'a> {
+    /// `metadata.name`; `None` when absent or `null`.
+    pub name: Option<Str<'a>>,
+    /// `metadata.labels` in the body's order, repeated keys included; `None` when absent or
+    /// `null`.
+    pub labels: Option<Vec<(Str<'a>, Str<'a>)>>,
+}
+
+impl<'a> Node<'a> {
+    /// The labels in the body's order (empty when there are none). A key given twice appears
+    /// twice; the later value is the one that counts.
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.as_ref(), v.as_ref()))
+    }
+}
+
+/// Why the scanner did not read a body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScanError {
+    /// Not a Node AdmissionReview as serde would read it: `what` went wrong at byte `offset`.
+    Invalid { offset: usize, what: &'static str },
+    /// A form serde accepts but the scanner does not read (see the module's documentation); the
+    /// body must be read with serde instead.
+    Unusual { offset: usize },
+}
+
+impl fmt::Display for ScanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScanError::Invalid { offset, what } => write!(f, "{what} at byte {offset}"),
+            ScanError::Unusual { offset } => {
+                write!(f, "a form the scanner does not read at byte {offset}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ScanError {}
+
+/// The scanner stopped; why is in `Scanner::error`. A unit error keeps every `Result` the hot
+/// paths return in registers.
+struct Stop;
+
+type Result<T> = std::result::Result<T, Stop>;
+
+/// Reads an AdmissionReview body.
+pub fn scan(body: &[u8]) -> std::result::Result<Review<'_>, ScanError> {
+    // One check of the whole body (a few instructions per 16 bytes of ASCII) spares one per
+    // string read. A body that is not UTF-8 throughout may still be a review (serde does not check
+    // a skipped string's bytes): its strings are then checked one by one.
+    let text = std::str::from_utf8(body).ok();
+    // The API server sends compact JSON: no byte below 0x20 but maybe a newline at the end (which
+    // cannot be inside a string that ends), so finding a string's end is a search for two bytes.
+    let compact = body
+        .trim_ascii()
+        .iter()
+        .copied()
+        .min()
+        .is_none_or(|least| least >= 0x20);
+    let mut s = Scanner {
+        b: body,
+        text,
+        compact,
+        i: 0,
+        error: None,
+    };
+    let review = s.review().and_then(|review| match s.ws() {
+        Some(_) => s.fail("trailing characters"),
+        None => Ok(review),
+    });
+    review.map_err(|Stop| {
+        s.error.take().unwrap_or(ScanError::Invalid {
+            offset: s.i,
+            what: "invalid",
+        })
+    })
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    /// The body as text, when all of it is UTF-8.
+    text: Option<&'a str>,
+    /// No byte of the body is below 0x20.
+    compact: bool,
+    i: usize,
+    error: Option<ScanError>,
+}
+
+const ONES: u64 = u64::MAX / 255;
+const HIGH: u64 = ONES << 7;
+
+/// The high bit of each byte of `w` equal to `c` is set in the result, for the lowest such byte at
+/// least (bytes above the first match may show false positives, which do not matter: only the
+/// lowest is used).
+#[inline(always)]
+fn byte_mask(w: u64, c: u8) -> u64 {
+    let x = w ^ (ONES * u64::from(c));
+    x.wrapping_sub(ONES) & !x & HIGH
+}
+
+/// As [`byte_mask`], for the bytes below 0x20.
+#[inline(always)]
+fn control_mask(w: u64) -> u64 {
+    w.wrapping_sub(ONES * 0x20) & !w & HIGH
+}
+
+#[inline(always)]
+fn word_at(b: &[u8], i: usize) -> Option<u64> {
+    let chunk: [u8; 8] = b.get(i..i + 8)?.try_into().ok()?;
+    Some(u64::from_le_bytes(chunk))
+}
+
+/// The index of the first `"` or `\` at or after `i` (or, unless the body is `compact`, the first
+/// byte below 0x20), or the end. Most strings of a Node end within 32 bytes, which four words
+/// answer; longer ones (image names, digests) are searched with memchr2, vectorized. When control
+/// bytes must be found too, eight bytes at a time.
+const WORDS_BEFORE_MEMCHR: usize = 1;
+
+#[inline(always)]
+fn find_special(b: &[u8], i: usize, compact: bool) -> usize {
+    if !compact {
+        return find_special_words(b, i);
+    }
+    let mut at = i;
+    for _ in 0..WORDS_BEFORE_MEMCHR {
+        let Some(w) = word_at(b, at) else {
+            return find_special_words(b, at);
+        };
+        let m = byte_mask(w, b'"') | byte_mask(w, b'\\');
+        if m != 0 {
+            return at + (m.trailing_zeros() / 8) as usize;
+        }
+        at += 8;
+    }
+    find_quote_or_backslash(&b[at..]).map_or(b.len(), |found| at + found)
+}
+
+/// memchr2 for `"` and `\`. On x86-64, SSE2's searcher (always there) directly: most strings
+/// left by then end within its first vector, where the run-time choice of the widest searcher
+/// costs more than it saves.
+#[inline(always)]
+fn find_quote_or_backslash(haystack: &[u8]) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(two) = memchr::arch::x86_64::sse2::memchr::Two::new(b'"', b'\\') {
+        return two.find(haystack);
+    }
+    memchr::memchr2(b'"', b'\\', haystack)
+}
+
+#[inline(never)]
+fn find_special_words(b: &[u8], mut i: usize) -> usize {
+    while let Some(w) = word_at(b, i) {
+        let m = byte_mask(w, b'"') | byte_mask(w, b'\\') | control_mask(w);
+        if m != 0 {
+            return i + (m.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < b.len() && !matches!(b[i], b'"' | b'\\' | 0..0x20) {
+        i += 1;
+    }
+    i
+}
+
+/// Where skipping stopped, and why.
+type Skip<T = usize> = std::result::Result<T, (usize, &'static str)>;
+
+/// The index after JSON whitespace from `i`.
+#[inline(always)]
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while let Some(&c) = b.get(i) {
+        if c > b' ' || !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// The index after a string whose opening quote is before `i`: escapes and control characters
+/// are checked, the bytes are not (serde_json does not check a skipped string's UTF-8 either).
+#[inline(always)]
+fn skip_str(b: &[u8], mut i: usize, compact: bool) -> Skip {
+    loop {
+        i = find_special(b, i, compact);
+        match b.get(i) {
+            Some(b'"') => return Ok(i + 1),
+            Some(b'\\') => i = skip_escape(b, i + 1)?,
+            Some(_) => return Err((i, "control character in a string")),
+            None => return Err((i, "unexpected end of input in a string")),
+        }
+    }
+}
+
+/// The index after an escape whose backslash is before `i`; a `\u` takes any four hex digits.
+fn skip_escape(b: &[u8], i: usize) -> Skip {
+    match b.get(i) {
+        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(i + 1),
+        Some(b'u') => match b.get(i + 1..i + 5) {
+            Some(digits) if digits.iter().all(u8::is_ascii_hexdigit) => Ok(i + 5),
+            Some(_) => Err((i + 5, "invalid escape")),
+            None => Err((b.len(), "unexpected end of input in a string")),
+        },
+        Some(_) => Err((i + 1, "invalid escape")),
+        None => Err((i, "unexpected end of input in a string")),
+    }
+}
+
+/// The index after `"key":` in an object being skipped, from `i`.
+#[inline(always)]
+fn skip_key(b: &[u8], i: usize, compact: bool) -> Skip {
+    let i = skip_ws(b, i);
+    match b.get(i) {
+        Some(b'"') => {}
+        Some(_) => return Err((i, "expected a string key")),
+        None => return Err((i, "unexpected end of input")),
+    }
+    let i = skip_ws(b, skip_str(b, i + 1, compact)?);
+    match b.get(i) {
+        Some(b':') => Ok(i + 1),
+        Some(_) => Err((i, "expected a colon")),
+        None => Err((i, "unexpected end of input")),
+    }
+}
+
+/// The index after the number that starts at `i` (with `-` or a digit), in JSON's grammar.
+fn skip_number(b: &[u8], mut i: usize) -> Skip {
+    let digits = |mut i: usize| {
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        i
+    };
+    if b[i] == b'-' {
+        i += 1;
+    }
+    match b.get(i) {
+        Some(b'0') => {
+            i += 1;
+            if b.get(i).is_some_and(u8::is_ascii_digit) {
+                return Err((i, "invalid number"));
+            }
+        }
+        Some(b'1'..=b'9') => i = digits(i + 1),
+        _ => return Err((i, "invalid number")),
+    }
+    if b.get(i) == Some(&b'.') {
+        let end = digits(i + 1);
+        if end == i + 1 {
+            return Err((end, "invalid number"));
+        }
+        i = end;
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        let end = digits(i);
+        if end == i {
+            return Err((end, "invalid number"));
+        }
+        i = end;
+    }
+    Ok(i)
+}
+
+/// The index after `word` at `i`.
+#[inline(always)]
+fn skip_literal(b: &[u8], i: usize, word: &'static [u8]) -> Skip {
+    if b[i..].starts_with(word) {
+        Ok(i + word.len())
+    } else {
+        Err((i, "invalid literal"))
+    }
+}
+
+/// The index after the value at `i`, of any shape and depth, checked to be JSON. Iterative: the
+/// nesting is kept as bits (1 for an object, 0 for an array), so depth costs memory, not stack.
+fn skip_value(b: &[u8], mut i: usize, compact: bool) -> Skip {
+    let mut stack = BitStack::default();
+    'value: loop {
+        i = skip_ws(b, i);
+        match b.get(i) {
+            Some(b'"') => i = skip_str(b, i + 1, compact)?,
+            Some(b'{') => {
+                i = skip_ws(b, i + 1);
+                if b.get(i) == Some(&b'}') {
+                    i += 1;
+                } else {
+                    stack.push(true);
+                    i = skip_key(b, i, compact)?;
+                    continue 'value;
+                }
+            }
+            Some(b'[') => {
+                i = skip_ws(b, i + 1);
+                if b.get(i) == Some(&b']') {
+                    i += 1;
+                } else {
+                    stack.push(false);
+                    continue 'value;
+                }
+            }
+            Some(b't') => i = skip_literal(b, i, b"true")?,
+            Some(b'f') => i = skip_literal(b, i, b"false")?,
+            Some(b'n') => i = skip_literal(b, i, b"null")?,
+            Some(b'-' | b'0'..=b'9') => i = skip_number(b, i)?,
+            Some(_) => return Err((i, "expected a value")),
+            None => return Err((i, "unexpected end of input")),
+        }
+        // After a value: a comma, or the end of the containers it closes.
+        loop {
+            let Some(in_object) = stack.top() else {
+                return Ok(i);
+            };
+            i = skip_ws(b, i);
+            match b.get(i) {
+                Some(b',') if in_object => {
+                    i = skip_key(b, i + 1, compact)?;
+                    continue 'value;
+                }
+                Some(b',') => {
+                    i += 1;
+                    continue 'value;
+                }
+                Some(b'}') if in_object => {
+                    i += 1;
+                    stack.pop();
+                }
+                Some(b']') if !in_object => {
+                    i += 1;
+                    stack.pop();
+                }
+                Some(_) => return Err((i, "expected a comma or the end of a container")),
+                None => return Err((i, "unexpected end of input")),
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn hex(c: u8) -> Option<u16> {
+    match c {
+        b'0'..=b'9' => Some(u16::from(c - b'0')),
+        b'a'..=b'f' => Some(u16::from(c - b'a' + 10)),
+        b'A'..=b'F' => Some(u16::from(c - b'A' + 10)),
+        _ => None,
+    }
+}
+
+/// The fields of one object, each of which may be given once.
+struct Seen(u16);
+
+impl Seen {
+    fn first(&mut self, field: u16) -> bool {
+        let bit = 1 << field;
+        let first = self.0 & bit == 0;
+        self.0 |= bit;
+        first
+    }
+}
+
+impl<'a> Scanner<'a> {
+    #[cold]
+    fn fail<T>(&mut self, what: &'static str) -> Result<T> {
+        self.error = Some(ScanError::Invalid {
+            offset: self.i,
+            what,
+        });
+        Err(Stop)
+    }
+
+    #[cold]
+    fn unusual<T>(&mut self) -> Result<T> {
+        self.error = Some(ScanError::Unusual { offset: self.i });
+        Err(Stop)
+    }
+
+    /// Skips JSON whitespace; the next byte, if any.
+    #[inline(always)]
+    fn ws(&mut self) -> Option<u8> {
+        while let Some(&c) = self.b.get(self.i) {
+            if c > b' ' || !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
+                return Some(c);
+            }
+            self.i += 1;
+        }
+        None
+    }
+
+    /// The next non-whitespace byte, which must be there.
+    #[inline(always)]
+    fn peek(&mut self) -> Result<u8> {
+        match self.ws() {
+            Some(c) => Ok(c),
+            None => self.fail("unexpected end of input"),
+        }
+    }
+
+    #[inline(always)]
+    fn expect(&mut self, c: u8, what: &'static str) -> Result<()> {
+        if self.peek()? == c {
+            self.i += 1;
+            Ok(())
+        } else {
+            self.fail(what)
+        }
+    }
+
+    /// Runs a skipping function from the current index; moves past what it skipped or fails
+    /// where it stopped.
+    #[inline(always)]
+    fn skipped(&mut self, r: Skip) -> Result<()> {
+        match r {
+            Ok(i) => {
+                self.i = i;
+                Ok(())
+            }
+            Err((at, what)) => {
+                self.i = at;
+                self.fail(what)
+            }
+        }
+    }
+
+    fn skip_value(&mut self) -> Result<()> {
+        let r = skip_value(self.b, self.i, self.compact);
+        self.skipped(r)
+    }
+
+    fn literal(&mut self, word: &'static [u8]) -> Result<()> {
+        let r = skip_literal(self.b, self.i, word);
+        self.skipped(r)
+    }
+
+    fn hex4(&mut self) -> Result<u16> {
+        match self.b.get(self.i..self.i + 4) {
+            Some(&[a, b, c, d]) => {
+                self.i += 4;
+                match (hex(a), hex(b), hex(c), hex(d)) {
+                    (Some(a), Some(b), Some(c), Some(d)) => Ok(a << 12 | b << 8 | c << 4 | d),
+                    _ => self.fail("invalid escape"),
+                }
+            }
+            _ => {
+                self.i = self.b.len();
+                self.fail("unexpected end of input in a string")
+            }
+        }
+    }
+
+    /// Reads a string whose opening quote has been consumed, as serde_json reads a `&str`.
+    #[inline]
+    fn read_str(&mut self) -> Result<Str<'a>> {
+        let start = self.i;
+        let end = find_special(self.b, start, self.compact);
+        if self.b.get(end) == Some(&b'"') {
+            self.i = end + 1;
+            // Both ends are next to a quote, so they are character boundaries of the text.
+            let checked = match self.text {
+                Some(text) => text.get(start..end),
+                None => std::str::from_utf8(&self.b[start..end]).ok(),
+            };
+            return match checked {
+                Some(s) => Ok(Cow::Borrowed(s)),
+                None => self.fail("invalid UTF-8 in a string"),
+            };
+        }
+        self.i = end;
+        self.read_escaped(start)
+    }
+
+    #[cold]
+    fn read_escaped(&mut self, start: usize) -> Result<Str<'a>> {
+        let mut out = self.b[start..self.i].to_vec();
+        loop {
+            match self.b.get(self.i) {
+                Some(b'"') => {
+                    self.i += 1;
+                    return match String::from_utf8(out) {
+                        Ok(s) => Ok(Cow::Owned(s)),
+                        Err(_) => self.fail("invalid UTF-8 in a string"),
+                    };
+                }
+                Some(b'\\') => {
+                    self.i += 1;
+                    self.unescape(&mut out)?;
+                }
+                Some(_) => return self.fail("control character in a string"),
+                None => return self.fail("unexpected end of input in a string"),
+            }
+            let from = self.i;
+            self.i = find_special(self.b, from, self.compact);
+            out.extend_from_slice(&self.b[from..self.i]);
+        }
+    }
+
+    /// Decodes one escape (after its backslash) as serde_json does for a `&str`: `\u` surrogates
+    /// must come in pairs.
+    fn unescape(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        let Some(&c) = self.b.get(self.i) else {
+            return self.fail("unexpected end of input in a string");
+        };
+        self.i += 1;
+        let byte = match c {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            b'/' => b'/',
+            b'b' => 0x08,
+            b'f' => 0x0c,
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'u' => {
+                let n = self.hex4()?;
+                let code = match n {
+                    0xDC00..=0xDFFF => return self.fail("lone surrogate in a \\u escape"),
+                    0xD800..=0xDBFF => {
+                        if self.b.get(self.i..self.i + 2) != Some(b"\\u") {
+                            if self.i + 1 >= self.b.len() {
+                                return self.fail("unexpected end of input in a string");
+                            }
+                            return self.fail("lone surrogate in a \\u escape");
+                        }
+                        self.i += 2;
+                        let low = self.hex4()?;
+                        if !(0xDC00..=0xDFFF).contains(&low) {
+                            return self.fail("lone surrogate in a \\u escape");
+                        }
+                        0x1_0000 + ((u32::from(n) - 0xD800) << 10 | (u32::from(low) - 0xDC00))
+                    }
+                    n => u32::from(n),
+                };
+                // Surrogates were excluded above, so this is a char.
+                let ch = char::from_u32(code).unwrap_or(char::REPLACEMENT_CHARACTER);
+                out.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes());
+                return Ok(());
+            }
+            _ => return self.fail("invalid escape"),
+        };
+        out.push(byte);
+        Ok(())
+    }
+
+    /// Walks an object serde reads as a struct (or a map): `field` is called with each key, the
+    /// value next, and must consume it. An array here is the seq form of a struct: unusual.
+    fn object(&mut self, mut field: impl FnMut(&mut Self, Str<'a>) -> Result<()>) -> Result<()> {
+        match self.peek()? {
+            b'{' => self.i += 1,
+            b'[' => return self.unusual(),
+            _ => return self.fail("expected an object"),
+        }
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Ok(());
+        }
+        loop {
+            self.expect(b'"', "expected a string key")?;
+            let key = self.read_str()?;
+            self.expect(b':', "expected a colon")?;
+            field(self, key)?;
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                _ => return self.fail("expected a comma or the end of an object"),
+            }
+        }
+    }
+
+    /// A string value.
+    fn string(&mut self) -> Result<Str<'a>> {
+        self.expect(b'"', "expected a string")?;
+        self.read_str()
+    }
+
+    /// `null` or what `some` reads.
+    fn option<T>(&mut self, some: impl FnOnce(&mut Self) -> Result<T>) -> Result<Option<T>> {
+        if self.peek()? == b'n' {
+            self.literal(b"null")?;
+            Ok(None)
+        } else {
+            some(self).map(Some)
+        }
+    }
+
+    fn boolean(&mut self) -> Result<bool> {
+        match self.peek()? {
+            b't' => self.literal(b"true").map(|()| true),
+            b'f' => self.literal(b"false").map(|()| false),
+            _ => self.fail("expected a boolean"),
+        }
+    }
+
+    fn duplicate<T>(&mut self) -> Result<T> {
+        self.fail("duplicate field")
+    }
+
+    fn missing<T>(&mut self) -> Result<T> {
+        self.fail("missing field")
+    }
+
+    fn review(&mut self) -> Result<Review<'a>> {
+        let (mut api_version, mut kind, mut request) = (None, None, None);
+        let mut seen = Seen(0);
+        self.object(|s, key| match key.as_ref() {
+            "apiVersion" => {
+                if !seen.first(0) {
+                    return s.duplicate();
+                }
+                api_version = Some(s.string()?);
+                Ok(())
+            }
+            "kind" => {
+                if !seen.first(1) {
+                    return s.duplicate();
+                }
+                kind = Some(s.string()?);
+                Ok(())
+            }
+            "request" => {
+                if !seen.first(2) {
+                    return s.duplicate();
+                }
+                request = s.option(Self::request)?;
+                Ok(())
+            }
+            _ => s.skip_value(),
+        })?;
+        match (api_version, kind) {
+            (Some(api_version), Some(kind)) => Ok(Review {
+                api_version,
+                kind,
+                request,
+            }),
+            _ => self.missing(),
+        }
+    }
+
+    fn request(&mut self) -> Result<Request<'a>> {
+        let (mut uid, mut kind, mut name, mut operation) = (None, None, None, None);
+        let (mut user_info, mut object, mut old_object, mut dry_run) = (None, None, None, None);
+        let mut seen = Seen(0);
+        self.object(|s, key| {
+            let field = match key.as_ref() {
+                "uid" => 0,
+                "kind" => 1,
+                "name" => 2,
+                "operation" => 3,
+                "userInfo" => 4,
+                "object" => 5,
+                "oldObject" => 6,
+                "dryRun" => 7,
+                _ => return s.skip_value(),
+            };
+            if !seen.first(field) {
+                return s.duplicate();
+            }
+            match field {
+                0 => uid = Some(s.string()?),
+                1 => kind = Some(s.group_version_kind()?),
+                2 => name = Some(s.string()?),
+                3 => operation = Some(s.operation()?),
+                4 => user_info = Some(s.user_info()?),
+                5 => object = s.option(Self::node)?,
+                6 => old_object = s.option(Self::node)?,
+                _ => dry_run = Some(s.boolean()?),
+            }
+            Ok(())
+        })?;
+        let (Some(uid), Some(kind), Some(operation)) = (uid, kind, operation) else {
+            return self.missing();
+        };
+        Ok(Request {
+            uid,
+            kind,
+            name: name.unwrap_or_default(),
+            operation,
+            user_info: user_info.unwrap_or_default(),
+            object,
+            old_object,
+            dry_run: dry_run.unwrap_or(false),
+        })
+    }
+
+    fn group_version_kind(&mut self) -> Result<GroupVersionKind<'a>> {
+        let mut fields: [Option<Str<'a>>; 3] = [None, None, None];
+        let mut seen = Seen(0);
+        self.object(|s, key| {
+            let field = match key.as_ref() {
+                "group" => 0,
+                "version" => 1,
+                "kind" => 2,
+                _ => return s.skip_value(),
+            };
+            if !seen.first(field as u16) {
+                return s.duplicate();
+            }
+            fields[field] = Some(s.string()?);
+            Ok(())
+        })?;
+        let [group, Some(version), Some(kind)] = fields else {
+            return self.missing();
+        };
+        Ok(GroupVersionKind {
+            group: group.unwrap_or_default(),
+            version,
+            kind,
+        })
+    }
+
+    fn operation(&mut self) -> Result<Operation> {
+        match self.peek()? {
+            b'"' => self.i += 1,
+            // serde's map form of an enum, `{"UPDATE": null}`.
+            b'{' => return self.unusual(),
+            _ => return self.fail("expected a string"),
+        }
+        let at = self.i;
+        let operation = match self.read_str()?.as_ref() {
+            "CREATE" => Operation::Create,
+            "UPDATE" => Operation::Update,
+            "DELETE" => Operation::Delete,
+            "CONNECT" => Operation::Connect,
+            _ => {
+                self.i = at;
+                return self.fail("unknown operation");
+            }
+        };
+        Ok(operation)
+    }
+
+    fn user_info(&mut self) -> Result<UserInfo<'a>> {
+        let mut info = UserInfo::default();
+        let mut seen = Seen(0);
+        self.object(|s, key| match key.as_ref() {
+            "username" => {
+                if !seen.first(0) {
+                    return s.duplicate();
+                }
+                info.username = s.option(Self::string)?;
+                Ok(())
+            }
+            "groups" => {
+                if !seen.first(1) {
+                    return s.duplicate();
+                }
+                info.groups = s.option(Self::strings)?;
+                Ok(())
+            }
+            _ => s.skip_value(),
+        })?;
+        Ok(info)
+    }
+
+    /// An array of strings.
+    fn strings(&mut self) -> Result<Vec<Str<'a>>> {
+        self.expect(b'[', "expected an array")?;
+        let mut items = Vec::new();
+        if self.peek()? == b']' {
+            self.i += 1;
+            return Ok(items);
+        }
+        loop {
+            items.push(self.string()?);
+            match self.peek()? {
+                b',' => self.i += 1,
+                b']' => {
+                    self.i += 1;
+                    return Ok(items);
+                }
+                _ => return self.fail("expected a comma or the end of an array"),
+            }
+        }
+    }
+
+    /// A Node: `metadata` read, everything else (spec, status) skipped.
+    fn node(&mut self) -> Result<Node<'a>> {
+        let mut node = Node::default();
+        let mut seen = Seen(0);
+        self.object(|s, key| {
+            if key != "metadata" {
+                return s.skip_value();
+            }
+            if !seen.first(0) {
+                return s.duplicate();
+            }
+            node = s.metadata()?;
+            Ok(())
+        })?;
+        Ok(node)
+    }
+
+    /// `metadata`: name and labels read, everything else (managedFields, annotations) skipped.
+    fn metadata(&mut self) -> Result<Node<'a>> {
+        let mut node = Node::default();
+        let mut seen = Seen(0);
+        self.object(|s, key| match key.as_ref() {
+            "name" => {
+                if !seen.first(0) {
+                    return s.duplicate();
+                }
+                node.name = s.option(Self::string)?;
+                Ok(())
+            }
+            "labels" => {
+                if !seen.first(1) {
+                    return s.duplicate();
+                }
+                node.labels = s.option(Self::labels)?;
+                Ok(())
+            }
+            _ => s.skip_value(),
+        })?;
+        Ok(node)
+    }
+
+    /// A map of label keys to string values, every pair kept in order.
+    fn labels(&mut self) -> Result<Vec<(Str<'a>, Str<'a>)>> {
+        if self.peek()? != b'{' {
+            return self.fail("expected a map of label keys to string values");
+        }
+        // A GPU node has ~100 labels.
+        let mut pairs = Vec::with_capacity(128);
+        self.object(|s, key| {
+            let value = s.string()?;
+            pairs.push((key, value));
+            Ok(())
+        })?;
+        Ok(pairs)
+    }
+}
+
+/// A stack of bits (object or array) of any depth: the top 64 levels in a word, deeper ones on
+/// the heap.
+#[derive(Default)]
+struct BitStack {
+    depth: usize,
+    bits: u64,
+    spilled: Vec<bool>,
+}
+
+impl BitStack {
+    #[inline(always)]
+    fn push(&mut self, object: bool) {
+        if self.depth >= 64 {
+            self.spilled.push(self.bits >> 63 == 1);
+        }
+        self.bits = self.bits << 1 | u64::from(object);
+        self.depth += 1;
+    }
+
+    #[inline(always)]
+    fn pop(&mut self) {
+        self.depth -= 1;
+        self.bits >>= 1;
+        if self.depth >= 64 {
+            self.bits |= u64::from(self.spilled.pop().unwrap_or(false)) << 63;
+        }
+    }
+
+    #[inline(always)]
+    fn top(&self) -> Option<bool> {
+        (self.depth > 0).then_some(self.bits & 1 == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(request: &str) -> String {
+        format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{request}}}"#
+        )
+    }
+
+    const REQUEST: &str = r#"{"uid":"u1","kind":{"group":"","version":"v1","kind":"Node"},"name":"n1","operation":"UPDATE","userInfo":{"username":"alice","groups":["a","b"]},"object":{"metadata":{"name":"n1","labels":{"a":"1","b":"2"}}},"oldObject":{"metadata":{"labels":{"a":"0"}}},"dryRun":true}"#;
+
+    fn invalid(body: &str) -> &'static str {
+        match scan(body.as_bytes()) {
+            Err(ScanError::Invalid { what, .. }) => what,
+            other => panic!("{body}: expected an error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn reads_the_fields_the_webhook_needs() {
+        let body = review(REQUEST);
+        let r = scan(body.as_bytes()).unwrap();
+        assert_eq!(r.api_version, "admission.k8s.io/v1");
+        assert_eq!(r.kind, "AdmissionReview");
+        let req = r.request.unwrap();
+        assert_eq!(req.uid, "u1");
+        assert_eq!(
+            (
+                req.kind.group.as_ref(),
+                req.kind.version.as_ref(),
+                req.kind.kind.as_ref()
+            ),
+            ("", "v1", "Node")
+        );
+        assert_eq!(req.name, "n1");
+        assert_eq!(req.operation, Operation::Update);
+        assert_eq!(req.user_info.username.as_deref(), Some("alice"));
+        assert_eq!(req.user_info.groups.unwrap(), ["a", "b"]);
+        let object = req.object.unwrap();
+        assert_eq!(object.name.as_deref(), Some("n1"));
+        assert_eq!(object.pairs().collect::<Vec<_>>(), [("a", "1"), ("b", "2")]);
+        assert_eq!(
+            req.old_object.unwrap().pairs().collect::<Vec<_>>(),
+            [("a", "0")]
+        );
+        assert!(req.dry_run);
+    }
+
+    #[test]
+    fn skips_everything_else_whatever_its_shape() {
+        let body = review(
+            r#"{"resource":{"x":[1,-2.5e+3,0,true,false,null,"s\"\\\/\b\f\n\r\t\u00e9",[],{},[[{"a":[{}]}]]]},
+                "uid":"u","kind":{"version":"v1","kind":"Node","extra":{"deep":[[[[]]]]}},"operation":"CREATE",
+                "object":{"spec":{"taints":[{"key":"k"}]},"metadata":{"managedFields":[{"f:x":{}}],"labels":{}},"status":{"images":[]}}}"#,
+        );
+        let req = scan(body.as_bytes()).unwrap().request.unwrap();
+        assert_eq!(req.kind.group, "");
+        assert_eq!(req.name, "");
+        assert_eq!(req.operation, Operation::Create);
+        assert_eq!(req.user_info, UserInfo::default());
+        assert_eq!(req.object.unwrap().labels.unwrap(), []);
+        assert_eq!(req.old_object, None);
+        assert!(!req.dry_run);
+    }
+
+    #[test]
+    fn strings_are_borrowed_unless_escaped_and_escapes_are_decoded() {
+        let body = review(
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"UPD\u0041TE","object":{"metadata":{"labels":{"nvidia.com\/gpu.present":"tr\u0075e","plain":"v","emoji":"\ud83d\ude00","é":"ü"}}}}"#,
+        );
+        let req = scan(body.as_bytes()).unwrap().request.unwrap();
+        assert_eq!(req.operation, Operation::Update);
+        let labels = req.object.unwrap().labels.unwrap();
+        assert!(matches!(&labels[0].0, Cow::Owned(k) if k == "nvidia.com/gpu.present"));
+        assert!(matches!(&labels[0].1, Cow::Owned(v) if v == "true"));
+        assert!(matches!(
+            labels[1],
+            (Cow::Borrowed("plain"), Cow::Borrowed("v"))
+        ));
+        assert_eq!(labels[2].1, "\u{1F600}");
+        assert_eq!((labels[3].0.as_ref(), labels[3].1.as_ref()), ("é", "ü"));
+    }
+
+    #[test]
+    fn an_escaped_key_names_the_same_field() {
+        let body = review(
+            r#"{"u\u0069d":"u","kind":{"version":"v1","kind":"Node"},"operation":"DELETE","oldObject":{"m\u0065tadata":{"labels":{"a":"b"}}}}"#,
+        );
+        let req = scan(body.as_bytes()).unwrap().request.unwrap();
+        assert_eq!(req.uid, "u");
+        assert_eq!(req.old_object.unwrap().pairs().count(), 1);
+    }
+
+    #[test]
+    fn a_repeated_label_is_kept_in_order_so_the_last_wins() {
+        let body = review(
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE","object":{"metadata":{"labels":{"k":"true","k":"false"}}}}"#,
+        );
+        let object = scan(body.as_bytes())
+            .unwrap()
+            .request
+            .unwrap()
+            .object
+            .unwrap();
+        let last: std::collections::BTreeMap<_, _> = object.pairs().collect();
+        assert_eq!(last["k"], "false");
+    }
+
+    #[test]
+    fn a_field_given_twice_is_an_error() {
+        for request in [
+            r#"{"uid":"u","uid":"v","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE"}"#,
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node","kind":"Pod"},"operation":"UPDATE"}"#,
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE","object":{"metadata":{},"metadata":{}}}"#,
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE","object":{"metadata":{"labels":{},"labels":null}}}"#,
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE","dryRun":true,"dryRun":false}"#,
+        ] {
+            assert_eq!(invalid(&review(request)), "duplicate field", "{request}");
+        }
+    }
+
+    #[test]
+    fn a_missing_required_field_is_an_error() {
+        for request in [
+            r#"{"kind":{"version":"v1","kind":"Node"},"operation":"UPDATE"}"#,
+            r#"{"uid":"u","operation":"UPDATE"}"#,
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node"}}"#,
+            r#"{"uid":"u","kind":{"kind":"Node"},"operation":"UPDATE"}"#,
+        ] {
+            assert_eq!(invalid(&review(request)), "missing field", "{request}");
+        }
+        assert_eq!(invalid(r#"{"kind":"AdmissionReview"}"#), "missing field");
+    }
+
+    #[test]
+    fn a_label_that_is_not_a_string_is_an_error_even_when_unread() {
+        for labels in [
+            r#"{"kubernetes.io/hostname":7}"#,
+            r#"{"a":null}"#,
+            r#"["a"]"#,
+        ] {
+            let request = format!(
+                r#"{{"uid":"u","kind":{{"version":"v1","kind":"Node"}},"operation":"UPDATE","object":{{"metadata":{{"labels":{labels}}}}}}}"#
+            );
+            scan(review(&request).as_bytes()).unwrap_err();
+        }
+    }
+
+    #[test]
+    fn null_is_none_where_serde_reads_an_option_and_an_error_elsewhere() {
+        let ok = review(
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE","object":null,"oldObject":{"metadata":{"name":null,"labels":null}},"userInfo":{"username":null,"groups":null}}"#,
+        );
+        let req = scan(ok.as_bytes()).unwrap().request.unwrap();
+        assert_eq!(req.object, None);
+        assert_eq!(req.old_object, Some(Node::default()));
+        assert_eq!(scan(review("null").as_bytes()).unwrap().request, None);
+        for request in [
+            r#"{"uid":null,"kind":{"version":"v1","kind":"Node"},"operation":"UPDATE"}"#,
+            r#"{"uid":"u","name":null,"kind":{"version":"v1","kind":"Node"},"operation":"UPDATE"}"#,
+            r#"{"uid":"u","userInfo":null,"kind":{"version":"v1","kind":"Node"},"operation":"UPDATE"}"#,
+            r#"{"uid":"u","dryRun":null,"kind":{"version":"v1","kind":"Node"},"operation":"UPDATE"}"#,
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE","object":{"metadata":null}}"#,
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE","userInfo":{"groups":[null]}}"#,
+        ] {
+            scan(review(request).as_bytes()).unwrap_err();
+        }
+    }
+
+    #[test]
+    fn malformed_json_is_an_error_in_skipped_parts_too() {
+        for resource in [
+            r#"[1,]"#,
+            r#"{"a":1,}"#,
+            r#"{"a" 1}"#,
+            r#"{1:1}"#,
+            r#"01"#,
+            r#"1."#,
+            r#"1e"#,
+            r#"-"#,
+            r#"tru"#,
+            r#"nul"#,
+            r#""\x""#,
+            r#""\u12g4""#,
+            "\"tab\there\"",
+            r#"[1 2]"#,
+            r#"{"a":1 "b":2}"#,
+            r#"]"#,
+            r#"[}"#,
+        ] {
+            let body = review(&format!(
+                r#"{{"resource":{resource},"uid":"u","kind":{{"version":"v1","kind":"Node"}},"operation":"UPDATE"}}"#
+            ));
+            scan(body.as_bytes()).unwrap_err();
+        }
+        // Every proper prefix of a review is cut short somewhere.
+        let body = review(REQUEST);
+        for end in 0..body.len() {
+            scan(&body.as_bytes()[..end]).unwrap_err();
+        }
+        scan(format!("{} x", review(REQUEST)).as_bytes()).unwrap_err();
+        scan(format!(" \n{}\t\r\n", review(REQUEST)).as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn strings_read_are_checked_and_strings_skipped_are_not_checked_for_utf8() {
+        // A skipped string may hold any bytes but control characters, as serde_json allows.
+        let mut body = review(REQUEST).into_bytes();
+        let at = body.windows(4).position(|w| w == b"u1\",").unwrap();
+        let skipped = b"\"resource\":\"\xff\xfe\",";
+        body.splice(at - 7..at - 7, skipped.iter().copied());
+        assert!(std::str::from_utf8(&body).is_err());
+        scan(&body).unwrap();
+        // A label read must be UTF-8, and its surrogates paired.
+        for bad in [
+            &b"\xff"[..],
+            br"\ud800",
+            br"\udc00",
+            br"\ud800\u0041",
+            br"\ud800x",
+        ] {
+            let mut body = review(REQUEST).into_bytes();
+            let at = body.windows(4).position(|w| w == br#""1","#).unwrap() + 1;
+            body.splice(at..at + 1, bad.iter().copied());
+            scan(&body).unwrap_err();
+        }
+    }
+
+    #[test]
+    fn unusual_forms_are_left_to_serde() {
+        for request in [
+            r#"["u",{"version":"v1","kind":"Node"}]"#,
+            r#"{"uid":"u","kind":["","v1","Node"],"operation":"UPDATE"}"#,
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":{"UPDATE":null}}"#,
+        ] {
+            assert!(
+                matches!(
+                    scan(review(request).as_bytes()),
+                    Err(ScanError::Unusual { .. })
+                ),
+                "{request}"
+            );
+        }
+    }
+
+    #[test]
+    fn skipped_values_may_nest_deeper_than_any_stack() {
+        let depth = 100_000;
+        let deep = format!("{}{}", "[{\"a\":".repeat(depth), "}]".repeat(depth));
+        let deep = deep.replace(":}", ":1}");
+        let body = review(&format!(
+            r#"{{"resource":{deep},"uid":"u","kind":{{"version":"v1","kind":"Node"}},"operation":"UPDATE"}}"#
+        ));
+        scan(body.as_bytes()).unwrap();
+        let unbalanced = body.replacen("}]", "]]", 1);
+        scan(unbalanced.as_bytes()).unwrap_err();
+    }
+
+    #[test]
+    fn an_unknown_operation_is_an_error() {
+        let request = r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"update"}"#;
+        assert_eq!(invalid(&review(request)), "unknown operation");
+    }
+}
