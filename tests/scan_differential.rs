@@ -10,7 +10,7 @@ use std::path::Path;
 use gpu_deploy_guard::core::facts::ClusterFacts;
 use gpu_deploy_guard::core::operands::{Labels, Operand};
 use gpu_deploy_guard::webhook::review::{NodeLabels, ReviewBody};
-use gpu_deploy_guard::webhook::{parse_review, parse_with_serde, scan};
+use gpu_deploy_guard::webhook::{label_syntax, parse_review, parse_with_serde, scan};
 
 /// What the webhook reads from a review, in a form both readings can be compared in.
 #[derive(Debug, PartialEq, Eq)]
@@ -133,8 +133,22 @@ struct Tally {
 fn compare(body: &[u8], tally: &mut Tally) {
     let by_serde = serde_json::from_slice::<ReviewBody<'_>>(body);
     let by_scan = scan::scan(body);
+    // The webhook refuses a label outside Kubernetes syntax on either path (`parse_review` checks
+    // the scanned pairs; serde's reader checks while it reads): count that as the scanner refusing.
+    let bad_label = by_scan.as_ref().is_ok_and(|review| {
+        review
+            .request
+            .iter()
+            .flat_map(|r| r.object.iter().chain(r.old_object.iter()))
+            .flat_map(|n| n.labels.iter().flatten())
+            .any(|(k, v)| label_syntax::check(k, v).is_err())
+    });
     let show = || String::from_utf8_lossy(body).into_owned();
     match (&by_serde, &by_scan) {
+        (Err(_), Ok(_)) if bad_label => tally.refused += 1,
+        (Ok(_), Ok(_)) if bad_label => {
+            panic!("serde reads a label the syntax check refuses: {}", show())
+        }
         (Ok(serde), Ok(scanned)) => {
             let mut keys = label_keys(body);
             let scanned = from_scan(scanned);
