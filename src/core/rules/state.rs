@@ -93,25 +93,28 @@ impl Ctx<'_, '_> {
         });
     }
 
+    /// The operands, after and before the request, that wait for `wait` while the validator
+    /// labelled `key` is kept off, and the request's value of that label. A missing validator
+    /// label is added by the operator; only an explicit non-true value keeps it away for good.
+    fn waiting_on_validator(&self, key: &str, wait: Wait) -> (OperandSet, OperandSet, &str) {
+        let waiting = |labels: Option<&Labels>, set: OperandSet| -> OperandSet {
+            match labels {
+                Some(labels) if labels.get(key).is_some_and(|v| v != "true") => {
+                    set.iter().filter(|op| op.waits_for(wait)).collect()
+                }
+                _ => OperandSet::EMPTY,
+            }
+        };
+        (
+            waiting(Some(self.review.labels), self.after),
+            waiting(self.review.old_labels, self.before),
+            self.new_value(key).unwrap_or_default(),
+        )
+    }
+
     pub(super) fn operand_without_validator(&self, out: &mut Vec<Finding>) {
         let key = Operand::OperatorValidator.key();
-        let waiting = |labels: Option<&Labels>, set: OperandSet| -> OperandSet {
-            let Some(labels) = labels else {
-                return OperandSet::EMPTY;
-            };
-            // A missing validator label is added by the operator; only an explicit non-true value
-            // keeps the validator away for good.
-            let validator_off = labels.get(key).is_some_and(|v| v != "true");
-            if !validator_off {
-                return OperandSet::EMPTY;
-            }
-            set.iter()
-                .filter(|op| op.waits_for(Wait::ToolkitReady))
-                .collect()
-        };
-        let after = waiting(Some(self.review.labels), self.after);
-        let before = waiting(self.review.old_labels, self.before);
-        let value = self.new_value(key).unwrap_or_default();
+        let (after, before, value) = self.waiting_on_validator(key, Wait::ToolkitReady);
         self.per_subset(out, Rule::OperandWithoutValidator, after, before, |names, change| {
             let node = self.node();
             let already = if change == Change::Existing { "already " } else { "" };
@@ -130,23 +133,7 @@ impl Ctx<'_, '_> {
 
     pub(super) fn operand_without_sandbox_validator(&self, out: &mut Vec<Finding>) {
         let key = Operand::SandboxValidator.key();
-        let waiting = |labels: Option<&Labels>, set: OperandSet| -> OperandSet {
-            let Some(labels) = labels else {
-                return OperandSet::EMPTY;
-            };
-            // A missing label is added by the operator on a sandbox node; only an explicit
-            // non-true value keeps the sandbox validator away.
-            let validator_off = labels.get(key).is_some_and(|v| v != "true");
-            if !validator_off {
-                return OperandSet::EMPTY;
-            }
-            set.iter()
-                .filter(|op| op.waits_for(Wait::SandboxValidator))
-                .collect()
-        };
-        let after = waiting(Some(self.review.labels), self.after);
-        let before = waiting(self.review.old_labels, self.before);
-        let value = self.new_value(key).unwrap_or_default();
+        let (after, before, value) = self.waiting_on_validator(key, Wait::SandboxValidator);
         self.per_subset(
             out,
             Rule::OperandWithoutSandboxValidator,
