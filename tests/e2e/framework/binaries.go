@@ -3,12 +3,10 @@ package framework
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -63,33 +61,13 @@ func ResolveBinaries() (binDir, kubectl string, err error) {
 	return binDir, kubectl, nil
 }
 
-// findBuildScript locates tests/e2e/build-control-plane.sh: next to this
-// package's source when the path is known, else upwards from the working
-// directory (go test runs in the package directory).
+// findBuildScript locates tests/e2e/build-control-plane.sh (see findScript).
 func findBuildScript() (string, error) {
-	const name = "build-control-plane.sh"
-	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-		p := filepath.Join(filepath.Dir(file), "..", name)
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	dir, err := os.Getwd()
+	p, err := findScript("build-control-plane.sh")
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%w; set GDG_K8S_BIN_DIR", err)
 	}
-	for {
-		for _, p := range []string{filepath.Join(dir, name), filepath.Join(dir, "tests", "e2e", name)} {
-			if _, err := os.Stat(p); err == nil {
-				return p, nil
-			}
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cannot find " + name + "; set GDG_K8S_BIN_DIR")
-		}
-		dir = parent
-	}
+	return p, nil
 }
 
 func isExecutable(p string) bool {

@@ -63,7 +63,9 @@ func BuildOperator() (OperatorBuild, error) {
 	return b, nil
 }
 
-// findScript locates tests/e2e/<name> like findBuildScript does.
+// findScript locates tests/e2e/<name>: next to this package's source when the
+// path is known, else upwards from the working directory (go test runs in the
+// package directory).
 func findScript(name string) (string, error) {
 	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
 		p := filepath.Join(filepath.Dir(file), "..", name)
