@@ -28,6 +28,57 @@ pub const NFD_NVIDIA_PCI_KEYS: [&str; 3] = [
     "feature.node.kubernetes.io/pci-0300_10de.present",
 ];
 
+/// The deploy labels among these labels, in key order, found without looking at the others.
+pub fn deploy_labels(labels: &Labels) -> impl Iterator<Item = (&String, &String)> {
+    use std::ops::Bound;
+    labels
+        .range::<str, _>((Bound::Included(DEPLOY_PREFIX), Bound::Unbounded))
+        .take_while(|(k, _)| k.starts_with(DEPLOY_PREFIX))
+}
+
+/// A deploy label whose value a request changes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct LabelChange<'a> {
+    pub key: &'a str,
+    /// Its value before the request; `None` when absent (or for CREATE).
+    pub old: Option<&'a str>,
+    /// Its value after; `None` when the request removes it.
+    pub new: Option<&'a str>,
+}
+
+/// The deploy labels whose value differs between `old` (`None` for CREATE: no labels) and
+/// `new`, in key order: one walk over both label maps' deploy labels.
+pub fn changed_deploy_labels<'a>(old: Option<&'a Labels>, new: &'a Labels) -> Vec<LabelChange<'a>> {
+    use std::cmp::Ordering;
+    let mut out = Vec::new();
+    let mut olds = old.into_iter().flat_map(deploy_labels).peekable();
+    let mut news = deploy_labels(new).peekable();
+    loop {
+        let order = match (olds.peek(), news.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((o, _)), Some((n, _))) => o.cmp(n),
+        };
+        let change = match order {
+            Ordering::Less => olds.next().map(|(k, v)| (k, Some(v), None)),
+            Ordering::Greater => news.next().map(|(k, v)| (k, None, Some(v))),
+            Ordering::Equal => match (olds.next(), news.next()) {
+                (Some((k, o)), Some((_, n))) if o != n => Some((k, Some(o), Some(n))),
+                _ => None,
+            },
+        };
+        if let Some((key, old, new)) = change {
+            out.push(LabelChange {
+                key,
+                old: old.map(String::as_str),
+                new: new.map(String::as_str),
+            });
+        }
+    }
+    out
+}
+
 /// A component that the GPU Operator (or a tool next to it) schedules with a deploy label.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Operand {
@@ -298,6 +349,30 @@ impl OperandSet {
             .map(|op| (op.name(), self.contains(op)))
             .collect()
     }
+
+    /// The set of these operands, for constants.
+    pub const fn of(ops: &[Operand]) -> OperandSet {
+        let mut bits = 0;
+        let mut i = 0;
+        while i < ops.len() {
+            bits |= 1 << ops[i] as u32;
+            i += 1;
+        }
+        OperandSet(bits)
+    }
+
+    pub const fn union(self, other: OperandSet) -> OperandSet {
+        OperandSet(self.0 | other.0)
+    }
+
+    /// The operands of this set that are not in `other`.
+    pub const fn without(self, other: OperandSet) -> OperandSet {
+        OperandSet(self.0 & !other.0)
+    }
+
+    pub fn remove(&mut self, op: Operand) {
+        self.0 &= !(1 << op as u32);
+    }
 }
 
 impl FromIterator<Operand> for OperandSet {
@@ -483,5 +558,60 @@ mod tests {
         let one: OperandSet = [Operand::DcgmExporterDra].into_iter().collect();
         assert!(one.contains(Operand::DcgmExporterDra));
         assert!(!one.contains(Operand::Driver));
+    }
+
+    #[test]
+    fn changed_deploy_labels_are_the_differences_in_key_order() {
+        let l = |pairs: &[(&str, &str)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let d = |s: &str| format!("{DEPLOY_PREFIX}{s}");
+        let old = l(&[
+            (&d("dcgm"), "true"),
+            (&d("device-plugin"), "true"),
+            (&d("driver"), "true"),
+            ("nvidia.com/gpu.present", "true"),
+            ("zz/other", "a"),
+        ]);
+        let new = l(&[
+            (&d("container-toolkit"), "false"),
+            (&d("device-plugin"), "true"),
+            (&d("driver"), ""),
+            ("nvidia.com/gpu.present", "false"),
+        ]);
+        let got: Vec<(String, Option<&str>, Option<&str>)> =
+            changed_deploy_labels(Some(&old), &new)
+                .into_iter()
+                .map(|c| (c.key.to_owned(), c.old, c.new))
+                .collect();
+        assert_eq!(
+            got,
+            [
+                (d("container-toolkit"), None, Some("false")),
+                (d("dcgm"), Some("true"), None),
+                (d("driver"), Some("true"), Some("")),
+            ]
+        );
+        // CREATE: every deploy label is written.
+        let created: Vec<&str> = changed_deploy_labels(None, &new)
+            .iter()
+            .map(|c| c.key)
+            .collect();
+        assert_eq!(created.len(), 3);
+        assert!(changed_deploy_labels(Some(&old), &old).is_empty());
+    }
+
+    #[test]
+    fn operand_set_constants_and_differences() {
+        let a = OperandSet::of(&[Operand::Driver, Operand::Dcgm]);
+        let b = OperandSet::of(&[Operand::Dcgm, Operand::Nvsm]);
+        assert_eq!(a.union(b).iter().count(), 3);
+        assert_eq!(a.without(b).iter().collect::<Vec<_>>(), [Operand::Driver]);
+        let mut c = a;
+        c.remove(Operand::Driver);
+        assert_eq!(c.iter().collect::<Vec<_>>(), [Operand::Dcgm]);
     }
 }

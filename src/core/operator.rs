@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::core::operands::Labels;
+use crate::core::operands::{Labels, Operand, OperandSet, deploy_labels};
 
 const DEPLOY: &str = "nvidia.com/gpu.deploy.";
 const GPU_PRESENT: &str = "nvidia.com/gpu.present";
@@ -19,6 +19,9 @@ const WORKLOAD: &str = "nvidia.com/gpu.workload.config";
 const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
 const PRODUCT: &str = "nvidia.com/gpu.product";
 const VGPU_HOST_DRIVER: &str = "nvidia.com/vgpu.host-driver-version";
+/// The labels besides the deploy labels, `gpu.present` and NFD's that the labelling pass reads:
+/// the decision, and so the webhook, must keep them (`policy::reads_label`).
+pub const PASS_READS: [&str; 4] = [WORKLOAD, MIG_CAPABLE, PRODUCT, VGPU_HOST_DRIVER];
 const NFD_KEYS: [&str; 3] = [
     "feature.node.kubernetes.io/pci-10de.present",
     "feature.node.kubernetes.io/pci-0302_10de.present",
@@ -181,88 +184,165 @@ pub struct Pass {
     pub operands_disabled: bool,
 }
 
-fn key(suffix: &str) -> String {
-    format!("{DEPLOY}{suffix}")
-}
+use Operand::*;
 
-const CONTAINER: [&str; 8] = [
-    "driver",
-    "gpu-feature-discovery",
-    "container-toolkit",
-    "device-plugin",
-    "dcgm",
-    "dcgm-exporter",
-    "node-status-exporter",
-    "operator-validator",
-];
-const PASSTHROUGH: [&str; 5] = [
-    "sandbox-device-plugin",
-    "sandbox-validator",
-    "vfio-manager",
-    "kata-manager",
-    "cc-manager",
-];
-const VGPU: [&str; 5] = [
-    "sandbox-device-plugin",
-    "vgpu-manager",
-    "vgpu-device-manager",
-    "sandbox-validator",
-    "cc-manager",
-];
-const KATA_PLUGIN: &str = "kata-sandbox-device-plugin";
-const KUBEVIRT_PLUGIN: &str = "sandbox-device-plugin";
-const MIG_MANAGER: &str = "mig-manager";
-const CLIENT: &str = "client";
+const CONTAINER: OperandSet = OperandSet::of(&[
+    Driver,
+    GpuFeatureDiscovery,
+    ContainerToolkit,
+    DevicePlugin,
+    Dcgm,
+    DcgmExporter,
+    NodeStatusExporter,
+    OperatorValidator,
+]);
+const PASSTHROUGH: OperandSet = OperandSet::of(&[
+    SandboxDevicePlugin,
+    SandboxValidator,
+    VfioManager,
+    KataManager,
+    CcManager,
+]);
+const VGPU: OperandSet = OperandSet::of(&[
+    SandboxDevicePlugin,
+    VgpuManager,
+    VgpuDeviceManager,
+    SandboxValidator,
+    CcManager,
+]);
 /// The GPUCluster (DRA) stack's keys, swept from ClusterPolicy nodes from v26.7.
-const DRA: [&str; 5] = [
-    "driver",
-    "dra-driver",
-    "dra-validator",
-    "dcgm-dra",
-    "dcgm-exporter-dra",
-];
+const DRA: OperandSet =
+    OperandSet::of(&[Driver, DraDriver, DraValidator, DcgmDra, DcgmExporterDra]);
 
 /// `gpuStateLabels[workload]` as `getEffectiveStateLabels` returns it.
-pub fn label_set(era: Era, workload: Workload, mode: SandboxMode) -> Vec<&'static str> {
-    let mut set: Vec<&'static str> = match workload {
-        Workload::Container => CONTAINER.to_vec(),
-        Workload::VmPassthrough => PASSTHROUGH.to_vec(),
-        Workload::VmVgpu => VGPU.to_vec(),
+pub fn label_set(era: Era, workload: Workload, mode: SandboxMode) -> OperandSet {
+    let mut set = match workload {
+        Workload::Container => CONTAINER,
+        Workload::VmPassthrough => PASSTHROUGH,
+        Workload::VmVgpu => VGPU,
     };
     if era >= Era::V26_3 && workload == Workload::VmPassthrough && mode == SandboxMode::Kata {
-        set.retain(|s| *s != KUBEVIRT_PLUGIN);
-        set.push(KATA_PLUGIN);
+        set.remove(SandboxDevicePlugin);
+        set.insert(KataSandboxDevicePlugin);
     }
     if era >= Era::V26_7 {
-        set.push(CLIENT);
+        set.insert(Client);
     }
     set
 }
 
-/// Every key the operator may delete in a sweep or for `operands=false`.
-fn managed_keys(era: Era) -> Vec<&'static str> {
-    let mut keys: Vec<&'static str> = CONTAINER
-        .iter()
-        .chain(PASSTHROUGH.iter())
-        .chain(VGPU.iter())
-        .copied()
-        .collect();
-    keys.push(MIG_MANAGER);
+/// Every operand whose deploy label the operator may delete in a sweep or for `operands=false`.
+fn managed(era: Era) -> OperandSet {
+    let mut set = CONTAINER
+        .union(PASSTHROUGH)
+        .union(VGPU)
+        .union(OperandSet::of(&[MigManager]));
     if era >= Era::V26_3 {
-        keys.push(KATA_PLUGIN);
+        set.insert(KataSandboxDevicePlugin);
     }
     if era >= Era::V26_7 {
-        keys.push(CLIENT);
-        keys.extend(DRA);
+        set = set.union(DRA).union(OperandSet::of(&[Client]));
     }
-    keys.sort_unstable();
-    keys.dedup();
-    keys
+    set
 }
 
-/// Whether the operator manages this deploy-label suffix in this era.
-pub fn is_managed(era: Era, suffix: &str) -> bool {
-    managed_keys(era).contains(&suffix)
+/// The operand of a deploy label key; `None` for other keys, `operands` and unknown ones.
+fn deploy_operand(key: &str) -> Option<Operand> {
+    if key.starts_with(DEPLOY) {
+        Operand::from_key(key)
+    } else {
+        None
+    }
+}
+
+/// What one labelling pass does, worked out once from the few labels it reads: applied to a
+/// whole node by [`labelling_pass`], or asked about single labels by the decision, which needs
+/// only the labels a request changes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    era: Era,
+    /// The value the pass writes to `nvidia.com/gpu.present`, when it writes one.
+    present: Option<&'static str>,
+    /// The workload the operator applies (None: not a GPU node, or operands disabled).
+    pub workload: Option<Workload>,
+    /// `operands=false`: every operator label goes.
+    pub operands_disabled: bool,
+    /// Deploy labels the pass deletes, whatever their value.
+    pub sweep: OperandSet,
+    /// Deploy labels the pass adds as `true` when absent (from v26.7 also when empty).
+    wanted: OperandSet,
+    /// mig-manager's label is added as `true` when absent (an empty one stays).
+    mig_manager: bool,
+}
+
+impl Plan {
+    /// The pass over a node with these labels; `nfd`: an NFD label says the node has an NVIDIA
+    /// PCI device ([`has_nfd_gpu`]).
+    pub fn new(labels: &Labels, nfd: bool, era: Era, sandbox: &Sandbox) -> Plan {
+        let present = labels.get(GPU_PRESENT).is_some_and(|v| v == "true");
+        // gpu.present follows NFD: set when NFD sees a GPU, flipped to false (and every
+        // operator label swept) when it no longer does. A GPU node after the pass is an NFD one.
+        let (write, flipped_off) = match (present, nfd) {
+            (false, true) => (Some("true"), false),
+            (true, false) => (Some("false"), true),
+            _ => (None, false),
+        };
+        let operands_disabled = labels.get(OPERANDS).is_some_and(|v| v == "false");
+        let mut plan = Plan {
+            era,
+            present: write,
+            workload: None,
+            operands_disabled,
+            sweep: OperandSet::EMPTY,
+            wanted: OperandSet::EMPTY,
+            mig_manager: false,
+        };
+        if !nfd {
+            // v26.7's node-labelling controller strips every node without gpu.present=true.
+            if flipped_off || era >= Era::V26_7 {
+                plan.sweep = managed(era);
+            }
+        } else if operands_disabled {
+            plan.sweep = managed(era);
+        } else {
+            let w = workload(labels, sandbox);
+            let set = label_set(era, w, sandbox.mode);
+            let container = w == Workload::Container;
+            let mut keep = set;
+            if container {
+                keep.insert(MigManager);
+            }
+            plan.workload = Some(w);
+            plan.sweep = managed(era).without(keep);
+            plan.wanted = set;
+            plan.mig_manager = container && mig_capable(labels);
+        }
+        plan
+    }
+
+    /// The value the pass leaves on `op`'s deploy label, which has `value` now (None: absent).
+    pub fn value_after<'v>(&self, op: Operand, value: Option<&'v str>) -> Option<&'v str> {
+        if self.sweep.contains(op) {
+            return None;
+        }
+        let added = match value {
+            None => self.wanted.contains(op) || (op == MigManager && self.mig_manager),
+            Some("") => self.wanted.contains(op) && self.era >= Era::V26_7,
+            Some(_) => false,
+        };
+        if added { Some("true") } else { value }
+    }
+
+    /// The operands whose deploy label the pass adds as `true` (absent or emptied now) on a
+    /// node with these labels, in table order.
+    pub fn added<'l>(&self, labels: &'l Labels) -> impl Iterator<Item = Operand> + 'l {
+        let plan = *self;
+        Operand::all().filter(move |op| {
+            let now = labels.get(op.key()).map(String::as_str);
+            let after = plan.value_after(*op, now);
+            after.is_some() && after != now
+        })
+    }
 }
 
 /// An NFD label says the node has an NVIDIA PCI device (`hasGPULabels`).
@@ -300,87 +380,56 @@ pub fn workload(labels: &Labels, sandbox: &Sandbox) -> Workload {
         .unwrap_or(Workload::Container)
 }
 
-fn remove_all(labels: &mut Labels, era: Era) {
-    for s in managed_keys(era) {
-        labels.remove(&key(s));
+/// One labelling pass of the operator over a node (`labelGPUNodes`), as this era does it.
+pub fn labelling_pass(before: &Labels, era: Era, sandbox: &Sandbox) -> Pass {
+    let plan = Plan::new(before, has_nfd_gpu(before), era, sandbox);
+    let mut labels = before.clone();
+    if let Some(v) = plan.present {
+        labels.insert(GPU_PRESENT.to_owned(), v.to_owned());
+    }
+    labels.retain(|k, _| deploy_operand(k).is_none_or(|op| !plan.sweep.contains(op)));
+    for op in plan.added(before).collect::<Vec<_>>() {
+        labels.insert(op.key().to_owned(), "true".to_owned());
+    }
+    let actions = label_actions(before, &labels, era, plan.workload.is_some());
+    Pass {
+        labels,
+        actions,
+        workload: plan.workload,
+        operands_disabled: plan.operands_disabled,
     }
 }
 
-/// One labelling pass of the operator over a node (`labelGPUNodes`), as this era does it.
-pub fn labelling_pass(before: &Labels, era: Era, sandbox: &Sandbox) -> Pass {
-    let mut labels = before.clone();
-    let nfd = has_nfd_gpu(&labels);
-    let present = labels.get(GPU_PRESENT).is_some_and(|v| v == "true");
-    if !present && nfd {
-        labels.insert(GPU_PRESENT.to_owned(), "true".to_owned());
-    } else if present && !nfd {
-        labels.insert(GPU_PRESENT.to_owned(), "false".to_owned());
-        remove_all(&mut labels, era);
-    }
-    let gpu = labels.get(GPU_PRESENT).is_some_and(|v| v == "true");
-    let mut applied = None;
-    let operands_disabled = labels.get(OPERANDS).is_some_and(|v| v == "false");
-    if !gpu {
-        // v26.7's node-labelling controller strips every node without gpu.present=true.
-        if era >= Era::V26_7 {
-            remove_all(&mut labels, era);
-        }
-    } else if operands_disabled {
-        remove_all(&mut labels, era);
-    } else {
-        let w = workload(&labels, sandbox);
-        applied = Some(w);
-        let set = label_set(era, w, sandbox.mode);
-        for s in managed_keys(era) {
-            if set.contains(&s) || (s == MIG_MANAGER && w == Workload::Container) {
-                continue;
-            }
-            labels.remove(&key(s));
-        }
-        for s in &set {
-            let k = key(s);
-            let missing = match labels.get(&k) {
-                None => true,
-                Some(v) => v.is_empty() && era >= Era::V26_7,
-            };
-            if missing {
-                labels.insert(k, "true".to_owned());
-            }
-        }
-        if w == Workload::Container
-            && mig_capable(&labels)
-            && !labels.contains_key(&key(MIG_MANAGER))
-        {
-            labels.insert(key(MIG_MANAGER), "true".to_owned());
-        }
-    }
+/// What the pass did to each deploy label present before or after it (`operands` aside).
+fn label_actions(
+    before: &Labels,
+    after: &Labels,
+    era: Era,
+    applied: bool,
+) -> BTreeMap<String, LabelAction> {
     let mut actions = BTreeMap::new();
-    let keys = before
-        .keys()
-        .chain(labels.keys())
-        .filter(|k| k.starts_with(DEPLOY) && k.as_str() != OPERANDS);
-    for k in keys {
-        let action = match (before.get(k), labels.get(k)) {
-            (None, Some(_)) => LabelAction::Add,
-            (Some(_), None) => LabelAction::Sweep,
-            (Some(old), Some(new)) if old != new => LabelAction::Add,
-            (Some(v), Some(_)) => match restored_value(v) {
+    for (k, old) in deploy_labels(before).filter(|(k, _)| k.as_str() != OPERANDS) {
+        let action = match after.get(k) {
+            None => LabelAction::Sweep,
+            Some(new) if new != old => LabelAction::Add,
+            Some(_) => match restored_value(old) {
                 Some(to) => LabelAction::RestoreFromPaused { to },
-                None if applied.is_some() && is_managed(era, &k[DEPLOY.len()..]) => {
+                None if applied
+                    && deploy_operand(k).is_some_and(|op| managed(era).contains(op)) =>
+                {
                     LabelAction::Keep
                 }
                 None => LabelAction::Untouched,
             },
-            (None, None) => continue,
         };
         actions.insert(k.clone(), action);
     }
-    Pass {
-        labels,
-        actions,
-        workload: applied,
-        operands_disabled,
+    for (k, _) in deploy_labels(after).filter(|(k, _)| k.as_str() != OPERANDS) {
+        if !before.contains_key(k) {
+            actions.insert(k.clone(), LabelAction::Add);
+        }
     }
+    actions
 }
 
 const DRIVER_PAUSE: &str = "paused-for-driver-upgrade";
@@ -402,9 +451,13 @@ pub fn restored_value(value: &str) -> Option<String> {
     }
 }
 
-/// The labels once every pause has ended: what the node will run again.
-pub fn after_pauses(labels: &Labels) -> Labels {
-    labels
+/// The labels once every pause has ended: what the node will run again; `None` when no deploy
+/// label is paused, so the labels stay as they are.
+pub fn after_pauses(labels: &Labels) -> Option<Labels> {
+    if !deploy_labels(labels).any(|(_, v)| restored_value(v).is_some()) {
+        return None;
+    }
+    let resumed = labels
         .iter()
         .map(|(k, v)| {
             let v = if k.starts_with(DEPLOY) {
@@ -414,7 +467,8 @@ pub fn after_pauses(labels: &Labels) -> Labels {
             };
             (k.clone(), v)
         })
-        .collect()
+        .collect();
+    Some(resumed)
 }
 
 #[cfg(test)]
@@ -436,10 +490,14 @@ mod tests {
             .collect()
     }
 
-    fn gpu(set: &[&str], extra: &[&str]) -> Labels {
+    fn key(suffix: &str) -> String {
+        format!("{DEPLOY}{suffix}")
+    }
+
+    fn gpu(set: OperandSet, extra: &[&str]) -> Labels {
         let mut l = labels(&["nvidia.com/gpu.present=true"]);
-        for s in set {
-            l.insert(key(s), "true".into());
+        for op in set.iter() {
+            l.insert(op.key().to_owned(), "true".into());
         }
         l.extend(labels(extra));
         l
@@ -495,7 +553,7 @@ mod tests {
 
     #[test]
     fn new_gpu_node_gets_the_container_set() {
-        let want = gpu(&CONTAINER, &[]);
+        let want = gpu(CONTAINER, &[]);
         assert_eq!(pass(&[NFD], Era::V24_9, &OFF), want);
         assert_eq!(pass(&[NFD], Era::V26_3, &OFF), want);
         let mut v267 = want.clone();
@@ -505,7 +563,7 @@ mod tests {
 
     #[test]
     fn mig_manager_on_mig_capable_container_nodes_only() {
-        let mig = gpu(&CONTAINER, &["mig-manager=true"]);
+        let mig = gpu(CONTAINER, &["mig-manager=true"]);
         assert_eq!(
             pass(&[NFD, "nvidia.com/mig.capable=true"], Era::V24_9, &OFF),
             mig
@@ -526,7 +584,7 @@ mod tests {
             ),
             mig
         );
-        let plain = gpu(&CONTAINER, &[]);
+        let plain = gpu(CONTAINER, &[]);
         assert_eq!(
             pass(
                 &[
@@ -558,7 +616,7 @@ mod tests {
                 Era::V24_9,
                 &OFF
             ),
-            gpu(&CONTAINER, &["mig-manager=false"])
+            gpu(CONTAINER, &["mig-manager=false"])
         );
         assert_eq!(
             pass(&[NFD, "mig-manager=true"], Era::V26_7, &OFF)[&key("mig-manager")],
@@ -576,7 +634,7 @@ mod tests {
                 Era::V24_9,
                 &s
             ),
-            gpu(&VGPU, &[])
+            gpu(VGPU, &[])
         );
     }
 
@@ -593,7 +651,7 @@ mod tests {
         assert_eq!(
             pass(&before, Era::V24_9, &OFF),
             gpu(
-                &CONTAINER,
+                CONTAINER,
                 &[
                     "device-plugin=false",
                     "dcgm=",
@@ -606,7 +664,7 @@ mod tests {
         assert_eq!(
             pass(&before, Era::V26_7, &OFF),
             gpu(
-                &CONTAINER,
+                CONTAINER,
                 &[
                     "device-plugin=false",
                     "nvsm=",
@@ -643,7 +701,7 @@ mod tests {
         // Any other value counts as enabled.
         assert_eq!(
             pass(&[NFD, "operands=False"], Era::V24_9, &OFF),
-            gpu(&CONTAINER, &["operands=False"])
+            gpu(CONTAINER, &["operands=False"])
         );
     }
 
@@ -676,19 +734,19 @@ mod tests {
             "device-plugin=false",
             "dcgm=true",
         ];
-        assert_eq!(pass(&pt, Era::V24_9, &s), gpu(&PASSTHROUGH, &[]));
+        assert_eq!(pass(&pt, Era::V24_9, &s), gpu(PASSTHROUGH, &[]));
         assert_eq!(
             pass(&pt, Era::V24_9, &OFF),
-            gpu(&CONTAINER, &["device-plugin=false"])
+            gpu(CONTAINER, &["device-plugin=false"])
         );
         let vg = [NFD, "nvidia.com/gpu.workload.config=vm-vgpu"];
-        assert_eq!(pass(&vg, Era::V24_9, &s), gpu(&VGPU, &[]));
+        assert_eq!(pass(&vg, Era::V24_9, &s), gpu(VGPU, &[]));
         // Invalid or missing: the default workload.
         let bogus = [NFD, "nvidia.com/gpu.workload.config=bogus"];
-        assert_eq!(pass(&bogus, Era::V24_9, &s), gpu(&CONTAINER, &[]));
+        assert_eq!(pass(&bogus, Era::V24_9, &s), gpu(CONTAINER, &[]));
         let d = on(Some(Workload::VmVgpu), SandboxMode::KubeVirt);
-        assert_eq!(pass(&bogus, Era::V24_9, &d), gpu(&VGPU, &[]));
-        assert_eq!(pass(&[NFD], Era::V24_9, &d), gpu(&VGPU, &[]));
+        assert_eq!(pass(&bogus, Era::V24_9, &d), gpu(VGPU, &[]));
+        assert_eq!(pass(&[NFD], Era::V24_9, &d), gpu(VGPU, &[]));
     }
 
     #[test]
@@ -699,19 +757,19 @@ mod tests {
             "nvidia.com/gpu.workload.config=vm-passthrough",
             "sandbox-device-plugin=true",
         ];
-        let mut want = gpu(&PASSTHROUGH, &["kata-sandbox-device-plugin=true"]);
+        let mut want = gpu(PASSTHROUGH, &["kata-sandbox-device-plugin=true"]);
         want.remove(&key("sandbox-device-plugin"));
         assert_eq!(pass(&pt, Era::V26_3, &k), want);
-        assert_eq!(pass(&pt, Era::V24_9, &k), gpu(&PASSTHROUGH, &[]));
+        assert_eq!(pass(&pt, Era::V24_9, &k), gpu(PASSTHROUGH, &[]));
         // vm-vgpu keeps the kubevirt plugin's label in kata mode.
         let vg = [NFD, "nvidia.com/gpu.workload.config=vm-vgpu"];
-        assert_eq!(pass(&vg, Era::V26_3, &k), gpu(&VGPU, &[]));
+        assert_eq!(pass(&vg, Era::V26_3, &k), gpu(VGPU, &[]));
         // The kata key is swept from container nodes from v26.3 only.
         let c = [NFD, "kata-sandbox-device-plugin=true"];
-        assert_eq!(pass(&c, Era::V26_3, &OFF), gpu(&CONTAINER, &[]));
+        assert_eq!(pass(&c, Era::V26_3, &OFF), gpu(CONTAINER, &[]));
         assert_eq!(
             pass(&c, Era::V24_9, &OFF),
-            gpu(&CONTAINER, &["kata-sandbox-device-plugin=true"])
+            gpu(CONTAINER, &["kata-sandbox-device-plugin=true"])
         );
     }
 
@@ -720,11 +778,11 @@ mod tests {
         let before = [NFD, "dra-driver=true", "dcgm-dra=true"];
         assert_eq!(
             pass(&before, Era::V26_3, &OFF),
-            gpu(&CONTAINER, &["dra-driver=true", "dcgm-dra=true"])
+            gpu(CONTAINER, &["dra-driver=true", "dcgm-dra=true"])
         );
         assert_eq!(
             pass(&before, Era::V26_7, &OFF),
-            gpu(&CONTAINER, &["client=true"])
+            gpu(CONTAINER, &["client=true"])
         );
     }
 
@@ -781,8 +839,19 @@ mod tests {
         let l = after_pauses(&labels(&[
             "device-plugin=paused-for-mig-change",
             "dcgm=false",
-        ]));
+        ]))
+        .expect("one label is paused");
         assert_eq!(l[&key("device-plugin")], "true");
         assert_eq!(l[&key("dcgm")], "false");
+        // Nothing paused: nothing to copy. A paused value on a label that is not a deploy label
+        // pauses nothing.
+        assert_eq!(
+            after_pauses(&labels(&["dcgm=false", "device-plugin=true"])),
+            None
+        );
+        assert_eq!(
+            after_pauses(&labels(&["example.com/x=paused-for-mig-change"])),
+            None
+        );
     }
 }

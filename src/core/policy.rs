@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet,
+    changed_deploy_labels,
 };
-use crate::core::operator::after_pauses;
+use crate::core::operator::{PASS_READS, after_pauses};
 use crate::core::rules::Ctx;
 use crate::core::rules::{Action, Change, Finding, Kind, RULES, Rule};
 
@@ -184,13 +185,15 @@ impl Verdict {
 }
 
 /// Whether [`decide`] may read the label `key` under these facts: the deploy labels, the labels
-/// that mark a GPU node, and the keys of non-default operand nodeSelectors. The webhook copies
-/// only these from a reviewed Node (a GPU node has ~100 labels; these are 10–20); the tests
-/// check that dropping the others never changes a verdict.
+/// that mark a GPU node, those the operator's labelling pass reads (workload, MIG, vGPU host),
+/// and the keys of non-default operand nodeSelectors. The webhook copies only these from a
+/// reviewed Node (a GPU node has ~100 labels; these are 10–20); the tests check that dropping
+/// the others never changes a verdict.
 pub fn reads_label(key: &str, facts: &ClusterFacts) -> bool {
     key.starts_with(DEPLOY_PREFIX)
         || key == GPU_PRESENT_KEY
         || NFD_NVIDIA_PCI_KEYS.contains(&key)
+        || PASS_READS.contains(&key)
         || facts.selectors.values().any(|sel| sel.contains_key(key))
 }
 
@@ -220,12 +223,14 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
 
     let mut findings = Vec::new();
     if matches!(review.operation, Operation::Create | Operation::Update) {
+        let changes = changed_deploy_labels(review.old_labels, review.labels);
         let ctx = Ctx {
             review,
             facts,
             before,
             after,
             assessing: false,
+            changes: &changes,
         };
         findings = state_findings(review, facts, before, after, false);
         ctx.run(Kind::Change, &mut findings);
@@ -318,13 +323,15 @@ fn state_findings(
         before,
         after,
         assessing,
+        changes: &[],
     }
     .run(Kind::State, &mut findings);
-    let resumed = after_pauses(review.labels);
-    if resumed == *review.labels {
+    let Some(resumed) = after_pauses(review.labels) else {
         return findings;
-    }
-    let resumed_old = review.old_labels.map(after_pauses);
+    };
+    let resumed_old = review
+        .old_labels
+        .map(|old| after_pauses(old).unwrap_or_else(|| old.clone()));
     let later_review = Review {
         labels: &resumed,
         old_labels: resumed_old.as_ref(),
@@ -339,6 +346,7 @@ fn state_findings(
             .map_or(OperandSet::EMPTY, |old| simulate(old, facts)),
         after: simulate(&resumed, facts),
         assessing,
+        changes: &[],
     }
     .run(Kind::State, &mut later);
     for mut f in later {

@@ -11,7 +11,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::core::facts::ClusterFacts;
-use crate::core::operands::{DEPLOY_PREFIX, Operand, OperandSet};
+use crate::core::operands::{LabelChange, Operand, OperandSet};
 use crate::core::policy::Review;
 
 /// A rule's id is part of the interface: config keys, JSON output, metrics and annotations use it.
@@ -239,6 +239,11 @@ pub struct Ctx<'r, 'a> {
     pub(crate) after: OperandSet,
     /// No request: the node's current state is judged ([`assess`](crate::core::policy::assess)), so texts do not speak of one.
     pub(crate) assessing: bool,
+    /// The deploy labels the request changes ([`changed_deploy_labels`]): read by the change
+    /// rules, empty for the state rules.
+    ///
+    /// [`changed_deploy_labels`]: crate::core::operands::changed_deploy_labels
+    pub(crate) changes: &'r [LabelChange<'r>],
 }
 
 impl Ctx<'_, '_> {
@@ -345,13 +350,10 @@ impl Ctx<'_, '_> {
         }
     }
 
-    /// Deploy-label keys the request adds or gives a new value.
+    /// Deploy-label keys the request adds or gives a new value, with that value, in key order.
     fn written_deploy_labels(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.review
-            .labels
+        self.changes
             .iter()
-            .filter(|(k, _)| k.starts_with(DEPLOY_PREFIX))
-            .filter(|(k, v)| self.old_value(k) != Some(v.as_str()))
-            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .filter_map(|c| c.new.map(|new| (c.key, new)))
     }
 }

@@ -247,7 +247,9 @@ mod tests {
             [
                 "feature.node.kubernetes.io/pci-10de.present",
                 "nvidia.com/gpu.deploy.driver",
-                "nvidia.com/gpu.present"
+                "nvidia.com/gpu.present",
+                // The operator's pass reads the product name for MIG capability.
+                "nvidia.com/gpu.product"
             ]
         );
         // A DaemonSet selecting on another label makes that label matter too.

@@ -1194,6 +1194,9 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
             kernel,
             "kubernetes.io/hostname",
             "nvidia.com/gpu.product",
+            "nvidia.com/gpu.workload.config",
+            "nvidia.com/mig.capable",
+            "nvidia.com/vgpu.host-driver-version",
             "nvidia.com/mig.config",
             "nvidia.com/gpu.deploy",
             "node-role.kubernetes.io/gpu",
@@ -1208,6 +1211,9 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
         "paused-for-mig-change",
         "a",
         "yes",
+        "vm-passthrough",
+        "vm-vgpu",
+        "NVIDIA-A100-SXM4-80GB",
     ];
     let facts = [
         ClusterFacts::default(),
@@ -1235,6 +1241,15 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
             .collect(),
             ..ClusterFacts::default()
         },
+        // Sandbox workloads: the operator's pass reads the node's workload label.
+        facts_for(
+            "v26.3.1",
+            crate::core::operator::Sandbox {
+                enabled: true,
+                default_workload: Some(crate::core::operator::Workload::VmVgpu),
+                mode: crate::core::operator::SandboxMode::Kata,
+            },
+        ),
     ];
     let strict = Policy {
         actions: [Action::Deny; RULES.len()],
@@ -1267,6 +1282,7 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
     };
     let mut dropped_some = 0;
     let mut denied = 0;
+    let mut restored = 0;
     for i in 0..3000 {
         let old = random_labels(&mut next);
         // Half the new states are small edits of the old one, like a real `kubectl label`.
@@ -1304,6 +1320,11 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
                 };
                 let full = review(&old, &new);
                 denied += usize::from(!full.allowed());
+                restored += usize::from(
+                    full.findings
+                        .iter()
+                        .any(|f| f.rule == Rule::OperatorWillRestore),
+                );
                 assert_eq!(
                     review(&old_kept, &new_kept),
                     full,
@@ -1318,6 +1339,10 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
         "labels dropped in {dropped_some} states"
     );
     assert!(denied > 100, "{denied} denials");
+    assert!(
+        restored > 100,
+        "{restored} verdicts with the operator's pass"
+    );
 }
 
 // ---- The operator's model: versions, sandbox workloads, pauses ---------------------------------

@@ -3,10 +3,10 @@
 use super::{Action, Change, Ctx, Finding, Rule};
 use crate::core::echo::echo;
 use crate::core::operands::{
-    DEPLOY_PREFIX, GPU_PRESENT_KEY, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, Value,
-    closest_known, is_gpu_node,
+    DEPLOY_PREFIX, GPU_PRESENT_KEY, LabelChange, OPERANDS_KEY, Operand, Value, closest_known,
+    is_gpu_node,
 };
-use crate::core::operator::{LabelAction, labelling_pass};
+use crate::core::operator::Plan;
 
 /// How many unknown deploy keys one finding names; it counts the others.
 const UNKNOWN_KEYS_SHOWN: usize = 5;
@@ -136,9 +136,9 @@ impl Ctx<'_, '_> {
     }
 
     /// What the operator's next labelling pass does to the labels this request writes
-    /// ([`labelling_pass`], `docs/gpu-operator.md`): adds a removed (from v26.7 also an emptied)
-    /// label back as `true`, sweeps a label outside the node's set, and for `operands=false`
-    /// deletes every label it manages.
+    /// ([`Plan`], `docs/gpu-operator.md`): adds a removed (from v26.7 also an emptied) label
+    /// back as `true`, sweeps a label outside the node's set, and for `operands=false` deletes
+    /// every label it manages. Only the labels the request changes are asked about.
     pub(super) fn operator_will_restore(&self, out: &mut Vec<Finding>) {
         let Some(old) = self.review.old_labels else {
             return;
@@ -153,23 +153,19 @@ impl Ctx<'_, '_> {
         if !is_gpu_node(labels) {
             return;
         }
-        let mut seen = labels.clone();
-        if !NFD_NVIDIA_PCI_KEYS
-            .iter()
-            .any(|k| seen.get(*k).is_some_and(|v| v == "true"))
-        {
-            seen.insert(NFD_NVIDIA_PCI_KEYS[0].to_owned(), "true".to_owned());
+        // Every finding below is about a deploy label the request adds, changes or removes.
+        if self.changes.is_empty() {
+            return;
         }
-        let pass = labelling_pass(&seen, facts.version.era, &facts.sandbox);
+        let plan = Plan::new(labels, true, facts.version.era, &facts.sandbox);
         let node = self.node();
         let was_off = old.get(OPERANDS_KEY).is_some_and(|v| v == "false");
-        if pass.operands_disabled {
+        if plan.operands_disabled {
             if !was_off {
-                let gone: Vec<&str> = pass
-                    .actions
-                    .iter()
-                    .filter(|(_, a)| **a == LabelAction::Sweep)
-                    .map(|(k, _)| &k[DEPLOY_PREFIX.len()..])
+                let gone: Vec<&str> = labels
+                    .keys()
+                    .filter(|k| Operand::from_key(k).is_some_and(|op| plan.sweep.contains(op)))
+                    .map(|k| &k[DEPLOY_PREFIX.len()..])
                     .collect();
                 if !gone.is_empty() {
                     out.push(Finding {
@@ -191,101 +187,95 @@ impl Ctx<'_, '_> {
             }
             return;
         }
-        let added: Vec<&str> = pass
-            .actions
-            .iter()
-            .filter(|(_, a)| **a == LabelAction::Add)
-            .map(|(k, _)| k.as_str())
-            .collect();
-        if was_off && !added.is_empty() {
-            let names: Vec<&str> = added.iter().map(|k| &k[DEPLOY_PREFIX.len()..]).collect();
-            out.push(Finding {
-                rule: Rule::OperatorWillRestore,
-                action: Action::Off,
-                change: Change::New,
-                message: format!(
-                    "node {node}: without {OPERANDS_KEY}=false the GPU Operator ({version}) adds {} back as \"true\" \
-                     on its next labelling pass; set the ones to keep off to false afterwards.",
-                    names.join(", ")
-                ),
-                warning: format!(
-                    "{OPERANDS_KEY} no longer false: the GPU Operator will add {} deploy labels back as true",
-                    names.len()
-                ),
-            });
-            return;
+        if was_off {
+            let mut names: Vec<&str> = plan.added(labels).map(Operand::name).collect();
+            if !names.is_empty() {
+                names.sort_unstable();
+                out.push(Finding {
+                    rule: Rule::OperatorWillRestore,
+                    action: Action::Off,
+                    change: Change::New,
+                    message: format!(
+                        "node {node}: without {OPERANDS_KEY}=false the GPU Operator ({version}) adds {} back as \"true\" \
+                         on its next labelling pass; set the ones to keep off to false afterwards.",
+                        names.join(", ")
+                    ),
+                    warning: format!(
+                        "{OPERANDS_KEY} no longer false: the GPU Operator will add {} deploy labels back as true",
+                        names.len()
+                    ),
+                });
+                return;
+            }
         }
-        let where_ = match pass.workload {
+        let where_ = || match plan.workload {
             Some(w) => format!("a {} node's deploy labels", w.name()),
             None => format!("the deploy labels of a node with {GPU_PRESENT_KEY}=true"),
         };
-        for (key, action) in &pass.actions {
+        for &LabelChange {
+            key,
+            old: old_value,
+            new: new_value,
+        } in self.changes
+        {
             let Some(op) = Operand::from_key(key) else {
                 continue;
             };
-            let old_value = old.get(key.as_str());
-            let new_value = labels.get(key.as_str());
-            match action {
-                LabelAction::Add => {
-                    let what = match (old_value, new_value) {
-                        (Some(_), None) => "removes",
-                        (Some(o), Some(v)) if v.is_empty() && !o.is_empty() => "empties",
-                        _ => continue,
-                    };
-                    let done = if what == "removes" {
-                        "removed"
-                    } else {
-                        "emptied"
-                    };
-                    // `container-toolkit=false` under a running device plugin is itself refused:
-                    // the advice must name the device plugin too.
-                    let plugin = Operand::DevicePlugin.key();
-                    let strands_plugin = op == Operand::ContainerToolkit
-                        && self.after.contains(Operand::DevicePlugin)
-                        && facts.toolkit_managed;
-                    let (fix, short_fix) = if strands_plugin {
-                        (
-                            format!(
-                                "set {key}=false together with {plugin}=false to keep the toolkit off"
-                            ),
-                            "keep it off only with device-plugin=false too",
-                        )
-                    } else {
-                        (
-                            format!("set {key}=false to keep {op} off"),
-                            "use =false to keep it off",
-                        )
-                    };
-                    out.push(Finding {
-                        rule: Rule::OperatorWillRestore,
-                        action: Action::Off,
-                        change: Change::New,
-                        message: format!(
-                            "node {node}: this request {what} {key}, but the GPU Operator ({version}) adds it back \
-                             as \"true\" on its next labelling pass; {fix}."
-                        ),
-                        warning: format!(
-                            "{key} {done}: the GPU Operator will add it back as true; {short_fix}"
-                        ),
-                    });
-                }
-                LabelAction::Sweep if new_value.is_some() && old_value != new_value => {
-                    let value = new_value.map(String::as_str).unwrap_or_default();
+            let after = plan.value_after(op, new_value);
+            let what = match (old_value, new_value) {
+                (Some(_), None) if after == Some("true") => "removes",
+                (Some(o), Some("")) if !o.is_empty() && after == Some("true") => "empties",
+                (_, Some(value)) if after.is_none() => {
                     out.push(Finding {
                         rule: Rule::OperatorWillRestore,
                         action: Action::Off,
                         change: Change::New,
                         message: format!(
                             "node {node}: this request sets {key}={value:?}, but the GPU Operator ({version}) sweeps \
-                             it on its next labelling pass: it is not one of {where_}."
+                             it on its next labelling pass: it is not one of {}.",
+                            where_()
                         ),
                         warning: format!(
-                            "{key}={value:?}: the GPU Operator will sweep it (not one of {where_})"
+                            "{key}={value:?}: the GPU Operator will sweep it (not one of {})",
+                            where_()
                         ),
                     });
+                    continue;
                 }
-                _ => {}
-            }
+                _ => continue,
+            };
+            let done = if what == "removes" {
+                "removed"
+            } else {
+                "emptied"
+            };
+            // `container-toolkit=false` under a running device plugin is itself refused:
+            // the advice must name the device plugin too.
+            let plugin = Operand::DevicePlugin.key();
+            let strands_plugin = op == Operand::ContainerToolkit
+                && self.after.contains(Operand::DevicePlugin)
+                && facts.toolkit_managed;
+            let (fix, short_fix) = if strands_plugin {
+                (
+                    format!("set {key}=false together with {plugin}=false to keep the toolkit off"),
+                    "keep it off only with device-plugin=false too",
+                )
+            } else {
+                (
+                    format!("set {key}=false to keep {op} off"),
+                    "use =false to keep it off",
+                )
+            };
+            out.push(Finding {
+                rule: Rule::OperatorWillRestore,
+                action: Action::Off,
+                change: Change::New,
+                message: format!(
+                    "node {node}: this request {what} {key}, but the GPU Operator ({version}) adds it back \
+                     as \"true\" on its next labelling pass; {fix}."
+                ),
+                warning: format!("{key} {done}: the GPU Operator will add it back as true; {short_fix}"),
+            });
         }
     }
 }
