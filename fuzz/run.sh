@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Fuzzes review parsing and the decision (fuzz_targets/review.rs) for SECONDS (default 60),
-# seeded with the fixtures. Installs cargo-fuzz if missing. Uses the nightly toolchain with
-# AddressSanitizer when there is one; otherwise the stable compiler with RUSTC_BOOTSTRAP=1 and
-# no sanitizer (coverage guidance works the same). A crash leaves its input in
-# fuzz/artifacts/review/ and fails the run; reproduce it with
-#   cargo fuzz run review fuzz/artifacts/review/<file>
+# Fuzzes, for SECONDS each (default 60), seeded with the fixtures:
+#   review  review parsing, the decision and the answer (fuzz_targets/review.rs)
+#   scan    the body scanner against serde: the same answer either way (fuzz_targets/scan.rs)
+# `run.sh SECONDS TARGET` runs one of them. Installs cargo-fuzz if missing. Uses the nightly
+# toolchain with AddressSanitizer when there is one; otherwise the stable compiler with
+# RUSTC_BOOTSTRAP=1 and no sanitizer (coverage guidance works the same; FUZZ_STABLE=1 forces it).
+# A crash leaves its input in fuzz/artifacts/<target>/ and fails the run; reproduce it with
+#   cargo fuzz run <target> fuzz/artifacts/<target>/<file>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -24,8 +26,13 @@ else
   sanitizer=(-s none)
 fi
 
-mkdir -p fuzz/corpus/review
-# The first directory collects what the fuzzer finds; the fixtures only seed it.
-cargo "${toolchain[@]}" fuzz run "${sanitizer[@]}" review \
-  fuzz/corpus/review tests/fixtures/reviews tests/fixtures/nodes tests/fixtures/real-nodes \
-  -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+targets=("${@:2}")
+[ ${#targets[@]} -gt 0 ] || targets=(review scan)
+for target in "${targets[@]}"; do
+  mkdir -p "fuzz/corpus/$target"
+  echo "fuzz: $target for ${seconds}s" >&2
+  # The first directory collects what the fuzzer finds; the fixtures only seed it.
+  cargo "${toolchain[@]}" fuzz run "${sanitizer[@]}" "$target" \
+    "fuzz/corpus/$target" tests/fixtures/reviews tests/fixtures/nodes tests/fixtures/real-nodes \
+    -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+done

@@ -7,35 +7,14 @@
 //! so mutations of real nodes reach the decision too.
 #![no_main]
 
-use std::sync::OnceLock;
+mod cases;
 
-use gpu_deploy_guard::core::facts::{ClusterFacts, operator_defaults};
-use gpu_deploy_guard::core::policy::{Decision, Policy};
-use gpu_deploy_guard::core::rules::Action;
+use cases::cases;
+use gpu_deploy_guard::core::policy::Decision;
 use gpu_deploy_guard::webhook::response::{MAX_MESSAGE_BYTES, MAX_WARNING_BYTES, MAX_WARNINGS, respond};
 use gpu_deploy_guard::webhook::{parse_review, review_request};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
-
-/// The policies and cluster facts every input is decided under.
-struct Cases {
-    policies: Vec<Policy>,
-    facts: Vec<ClusterFacts>,
-}
-
-fn cases() -> &'static Cases {
-    static CASES: OnceLock<Cases> = OnceLock::new();
-    CASES.get_or_init(|| {
-        let mut warn_all = Policy::default();
-        warn_all.actions = warn_all.actions.map(|_| Action::Warn);
-        let mut host_toolkit = operator_defaults();
-        host_toolkit.toolkit_managed = false;
-        Cases {
-            policies: vec![Policy::default(), warn_all],
-            facts: vec![ClusterFacts::default(), operator_defaults(), host_toolkit],
-        }
-    })
-}
 
 fuzz_target!(|data: &[u8]| {
     check_review(data);
