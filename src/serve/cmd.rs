@@ -23,11 +23,12 @@ use crate::webhook::{self, Limits, Webhook};
 #[derive(clap::Args)]
 pub struct ServeArgs {
     /// HTTPS address of the webhook (POST /validate).
-    #[arg(long, env = "GDG_LISTEN", default_value = "0.0.0.0:8443")]
+    #[arg(long, env = "GDG_LISTEN", default_value = "0.0.0.0:8443", value_parser = parse_listen)]
     pub listen: SocketAddr,
     /// Plain-HTTP address of /livez, /readyz and /metrics. In a pod, the kubelet's probes and
-    /// Prometheus reach it on the pod IP: set GDG_ADMIN_LISTEN=$(POD_IP):8080 to bind only there.
-    #[arg(long, env = "GDG_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    /// Prometheus reach it on the pod IP: `--admin-listen=$(POD_IP):8080` binds only there
+    /// (the Helm chart's default); a bare IPv6 address before the port is read too.
+    #[arg(long, env = "GDG_ADMIN_LISTEN", default_value = "0.0.0.0:8080", value_parser = parse_listen)]
     pub admin_listen: SocketAddr,
     /// PEM certificate chain to serve; re-read when the file changes. Without it, a
     /// self-signed certificate for localhost is made in memory (for trying it out only).
@@ -111,6 +112,21 @@ pub struct ServeArgs {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// Parses a listen address: `IP:PORT`, `[IPv6]:PORT`, or a bare IPv6 address and a port
+/// (`fd00::12:8080`, the last colon separating the port), which is what `$(POD_IP):PORT`
+/// gives in an IPv6 pod.
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bad =
+        || format!("{text:?} is not an address like 0.0.0.0:8080, 10.0.0.7:8080 or [fd00::7]:8080");
+    let (ip, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    let ip: std::net::Ipv6Addr = ip.parse().map_err(|_| bad())?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    Ok(SocketAddr::from((ip, port)))
 }
 
 /// Parses a duration: `500ms`, `5s`, `2m`, `1h`, `1m30s` (humantime), a bare number of seconds,
@@ -248,6 +264,28 @@ async fn start_cluster_watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_addresses_parse_with_a_bare_ipv6_pod_ip() {
+        let ok = |t: &str| parse_listen(t).unwrap().to_string();
+        assert_eq!(ok("0.0.0.0:8080"), "0.0.0.0:8080");
+        assert_eq!(ok("10.244.1.7:8080"), "10.244.1.7:8080");
+        assert_eq!(ok("[fd00::7]:8080"), "[fd00::7]:8080");
+        // `$(POD_IP):8080` in an IPv6 pod.
+        assert_eq!(ok("fd00:10:244::7:8080"), "[fd00:10:244::7]:8080");
+        assert_eq!(ok("::1:8080"), "[::1]:8080");
+        for bad in [
+            "",
+            "8080",
+            "10.244.1.7",
+            "10.244.1.7:http",
+            "$(POD_IP):8080",
+            "fd00::7:99999",
+        ] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains("is not an address like"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn durations_parse_with_units() {

@@ -74,19 +74,8 @@ for f in "${crds[@]}"; do [[ -f "$f" ]] || die "missing CRD file $f"; done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-passed=0 failed=0
-check() {
-  local name=$1; shift
-  local out line
-  if out=$("$@" 2>&1); then
-    passed=$((passed + 1))
-    echo "ok   $name"
-  else
-    failed=$((failed + 1))
-    echo "FAIL $name"
-    while IFS= read -r line; do echo "     $line"; done <<<"$out"
-  fi
-}
+# shellcheck source=tests/lib/check.sh
+source tests/lib/check.sh
 
 # Value sets: name and helm arguments. Each is linted, rendered and validated.
 declare -A sets=(
@@ -97,7 +86,7 @@ declare -A sets=(
   [cert-manager-clusterissuer]="--set certificates.mode=cert-manager --set certificates.certManager.issuerRef.kind=ClusterIssuer --set certificates.certManager.issuerRef.name=corp-ca"
   [existing-secret]="--set certificates.mode=existingSecret --set certificates.secretName=my-tls --set certificates.existingSecret.caBundle=$(printf 'not a real CA' | base64)"
   [everything]="--set namespace.create=true --set monitoring.serviceMonitor.enabled=true --set monitoring.serviceMonitor.labels.release=kube-prometheus-stack --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.labels.release=kube-prometheus-stack --set monitoring.dashboard.enabled=true --set monitoring.dashboard.namespace=grafana --set monitoring.dashboard.annotations.grafana_folder=GPU --set celPolicy.enabled=true --set celPolicy.clusterPolicyParam=true --set report=true --set networkPolicy.apiServerCIDRs={10.0.0.0/16} --set networkPolicy.metricsPodSelector.app=prometheus --set image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef --set priorityClass.create=false --set priorityClass.name=system-cluster-critical --set tolerations[0].operator=Exists --set config.exemptions.usernames={alice} --set operatorNamespace=nvidia-gpu-operator"
-  [host-network]="--set namespace.create=true --set webhook.hostNetwork=true --set webhook.port=9443 --set admin.port=9444 --set webhook.servicePort=443 --set networkPolicy.enabled=false --set clusterWatch=false --set podDisruptionBudget.enabled=false --set webhook.statusSubresource=false"
+  [host-network]="--set namespace.create=true --set webhook.hostNetwork=true --set webhook.port=9443 --set admin.port=9444 --set admin.bindAddress=0.0.0.0 --set webhook.servicePort=443 --set networkPolicy.enabled=false --set clusterWatch=false --set podDisruptionBudget.enabled=false --set webhook.statusSubresource=false"
   [gke-private]="--set webhook.port=10250"
 )
 

@@ -63,6 +63,10 @@ expect("defaults: nodes/status matched", vwc["webhooks"][0]["rules"][0]["resourc
 expect("defaults: nodeSelector", one(objs, "Deployment")["spec"]["template"]["spec"]["nodeSelector"], {"kubernetes.io/os": "linux"})
 expect("defaults: webhook Service ports", [p["name"] for p in one(objs, "Service", "gpu-deploy-guard")["spec"]["ports"]], ["webhook"])
 expect("defaults: metrics Service ports", [p["name"] for p in one(objs, "Service", "-metrics")["spec"]["ports"]], ["metrics"])
+expect("defaults: admin port bound to the pod IP only", [a for a in container(objs)["args"] if a.startswith("--admin-listen")],
+       ["--admin-listen=$(POD_IP):8080"])
+expect("defaults: POD_IP from the downward API", [e.get("valueFrom") for e in container(objs)["env"] if e["name"] == "POD_IP"],
+       [{"fieldRef": {"fieldPath": "status.podIP"}}])
 expect("defaults: no subPath", [m.get("subPath") for m in container(objs)["volumeMounts"]], [None, None])
 expect("defaults: kinds", kinds(objs), ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
                                         "PodDisruptionBudget", "PriorityClass", "Role", "RoleBinding", "Secret", "Service",
