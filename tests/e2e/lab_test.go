@@ -62,16 +62,9 @@ func useGuard(t testing.TB) *framework.Guard {
 	root := repoRoot(t)
 	if guard == nil {
 		bin := framework.RequireProductBinary(t)
-		config, err := cp.ShippedGuardConfig(root)
-		if err != nil {
-			t.Fatal(err)
-		}
 		dir := filepath.Join(cp.Dir, "gpu-deploy-guard")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		configFile := filepath.Join(dir, "config.yaml")
-		if err := os.WriteFile(configFile, []byte(config), 0o644); err != nil {
+		configFile, err := cp.WriteShippedGuardConfig(root, dir)
+		if err != nil {
 			t.Fatal(err)
 		}
 		g, err := framework.StartGuard(framework.GuardConfig{Bin: bin, Dir: dir, LogDir: cp.LogDir, ConfigFile: configFile})

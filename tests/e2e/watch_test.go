@@ -90,21 +90,10 @@ func startWatchingGuard(t *testing.T, extraArgs ...string) *framework.Guard {
 			t.Fatalf("kubectl apply of deploy/base's %s: %s", firstLineOf(m), got)
 		}
 	}
-	token := strings.TrimSpace(cp.MustKubectl(t, "create", "token", "gpu-deploy-guard", "-n", guardNS, "--duration=1h"))
-	kubeconfig, err := cp.WriteTokenKubeconfig("gpu-deploy-guard-sa", token)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The token is the service account's, and RBAC has caught up with the
 	// bindings, before serve makes its first call.
-	framework.WaitFor(t, 30*time.Second, "the service account's token to carry deploy/base's RBAC", func() (bool, string) {
-		stdout, stderr, code := cp.KubectlAs(kubeconfig, "", "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
-		if code != 0 || stdout != guardSA {
-			return false, fmt.Sprintf("whoami: exit %d %q %q", code, stdout, stderr)
-		}
-		stdout, _, code = cp.KubectlAs(kubeconfig, "", "auth", "can-i", "watch", "pods", "-n", operatorNS)
-		return code == 0, "can-i watch pods -n gpu-operator: " + strings.TrimSpace(stdout)
-	})
+	kubeconfig := cp.ServiceAccountKubeconfig(t, "gpu-deploy-guard-sa", guardNS, "gpu-deploy-guard",
+		"watch", "pods", "-n", operatorNS)
 
 	dir, err := os.MkdirTemp(cp.Dir, "gpu-deploy-guard-watching-")
 	if err != nil {

@@ -5,7 +5,6 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -14,12 +13,9 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose,
 };
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
-use tokio_rustls::TlsConnector;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gpu-deploy-guard");
 
@@ -281,25 +277,8 @@ pub async fn post_review_to(addr: SocketAddr, ca: &str, body: Vec<u8>) -> (u16, 
     (status, response.bytes().await.unwrap_or_default().to_vec())
 }
 
-/// A raw TLS connection trusting `ca`, offering `alpn`.
-pub async fn tls_connect(addr: SocketAddr, ca: &str, alpn: &[&[u8]]) -> std::io::Result<TlsStream> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let tcp = TcpStream::connect(addr).await?;
-    TlsConnector::from(Arc::new(config))
-        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
-        .await
-}
+/// A raw TLS connection trusting a CA, offering ALPN protocols: the server tests' own.
+pub use crate::server_support::tls_connect;
 
 /// An HTTP/2 client connection whose stream receive window is chosen by the test; the h2
 /// library answers the server's PINGs as long as the connection runs.

@@ -55,19 +55,9 @@ fi
 
 echo "== $(promtool --version 2>&1 | head -1)"
 
-passed=0 failed=0 skipped=0
-check() {
-  local name=$1; shift
-  local out line
-  if out=$("$@" 2>&1); then
-    passed=$((passed + 1))
-    echo "ok   $name"
-  else
-    failed=$((failed + 1))
-    echo "FAIL $name"
-    while IFS= read -r line; do echo "     $line"; done <<<"$out"
-  fi
-}
+# shellcheck source=tests/lib/check.sh
+source tests/lib/check.sh
+skipped=0
 
 check "promtool check rules" promtool check rules --lint-fatal "$mon/rules/gpu-deploy-guard.rules.yaml"
 check "promtool test rules (alerts_test.yaml)" promtool test rules "$here/alerts_test.yaml"

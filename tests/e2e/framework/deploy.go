@@ -159,6 +159,20 @@ func (cp *ControlPlane) ShippedGuardConfig(repoRoot string) (string, error) {
 	return cfg, nil
 }
 
+// WriteShippedGuardConfig writes ShippedGuardConfig to dir/config.yaml,
+// creating dir, and returns the file's path.
+func (cp *ControlPlane) WriteShippedGuardConfig(repoRoot, dir string) (string, error) {
+	config, err := cp.ShippedGuardConfig(repoRoot)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "config.yaml")
+	return path, os.WriteFile(path, []byte(config), 0o644)
+}
+
 // Loopback returns a copy of the shipped configuration in which only each
 // webhook's clientConfig differs: url instead of the Service reference, and
 // caBundle set. It refuses a configuration whose webhooks do not all call

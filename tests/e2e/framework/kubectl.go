@@ -83,3 +83,26 @@ func (cp *ControlPlane) WaitForKubectlOutput(t testing.TB, timeout time.Duration
 		return false, fmt.Sprintf("exit %d, stdout %q, stderr %q", code, got, strings.TrimSpace(stderr))
 	})
 }
+
+// ServiceAccountKubeconfig writes a kubeconfig named name that authenticates
+// as service account ns/sa with a fresh token, and returns its path once the
+// API server takes the token as that account and RBAC has caught up with its
+// bindings: `kubectl auth can-i canI...` answers yes.
+func (cp *ControlPlane) ServiceAccountKubeconfig(t testing.TB, name, ns, sa string, canI ...string) string {
+	t.Helper()
+	token := strings.TrimSpace(cp.MustKubectl(t, "create", "token", sa, "-n", ns, "--duration=2h"))
+	kubeconfig, err := cp.WriteTokenKubeconfig(name, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := "system:serviceaccount:" + ns + ":" + sa
+	WaitFor(t, 30*time.Second, "the token of "+user+" to carry its RBAC", func() (bool, string) {
+		who, stderr, code := cp.KubectlAs(kubeconfig, "", "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
+		if code != 0 || who != user {
+			return false, fmt.Sprintf("whoami: exit %d %q %q", code, who, stderr)
+		}
+		answer, _, code := cp.KubectlAs(kubeconfig, "", append([]string{"auth", "can-i"}, canI...)...)
+		return code == 0, "can-i " + strings.Join(canI, " ") + ": " + strings.TrimSpace(answer)
+	})
+	return kubeconfig
+}

@@ -64,19 +64,8 @@ func setUp(t *testing.T) *oracle {
 	cp.MustKubectl(t, "create", "serviceaccount", "gpu-operator", "-n", operatorNS)
 	cp.MustKubectl(t, "create", "clusterrolebinding", "gpu-operator-oracle",
 		"--clusterrole=cluster-admin", "--serviceaccount="+operatorNS+":gpu-operator")
-	token := strings.TrimSpace(cp.MustKubectl(t, "create", "token", "gpu-operator", "-n", operatorNS, "--duration=2h"))
-	kubeconfig, err := cp.WriteTokenKubeconfig("gpu-operator-sa", token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	framework.WaitFor(t, 30*time.Second, "the operator's token to be the service account's, with its binding", func() (bool, string) {
-		who, stderr, code := cp.KubectlAs(kubeconfig, "", "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
-		if code != 0 || who != operatorSA {
-			return false, fmt.Sprintf("whoami: exit %d %q %q", code, who, stderr)
-		}
-		_, _, code = cp.KubectlAs(kubeconfig, "", "auth", "can-i", "create", "daemonsets", "-n", operatorNS)
-		return code == 0, "can-i create daemonsets"
-	})
+	kubeconfig := cp.ServiceAccountKubeconfig(t, "gpu-operator-sa", operatorNS, "gpu-operator",
+		"create", "daemonsets", "-n", operatorNS)
 
 	o.policyName = applySampleClusterPolicy(t, build)
 
@@ -112,16 +101,9 @@ func startGuard(t *testing.T) *framework.Guard {
 	if err != nil {
 		t.Fatal(err)
 	}
-	config, err := cp.ShippedGuardConfig(root)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := filepath.Join(cp.Dir, "gpu-deploy-guard")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	configFile := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(configFile, []byte(config), 0o644); err != nil {
+	configFile, err := cp.WriteShippedGuardConfig(root, dir)
+	if err != nil {
 		t.Fatal(err)
 	}
 	g, err := framework.StartGuard(framework.GuardConfig{

@@ -297,16 +297,9 @@ func newBench(cp *framework.ControlPlane, root, bin string) (*bench, error) {
 	// The webhook: the release binary with deploy/base's policy. No cluster
 	// watch: that is background work on every node change, the same in
 	// every mode, and not what an admission review costs.
-	config, err := cp.ShippedGuardConfig(root)
-	if err != nil {
-		return nil, err
-	}
 	dir := filepath.Join(cp.Dir, "gpu-deploy-guard")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	configFile := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(configFile, []byte(config), 0o644); err != nil {
+	configFile, err := cp.WriteShippedGuardConfig(root, dir)
+	if err != nil {
 		return nil, err
 	}
 	b.guard, err = framework.StartGuard(framework.GuardConfig{Bin: bin, Dir: dir, LogDir: cp.LogDir, ConfigFile: configFile,

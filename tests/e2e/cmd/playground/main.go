@@ -66,19 +66,12 @@ func run(dir, bin string) error {
 	}
 	defer cp.Stop()
 
-	config, err := cp.ShippedGuardConfig(root)
-	if err != nil {
-		return err
-	}
 	guardDir := filepath.Join(dir, "guard")
 	if err := os.RemoveAll(guardDir); err != nil { // new certificates every time
 		return err
 	}
-	if err := os.MkdirAll(guardDir, 0o755); err != nil {
-		return err
-	}
-	configFile := filepath.Join(guardDir, "config.yaml")
-	if err := os.WriteFile(configFile, []byte(config), 0o644); err != nil {
+	configFile, err := cp.WriteShippedGuardConfig(root, guardDir)
+	if err != nil {
 		return err
 	}
 	guard, err := framework.StartGuard(framework.GuardConfig{Bin: bin, Dir: guardDir, LogDir: cp.LogDir, ConfigFile: configFile})
