@@ -2,7 +2,8 @@
 //! node labels from breaking a node's GPU stack.
 //!
 //! Layers, each importing only from those before it:
-//! `core` <- `k8s` <- {`webhook`, `audit`} <- {`serve`, `cli`} <- `main`.
+//! `core` <- `k8s` <- {`webhook`, `audit`} <- {`serve`, `cli`} <- `main`; `serve` takes the
+//! one flag it shares with the offline commands, `--operator-version`, from `cli::version`.
 //!
 //! - [`core`]: pure decision logic, no I/O: the operand table, the rule table,
 //!   the policy (`decide`, `assess`), the cluster facts, the configuration.

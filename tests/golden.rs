@@ -175,6 +175,13 @@ fn check_output_is_unchanged() {
             "--old-node",
             "tests/fixtures/nodes/lab-node-2.yaml",
         ],
+        &[
+            "check",
+            "--node",
+            "tests/fixtures/nodes/lab-node-0.yaml",
+            "--operator-version",
+            "latest",
+        ],
     ] {
         got.push_str(&section(&strings(args)));
     }
@@ -196,6 +203,7 @@ fn audit_output_is_unchanged() {
             strings(&["--node", "lab-node-2"]),
             strings(&["--node", "lab-node-2", "--order-check"]),
             strings(&["--node", "no-such-node"]),
+            strings(&["--operator-version", "v24.9.2"]),
         ];
         if Path::new(&root().join(&daemonsets)).exists() {
             extras.push(strings(&["--daemonsets", &daemonsets]));

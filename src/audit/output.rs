@@ -63,6 +63,7 @@ pub fn order_check(node: &NodeAudit) -> (String, u8) {
 #[serde(rename_all = "camelCase")]
 struct JsonReport<'a> {
     cluster_policy: JsonPolicy<'a>,
+    operator_version: JsonVersion<'a>,
     toolkit_managed: bool,
     disabled_operands: Vec<Operand>,
     custom_selectors: Vec<Operand>,
@@ -75,6 +76,16 @@ struct JsonPolicy<'a> {
     state: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<&'a str>,
+    message: String,
+}
+
+/// The GPU Operator version the audit followed, and where it came from.
+#[derive(Serialize)]
+struct JsonVersion<'a> {
+    version: &'a str,
+    era: &'static str,
+    /// `given`, `deployment` (its image tag) or `assumed`.
+    source: &'static str,
     message: String,
 }
 
@@ -109,6 +120,16 @@ pub fn json(report: &AuditReport) -> String {
                 _ => None,
             },
             message: source.describe(),
+        },
+        operator_version: JsonVersion {
+            version: &facts.version.text,
+            era: facts.version.era.name(),
+            source: match (&facts.version.assumed, &facts.version_source) {
+                (None, Some(s)) => s.state(),
+                (None, None) => "known",
+                (Some(_), _) => "assumed",
+            },
+            message: facts.version_described(),
         },
         toolkit_managed: facts.toolkit_managed,
         disabled_operands: facts.disabled.iter().collect(),

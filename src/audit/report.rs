@@ -22,6 +22,9 @@ pub const MAX_RESULTS: usize = 2000;
 /// Rule id of the report-level result saying the ClusterPolicy could not be read.
 pub const CLUSTER_POLICY_UNAVAILABLE: &str = "cluster-policy-unavailable";
 pub const OMITTED_ANNOTATION: &str = "gpu-deploy-guard.nvidia.com/omitted-results";
+/// The GPU Operator version the audit followed and where it came from (given, read from the
+/// operator's Deployment, or assumed and why).
+pub const OPERATOR_VERSION_ANNOTATION: &str = "gpu-deploy-guard.nvidia.com/operator-version";
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Timestamp {
@@ -176,7 +179,10 @@ pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
             Outcome::Warn => summary.warn += 1,
         }
     }
-    let mut annotations = BTreeMap::new();
+    let mut annotations = BTreeMap::from([(
+        OPERATOR_VERSION_ANNOTATION,
+        report.facts.version_described(),
+    )]);
     if results.len() > MAX_RESULTS {
         // Stable: failures, then warnings, then passes, each in node and rule order.
         results.sort_by_key(|r| r.result);

@@ -1,13 +1,16 @@
 //! The audit on the lab of docs/gpu-operator.md (fixtures made by
 //! `tests/fixtures/audit/make-audit.py`), then one case per behaviour.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::audit::output;
 use crate::audit::report::{self, Outcome, Timestamp};
+use crate::core::facts::VersionSource;
 use crate::core::facts::{PolicySource, operator_defaults};
 use crate::core::operands::Labels;
+use crate::core::operator::OperatorVersion;
 use crate::k8s::daemonset::{custom_selectors, operands_present};
 use crate::k8s::list as files;
 use crate::k8s::read;
@@ -403,6 +406,38 @@ fn the_dcgm_column_is_the_exporter_and_the_host_engine_gets_its_own() {
     );
 }
 
+#[test]
+fn the_operator_version_decides_what_is_expected() {
+    // kata-manager runs on one node; another is labelled for it and has no pod. Before v26.7 the
+    // operator deploys kata-manager: a gap. From v26.7 it never does: nothing is expected.
+    let nodes = [
+        node("a", &[("kata-manager", "true")]),
+        node("b", &[("kata-manager", "true")]),
+    ];
+    let pods = [pod("km", "nvidia-kata-manager", "a", RUNNING)];
+    let given = ClusterFacts {
+        version: OperatorVersion::parse("v24.9.2").unwrap(),
+        version_source: Some(VersionSource::Given("--operator-version".into())),
+        ..operator_defaults()
+    };
+    let r = audit(&nodes, &pods, &given, &Policy::default());
+    assert_eq!(output::lines(&r), "a OK\nb MISSING kata-manager\n");
+    let json: serde_json::Value = serde_json::from_str(&output::json(&r)).unwrap();
+    assert_eq!(
+        json["operatorVersion"],
+        serde_json::json!({"version": "v24.9.2", "era": "v24.9", "source": "given",
+            "message": "GPU Operator v24.9.2 given by --operator-version"})
+    );
+    assert_eq!(
+        report::build(&r, at()).metadata.annotations[report::OPERATOR_VERSION_ANNOTATION],
+        "GPU Operator v24.9.2 given by --operator-version"
+    );
+    let newest = audit(&nodes, &pods, &operator_defaults(), &Policy::default());
+    assert_eq!(output::lines(&newest), "a OK\nb OK\n");
+    let json: serde_json::Value = serde_json::from_str(&output::json(&newest)).unwrap();
+    assert_eq!(json["operatorVersion"]["source"], "assumed");
+}
+
 // ---- JSON and the ClusterPolicyReport ----------------------------------------------------------
 
 #[test]
@@ -439,7 +474,14 @@ fn the_report_has_one_result_per_relevant_node_and_rule() {
     assert_eq!(fail.rule, "device-plugin-without-toolkit");
     assert_eq!(fail.severity, "high");
     assert_eq!(fail.resources[0].name, "lab-node-2");
-    assert!(rep.metadata.annotations.is_empty());
+    // Only the operator version it followed: no result was left out.
+    assert_eq!(
+        rep.metadata.annotations,
+        BTreeMap::from([(
+            report::OPERATOR_VERSION_ANNOTATION,
+            "GPU Operator v26.7 assumed (no GPU Operator version given or found)".to_owned()
+        )])
+    );
 }
 
 #[test]

@@ -11,8 +11,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::audit::apply::apply_report;
 use crate::audit::report::{self, Timestamp};
 use crate::audit::{AuditReport, audit, output};
+use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
 use crate::core::config::{Config, ConfigError};
 use crate::core::facts::{PolicySource, operator_defaults};
+use crate::core::operator::OperatorVersion;
 use crate::k8s::api::{self as cluster, ClusterError};
 use crate::k8s::cluster_policy::ClusterPolicyError;
 use crate::k8s::daemonset::{custom_selectors, operands_present};
@@ -81,6 +83,8 @@ pub struct AuditArgs {
         value_name = "NAMESPACE"
     )]
     pub namespace: Option<String>,
+    #[command(flatten)]
+    pub operator_version: OperatorVersionArg,
     /// Also write the audit to the cluster as ClusterPolicyReport gpu-deploy-guard
     /// (server-side apply; needs create and patch on clusterpolicyreports.wgpolicyk8s.io).
     #[arg(long, env = "GDG_AUDIT_REPORT", conflicts_with = "nodes")]
@@ -149,6 +153,8 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         facts.daemonsets = Some(present);
         facts.enable_seen(present);
     }
+    facts.version = OperatorVersion::assumed(NOT_GIVEN);
+    apply_given(&mut facts, args.operator_version.given(&config));
     Ok(audit(&nodes, &pods, &facts, &config.policy))
 }
 
@@ -159,10 +165,11 @@ async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         .clone()
         .unwrap_or(config.operator_namespace.clone());
     let client = cluster::connect().await?;
-    let snap = cluster::snapshot(&client, &namespace).await?;
+    let mut snap = cluster::snapshot(&client, &namespace).await?;
     if snap.facts.source.is_unavailable() {
         eprintln!("warning: {}", snap.facts.source.describe());
     }
+    apply_given(&mut snap.facts, args.operator_version.given(&config));
     let result = audit(&snap.nodes, &snap.pods, &snap.facts, &config.policy);
     if args.report {
         apply_report(&client, &report::build(&result, now())).await?;

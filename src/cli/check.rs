@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::ValueEnum;
 
+use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, operator_defaults};
 use crate::core::operands::{DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, Operand, OperandSet};
@@ -146,7 +147,9 @@ pub struct CheckInput {
     pub user: Option<String>,
     pub groups: Vec<String>,
     pub config: Option<PathBuf>,
+    /// Without a version given by `operator_version` or the config file, `facts.version` stands.
     pub facts: ClusterFacts,
+    pub operator_version: OperatorVersionArg,
 }
 
 /// The outcome of one check, ready to print.
@@ -171,6 +174,9 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         Some(path) => read::config_file(path)?,
         None => Config::default(),
     };
+    let mut facts = input.facts.clone();
+    apply_given(&mut facts, input.operator_version.given(&config));
+    let facts = &facts;
     let changes = input
         .changes
         .iter()
@@ -204,8 +210,8 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         groups: &input.groups,
         dry_run: false,
     };
-    let verdict = policy::decide(&review, &input.facts, &config.policy);
-    let operator = labelling_pass(&after, input.facts.version.era, &input.facts.sandbox);
+    let verdict = policy::decide(&review, facts, &config.policy);
+    let operator = labelling_pass(&after, facts.version.era, &facts.sandbox);
     Ok(CheckOutcome {
         node: node.name().to_owned(),
         operation,
@@ -214,7 +220,7 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         after_labels: after,
         notes,
         operator,
-        version: input.facts.version.clone(),
+        version: facts.version.clone(),
     })
 }
 
@@ -472,10 +478,8 @@ pub struct CheckArgs {
     /// Without it, the GPU Operator's defaults are assumed, as `serve` does when it cannot read one.
     #[arg(long, value_name = "FILE")]
     pub cluster_policy: Option<PathBuf>,
-    /// The GPU Operator version to follow (`v25.3.4`); without it the newest modelled version
-    /// is assumed, and the output says so.
-    #[arg(long, value_name = "VERSION", env = "GDG_OPERATOR_VERSION")]
-    pub operator_version: Option<String>,
+    #[command(flatten)]
+    pub operator_version: OperatorVersionArg,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
@@ -505,19 +509,10 @@ pub fn run(args: CheckArgs) -> ExitCode {
         },
         None => operator_defaults(),
     };
-    let version = match args.operator_version.as_deref() {
-        Some(text) => match OperatorVersion::parse(text) {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("error: --operator-version: {e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => OperatorVersion::assumed(
-            "no --operator-version given: the newest version the model follows",
-        ),
+    let facts = ClusterFacts {
+        version: OperatorVersion::assumed(NOT_GIVEN),
+        ..facts
     };
-    let facts = ClusterFacts { version, ..facts };
     let input = CheckInput {
         node: args.node,
         old_node: args.old_node,
@@ -527,6 +522,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
         groups: args.groups,
         config: args.config,
         facts,
+        operator_version: args.operator_version,
     };
     match evaluate(&input) {
         Ok(outcome) => {

@@ -2,8 +2,8 @@
 //! symlink or a copy; the name it is called by selects this command line).
 //!
 //! `kubectl gpu-deploy-guard label nodes (NAME... | -l SELECTOR | --all) KEY=VALUE|KEY- ...`
-//! reads the nodes, the ClusterPolicy and the operand DaemonSets through the kubeconfig (the
-//! audit's snapshot), and prints for each node the operands before and after the change and
+//! reads the nodes, the ClusterPolicy, the operand DaemonSets and the operator's version through
+//! the kubeconfig (the audit's snapshot), and prints for each node the operands before and after the change and
 //! what the webhook would decide ([`policy::decide`], with the same facts). It labels the nodes
 //! only with `--apply`, and only when every node is allowed. Exit 0: all allowed; 1: any
 //! denied; 2: bad input or the cluster could not be read.
@@ -19,6 +19,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Map, Value};
 
 use crate::cli::check::{Change, CheckError, apply_changes};
+use crate::cli::version::{OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::operands::OperandSet;
 use crate::core::policy::{self, Decision, Operation, Review, Verdict};
@@ -167,7 +168,12 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
         None => Config::default(),
     };
     let client = api::connect().await?;
-    let snapshot = api::snapshot(&client, &config.operator_namespace).await?;
+    let mut snapshot = api::snapshot(&client, &config.operator_namespace).await?;
+    // The config file's operatorVersion wins over the Deployment's, as in `serve`.
+    apply_given(
+        &mut snapshot.facts,
+        OperatorVersionArg::default().given(&config),
+    );
     let chosen: Vec<&NodeView> = match &selection {
         Selection::All => snapshot.nodes.iter().collect(),
         Selection::Names(names) => {

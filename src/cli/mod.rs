@@ -1,8 +1,10 @@
 //! The offline commands: `check` (the webhook's decision on Node files), `audit` (files or a
-//! live cluster), `certs`, `completion`, and the kubectl plugin (`kubectl gpu-deploy-guard`).
+//! live cluster), `certs`, `completion`, and the kubectl plugin (`kubectl gpu-deploy-guard`);
+//! and `--operator-version` ([`version`]), which `serve` shares.
 
 pub mod audit;
 pub mod certs;
 pub mod check;
 pub mod completion;
 pub mod kubectl_plugin;
+pub mod version;

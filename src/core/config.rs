@@ -1,4 +1,5 @@
-//! The YAML configuration file: rule actions, mode, exemptions.
+//! The YAML configuration file: rule actions, mode, exemptions, where the GPU Operator runs and
+//! (optionally) its version.
 //!
 //! Every key is checked: an unknown key, an unknown rule id or a bad action is
 //! an error naming it, so a typo never silently leaves a rule at its default.
@@ -8,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::core::operator::OperatorVersion;
 use crate::core::policy::{DEFAULT_OPERATOR_NAMESPACE, Exemptions, Mode, Policy};
 use crate::core::rules::{Action, RULES, Rule};
 
@@ -35,6 +37,7 @@ struct File {
     #[serde(default)]
     mode: Mode,
     operator_namespace: Option<String>,
+    operator_version: Option<String>,
     #[serde(default)]
     enforce_on_create: bool,
     #[serde(default)]
@@ -58,8 +61,11 @@ struct ExemptionsFile {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub policy: Policy,
-    /// Where the GPU Operator runs: its DaemonSets, pods and service accounts live there.
+    /// Where the GPU Operator runs: its Deployment, DaemonSets, pods and service accounts live
+    /// there.
     pub operator_namespace: String,
+    /// The GPU Operator version to follow (`operatorVersion`), over what the cluster says.
+    pub operator_version: Option<OperatorVersion>,
 }
 
 impl Default for Config {
@@ -67,6 +73,7 @@ impl Default for Config {
         Config {
             policy: Policy::default(),
             operator_namespace: DEFAULT_OPERATOR_NAMESPACE.to_owned(),
+            operator_version: None,
         }
     }
 }
@@ -95,6 +102,14 @@ impl Config {
             })?;
             policy.actions[rule as usize] = action;
         }
+        let operator_version = file
+            .operator_version
+            .map(|text| OperatorVersion::parse(&text))
+            .transpose()
+            .map_err(|e| ConfigError::Parse {
+                path: path.to_owned(),
+                message: format!("operatorVersion: {e}"),
+            })?;
         let operator_namespace = file
             .operator_namespace
             .unwrap_or_else(|| DEFAULT_OPERATOR_NAMESPACE.to_owned());
@@ -109,6 +124,7 @@ impl Config {
         Ok(Config {
             policy,
             operator_namespace,
+            operator_version,
         })
     }
 }
@@ -116,6 +132,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::operator::Era;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("test.yaml"))
@@ -161,6 +178,20 @@ mod tests {
         assert_eq!(cfg.policy.exemptions.groups, ["gpu-admins"]);
         // The operator's own service accounts follow the operator namespace.
         assert_eq!(cfg.policy.exemptions.service_account_namespaces, ["nvidia"]);
+    }
+
+    #[test]
+    fn the_operator_version_is_read_and_a_bad_one_named() {
+        let cfg = parse("operatorVersion: v25.3.4\n").unwrap();
+        let v = cfg.operator_version.unwrap();
+        assert_eq!((v.text.as_str(), v.era), ("v25.3.4", Era::V24_9));
+        assert_eq!(v.assumed, None);
+        assert_eq!(parse("{}").unwrap().operator_version, None);
+        let msg = parse("operatorVersion: latest\n").unwrap_err().to_string();
+        assert_eq!(
+            msg,
+            "config file test.yaml: operatorVersion: \"latest\" is not a GPU Operator version like v25.3.4"
+        );
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct ClusterFacts {
     pub sandbox: Sandbox,
     /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras).
     pub version: OperatorVersion,
+    /// Where [`version`](Self::version) came from, when it is known; `None` while it is
+    /// assumed (its `assumed` says why).
+    pub version_source: Option<VersionSource>,
 }
 
 /// Why the version is assumed when nothing gave one.
@@ -42,6 +45,33 @@ impl Default for ClusterFacts {
             source: PolicySource::NotGiven,
             sandbox: Sandbox::default(),
             version: OperatorVersion::assumed(NO_VERSION),
+            version_source: None,
+        }
+    }
+}
+
+/// Where a known GPU Operator version came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VersionSource {
+    /// Given by the user: how (`--operator-version`, the config file's `operatorVersion`).
+    Given(String),
+    /// The image tag of the operator's Deployment, named `<namespace>/<name>`.
+    Deployment(String),
+}
+
+impl VersionSource {
+    pub fn state(&self) -> &'static str {
+        match self {
+            VersionSource::Given(_) => "given",
+            VersionSource::Deployment(_) => "deployment",
+        }
+    }
+
+    /// How the version was learnt, after the version: `given by --operator-version`.
+    pub fn describe(&self) -> String {
+        match self {
+            VersionSource::Given(how) => format!("given by {how}"),
+            VersionSource::Deployment(name) => format!("read from Deployment {name}"),
         }
     }
 }
@@ -119,14 +149,24 @@ impl ClusterFacts {
         }
     }
 
-    /// What the decision assumed instead of read, for the `cluster-facts` audit annotation: the
-    /// ClusterPolicy's switches, the operator version, or both; `None` when all was known.
+    /// The operator version and where it came from, in one phrase: `GPU Operator v25.3.4 read
+    /// from Deployment gpu-operator/gpu-operator`, `GPU Operator v26.7 assumed (why)`.
+    pub fn version_described(&self) -> String {
+        let v = &self.version;
+        match (&v.assumed, &self.version_source) {
+            (Some(why), _) => format!("GPU Operator {} assumed ({why})", v.text),
+            (None, Some(source)) => format!("GPU Operator {} {}", v.text, source.describe()),
+            (None, None) => format!("GPU Operator {}", v.text),
+        }
+    }
+
+    /// For the `cluster-facts` audit annotation: what the decision assumed instead of read (the
+    /// ClusterPolicy's switches, the operator version), and which operator version it followed
+    /// and where that came from. `None` when all was known and the version's source was not
+    /// recorded.
     pub fn assumptions(&self) -> Option<String> {
-        let version = self
-            .version
-            .assumed
-            .as_ref()
-            .map(|why| format!("GPU Operator {} assumed ({why})", self.version.text));
+        let version = (self.version.assumed.is_some() || self.version_source.is_some())
+            .then(|| self.version_described());
         match (self.assumed(), version) {
             (None, None) => None,
             (Some(a), None) | (None, Some(a)) => Some(a),

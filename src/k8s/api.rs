@@ -1,7 +1,8 @@
 //! The API: the audit's snapshot of a live cluster (a fixed number of list calls,
 //! however many nodes: one for nodes, one for the operator's pods, one for its
-//! DaemonSets, one for ClusterPolicies), how a missing CRD or RBAC shows, what the
-//! ClusterPolicies and DaemonSets say, and writing an object with server-side apply.
+//! DaemonSets, one for ClusterPolicies, one for the Deployments in its namespace), how a
+//! missing CRD or RBAC shows, what the ClusterPolicies, DaemonSets and the operator's
+//! Deployment say, and writing an object with server-side apply.
 
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Client, Error as KubeError};
@@ -9,6 +10,7 @@ use serde_json::Value;
 
 use super::cluster_policy;
 use super::daemonset::{DaemonSetView, custom_selectors, operands_present};
+use super::deployment::{self, DeploymentView, Unread};
 use super::node::NodeView;
 use super::pod::PodView;
 use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
@@ -122,7 +124,20 @@ pub async fn connect() -> Result<Client, ClusterError> {
     Client::try_default().await.map_err(ClusterError::Connect)
 }
 
-/// Lists what the audit needs: four calls, whatever the size of the cluster.
+/// Why the Deployments could not be listed: 403, 404 or another error. Unlike the other
+/// lists, a failure here only leaves the operator version assumed.
+pub fn deployments_unread(error: &KubeError) -> Unread {
+    match error {
+        KubeError::Api(s) => match missing_or_forbidden(s) {
+            Some(403) => Unread::Forbidden,
+            Some(_) => Unread::NotFound,
+            None => Unread::Failed(brief(error)),
+        },
+        other => Unread::Failed(brief(other)),
+    }
+}
+
+/// Lists what the audit needs: five calls, whatever the size of the cluster.
 pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, ClusterError> {
     let list = |what: &str| {
         let what = what.to_owned();
@@ -156,8 +171,17 @@ pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, Clus
             .collect::<Vec<Value>>()),
         Err(e) => Err(policy_unavailable(&e).unwrap_or_else(|| PolicySource::Failed(brief(&e)))),
     };
+    let deployments = Api::<DeploymentView>::namespaced(client.clone(), namespace)
+        .list(&params)
+        .await
+        .map(|list| list.items)
+        .map_err(|e| deployments_unread(&e));
     let ds_refs: Vec<&DaemonSetView> = daemonsets.iter().collect();
-    let facts = cluster_from(policies.as_deref().map_err(Clone::clone), Some(&ds_refs));
+    let mut facts = cluster_from(policies.as_deref().map_err(Clone::clone), Some(&ds_refs));
+    let deployment_refs: Result<Vec<&DeploymentView>, &Unread> =
+        deployments.as_ref().map(|list| list.iter().collect());
+    (facts.version, facts.version_source) =
+        deployment::operator_version(namespace, deployment_refs.as_deref().map_err(|e| *e));
     Ok(Snapshot { nodes, pods, facts })
 }
 
@@ -213,6 +237,18 @@ mod tests {
             policy_unavailable(&status(404, "Failed to parse error data")).map(|s| s.state()),
             Some("missing")
         );
+        assert_eq!(
+            deployments_unread(&status(403, "Forbidden")),
+            Unread::Forbidden
+        );
+        assert_eq!(
+            deployments_unread(&status(404, "NotFound")),
+            Unread::NotFound
+        );
+        assert!(matches!(
+            deployments_unread(&status(500, "InternalError")),
+            Unread::Failed(_)
+        ));
     }
 
     #[test]

@@ -37,6 +37,7 @@ macro_rules! partial_resource {
 pub mod api;
 pub mod cluster_policy;
 pub mod daemonset;
+pub mod deployment;
 pub mod list;
 mod meta;
 pub mod node;

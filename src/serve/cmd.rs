@@ -14,8 +14,11 @@ use super::readiness::Readiness;
 use super::server::{self, ServeOptions};
 use super::tls;
 use super::watch::{WatchConfig, watch_cluster};
+use crate::cli::version::{OperatorVersionArg, apply_given};
 use crate::core::config::Config;
-use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
+use crate::core::facts::{ClusterFacts, PolicySource, VersionSource, operator_defaults};
+use crate::core::operator::OperatorVersion;
+use crate::k8s::deployment::{self, Unread};
 use crate::k8s::read;
 use crate::metrics::Metrics;
 use crate::webhook::{self, Limits, Webhook};
@@ -40,9 +43,11 @@ pub struct ServeArgs {
     /// With the self-signed certificate: write its CA here so a client can trust it.
     #[arg(long, env = "GDG_WRITE_CA", conflicts_with = "tls_cert")]
     pub write_ca: Option<PathBuf>,
-    /// YAML configuration: rule actions, mode, exemptions, operator namespace.
+    /// YAML configuration: rule actions, mode, exemptions, operator namespace and version.
     #[arg(long, env = "GDG_CONFIG")]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub operator_version: OperatorVersionArg,
     /// Log format.
     #[arg(long, env = "GDG_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -97,7 +102,8 @@ pub struct ServeArgs {
     pub shutdown_delay: Duration,
     /// Do not read the cluster: decide with the GPU Operator's default operand switches and
     /// run no continuous audit. Without this, the ClusterPolicy, the operand DaemonSets, their
-    /// pods and the nodes are watched (in-cluster config or KUBECONFIG).
+    /// pods, the operator's Deployment (for its version) and the nodes are watched (in-cluster
+    /// config or KUBECONFIG).
     #[arg(long, env = "GDG_NO_CLUSTER_WATCH")]
     pub no_cluster_watch: bool,
     /// Write the continuous audit as ClusterPolicyReport `gpu-deploy-guard` (wgpolicyk8s.io/v1alpha2).
@@ -107,6 +113,9 @@ pub struct ServeArgs {
     #[arg(long, env = "GDG_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub tls_reload_interval: Duration,
 }
+
+/// Why the version is assumed with `--no-cluster-watch` and no version given.
+const NOT_WATCHED: &str = "no --operator-version given and the cluster is not watched: the newest version the model follows";
 
 #[derive(Copy, Clone, ValueEnum)]
 pub enum LogFormat {
@@ -194,7 +203,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         body_timeout: args.body_timeout,
         request_timeout: args.request_timeout,
     };
-    let (facts_tx, facts_rx) = tokio::sync::watch::channel(Arc::new(operator_defaults()));
+    let given = args.operator_version.given(&config);
+    let mut facts = operator_defaults();
+    (facts.version, facts.version_source) = if no_cluster_watch {
+        (OperatorVersion::assumed(NOT_WATCHED), None)
+    } else {
+        deployment::operator_version(&config.operator_namespace, Err(&Unread::NotYet))
+    };
+    apply_given(&mut facts, given.clone());
+    let (facts_tx, facts_rx) = tokio::sync::watch::channel(Arc::new(facts));
     let webhook = Webhook::watching(config.policy.clone(), facts_rx, metrics.clone(), limits);
     let options = ServeOptions {
         listen: args.listen,
@@ -224,9 +241,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             tracing::info!(
                 "cluster watch off: deciding with the GPU Operator's default operand switches"
             );
+            tracing::info!("{}", facts_tx.borrow().version_described());
             None
         } else {
-            start_cluster_watch(&config, report, facts_tx, metrics.clone(), &readiness).await
+            start_cluster_watch(
+                &config,
+                given,
+                report,
+                facts_tx,
+                metrics.clone(),
+                &readiness,
+            )
+            .await
         };
         let app = webhook::router(Arc::new(webhook));
         server::run(options, app, metrics, readiness, server::shutdown_signal()).await
@@ -237,6 +263,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// cluster access the webhook still serves, on the operator's defaults, and says so.
 async fn start_cluster_watch(
     config: &Config,
+    operator_version: Option<(OperatorVersion, VersionSource)>,
     report: bool,
     facts_tx: tokio::sync::watch::Sender<Arc<ClusterFacts>>,
     metrics: Arc<Metrics>,
@@ -248,6 +275,8 @@ async fn start_cluster_watch(
             tracing::warn!(%error, "cannot reach the cluster: deciding with the GPU Operator's default operand switches");
             let mut facts = operator_defaults();
             facts.source = PolicySource::NoAccess(error.to_string());
+            facts.version = OperatorVersion::assumed("the cluster cannot be reached");
+            apply_given(&mut facts, operator_version);
             let _ = facts_tx.send(Arc::new(facts));
             return None;
         }
@@ -255,6 +284,7 @@ async fn start_cluster_watch(
     let gate = readiness.gate("cluster-sync");
     let mut watch = WatchConfig::new(config.operator_namespace.clone(), config.policy.clone());
     watch.report = report;
+    watch.operator_version = operator_version;
     let task = tokio::spawn(watch_cluster(client, watch, facts_tx, metrics, move || {
         gate.open()
     }));

@@ -1,18 +1,23 @@
 //! `serve`'s view of the cluster: reflectors on the ClusterPolicy, the
-//! operator's DaemonSets and pods, and the nodes, so that no admission review
-//! costs an API call.
+//! operator's DaemonSets, pods and Deployments, and the nodes, so that no
+//! admission review costs an API call.
 //!
 //! From them it keeps two things current, re-computed at most once per
 //! debounce interval after a change:
 //! - the [`ClusterFacts`] the webhook decides with (ClusterPolicy switches,
-//!   real DaemonSet selectors), published on a `watch` channel;
+//!   real DaemonSet selectors, the operator version its Deployment's image tag
+//!   names), published on a `watch` channel;
 //! - the continuous audit on `/metrics` (and, when asked, the
 //!   ClusterPolicyReport).
 //!
 //! A missing ClusterPolicy CRD (404) or missing RBAC (403) is not an error:
 //! the operator's defaults are used, the log says so once,
 //! `gpu_deploy_guard_cluster_policy_available` is 0 and the audit reports it.
-//! Should the CRD or the permission appear later, the watch picks it up.
+//! Should the CRD or the permission appear later, the watch picks it up. The
+//! same holds for the Deployments: unreadable, the operator version is assumed
+//! (the newest era) with the reason in the facts. A version given by
+//! `--operator-version` or the config file is followed instead, and the
+//! Deployments are then not watched at all.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -31,12 +36,14 @@ use crate::audit;
 use crate::audit::apply::apply_report;
 use crate::audit::metrics::AuditMetrics;
 use crate::audit::report::{self, PolicyReport};
-use crate::core::facts::{ClusterFacts, PolicySource};
+use crate::core::facts::{ClusterFacts, PolicySource, VersionSource};
+use crate::core::operator::OperatorVersion;
 use crate::core::policy::Policy;
 use crate::k8s::api::{
     cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,
 };
 use crate::k8s::daemonset::DaemonSetView;
+use crate::k8s::deployment::{self, DeploymentView, Unread};
 use crate::k8s::node::NodeView;
 use crate::k8s::pod::PodView;
 use crate::metrics::Metrics;
@@ -55,6 +62,9 @@ pub struct WatchConfig {
     pub sync_timeout: Duration,
     /// Write the audit as ClusterPolicyReport `gpu-deploy-guard` whenever its findings change.
     pub report: bool,
+    /// The operator version given (flag or config file), and how; `None`: read it from the
+    /// operator's Deployment.
+    pub operator_version: Option<(OperatorVersion, VersionSource)>,
 }
 
 impl WatchConfig {
@@ -65,6 +75,7 @@ impl WatchConfig {
             debounce: Duration::from_secs(1),
             sync_timeout: Duration::from_secs(30),
             report: false,
+            operator_version: None,
         }
     }
 }
@@ -100,6 +111,7 @@ struct Status {
     daemonsets: Health,
     pods: Health,
     nodes: Health,
+    deployments: Health,
 }
 
 #[derive(Copy, Clone)]
@@ -108,6 +120,7 @@ enum Kind {
     DaemonSets,
     Pods,
     Nodes,
+    Deployments,
 }
 
 impl Kind {
@@ -117,6 +130,7 @@ impl Kind {
             Kind::DaemonSets => &mut status.daemonsets,
             Kind::Pods => &mut status.pods,
             Kind::Nodes => &mut status.nodes,
+            Kind::Deployments => &mut status.deployments,
         }
     }
 
@@ -126,6 +140,7 @@ impl Kind {
             Kind::DaemonSets => format!("daemonsets in namespace {namespace}"),
             Kind::Pods => format!("pods in namespace {namespace}"),
             Kind::Nodes => "nodes".to_owned(),
+            Kind::Deployments => format!("deployments in namespace {namespace}"),
         }
     }
 }
@@ -148,8 +163,9 @@ fn unavailable(error: &watcher::Error) -> Option<Unavailable> {
 /// Watches the cluster until the returned future is dropped.
 ///
 /// `facts_tx` receives new [`ClusterFacts`] whenever they change. `on_synced` is called once,
-/// after the ClusterPolicy and the DaemonSets have been read (or found unavailable) and the
-/// facts published, or after `config.sync_timeout` at the latest. The audit's metrics are
+/// after the ClusterPolicy, the DaemonSets and (unless a version is given) the Deployments have
+/// been read (or found unavailable) and the facts published, or after `config.sync_timeout` at
+/// the latest. The audit's metrics are
 /// registered in `metrics` on the way in.
 pub async fn watch_cluster(
     client: Client,
@@ -160,7 +176,16 @@ pub async fn watch_cluster(
 ) {
     let audit_metrics = AuditMetrics::register(&metrics);
     let namespace = config.namespace.clone();
-    let status = Mutex::new(Status::default());
+    // With a version given, the Deployments are not watched: nothing to wait for.
+    let watch_deployments = config.operator_version.is_none();
+    let status = Mutex::new(Status {
+        deployments: if watch_deployments {
+            Health::Starting
+        } else {
+            Health::Synced
+        },
+        ..Status::default()
+    });
     let (dirty_tx, dirty_rx) = mpsc::channel::<()>(1);
 
     let policy_ar = cluster_policy_resource();
@@ -169,6 +194,7 @@ pub async fn watch_cluster(
     let (daemonsets, ds_writer) = reflector::store::<DaemonSetView>();
     let (pods, pod_writer) = reflector::store::<PodView>();
     let (nodes, node_writer) = reflector::store::<NodeView>();
+    let (deployments, deployment_writer) = reflector::store::<DeploymentView>();
     let cfg = watcher::Config::default().any_semantic();
 
     let stores = Stores {
@@ -176,6 +202,7 @@ pub async fn watch_cluster(
         daemonsets,
         pods,
         nodes,
+        deployments,
     };
     tokio::join!(
         follow(
@@ -203,13 +230,26 @@ pub async fn watch_cluster(
             &dirty_tx,
         ),
         follow(
-            watcher(Api::all(client.clone()), cfg),
+            watcher(Api::all(client.clone()), cfg.clone()),
             node_writer,
             Kind::Nodes,
             &namespace,
             &status,
             &dirty_tx,
         ),
+        async {
+            if watch_deployments {
+                follow(
+                    watcher(Api::namespaced(client.clone(), &namespace), cfg),
+                    deployment_writer,
+                    Kind::Deployments,
+                    &namespace,
+                    &status,
+                    &dirty_tx,
+                )
+                .await;
+            }
+        },
         Refresh {
             client: &client,
             config: &config,
@@ -237,6 +277,7 @@ struct Stores {
     daemonsets: Store<DaemonSetView>,
     pods: Store<PodView>,
     nodes: Store<NodeView>,
+    deployments: Store<DeploymentView>,
 }
 
 /// Feeds one reflector and records how its watch is doing; every change marks the state dirty.
@@ -329,6 +370,7 @@ impl Refresh<'_> {
         let deadline = Instant::now() + config.sync_timeout;
         let mut on_synced = Some(on_synced);
         let mut logged_source: Option<PolicySource> = None;
+        let mut logged_version: Option<(OperatorVersion, Option<VersionSource>)> = None;
         let mut audit_paused_logged = false;
         let mut last_report: Option<PolicyReport> = None;
         let mut report_failing = false;
@@ -340,16 +382,23 @@ impl Refresh<'_> {
             sleep(config.debounce).await;
             while dirty.try_recv().is_ok() {}
 
-            let (policies_health, ds_health, pods_health, nodes_health) = {
+            let (policies_health, ds_health, pods_health, nodes_health, deployments_health) = {
                 let s = status.lock().unwrap_or_else(|e| e.into_inner());
                 (
                     s.policies.clone(),
                     s.daemonsets.clone(),
                     s.pods.clone(),
                     s.nodes.clone(),
+                    s.deployments.clone(),
                 )
             };
-            let facts = current_facts(stores, &policies_health, &ds_health);
+            let facts = current_facts(
+                stores,
+                &policies_health,
+                &ds_health,
+                &deployments_health,
+                config,
+            );
             let facts_changed = facts_tx.send_if_modified(|current| {
                 if **current == facts {
                     return false;
@@ -365,12 +414,26 @@ impl Refresh<'_> {
                     .set_cluster_policy_available(matches!(facts.source, PolicySource::Found(_)));
                 logged_source = Some(facts.source.clone());
             }
-            let settled = policies_health.settled() && ds_health.settled();
+            let version = (facts.version.clone(), facts.version_source.clone());
+            if deployments_health.settled() && logged_version.as_ref() != Some(&version) {
+                if facts.version.assumed.is_some() {
+                    tracing::warn!("{}", facts.version_described());
+                } else {
+                    tracing::info!(
+                        era = facts.version.era.name(),
+                        "{}",
+                        facts.version_described()
+                    );
+                }
+                logged_version = Some(version);
+            }
+            let settled =
+                policies_health.settled() && ds_health.settled() && deployments_health.settled();
             if on_synced.is_some() && (settled || Instant::now() >= deadline) {
                 if !settled {
                     tracing::warn!(
                         timeout = ?config.sync_timeout,
-                        "ClusterPolicy and DaemonSets not read in time; ready with the operator's defaults for now"
+                        "ClusterPolicy, DaemonSets and the operator Deployment not read in time; ready with what is known for now"
                     );
                 }
                 if let Some(f) = on_synced.take() {
@@ -429,8 +492,15 @@ impl Refresh<'_> {
     }
 }
 
-/// The facts the stores give now.
-fn current_facts(stores: &Stores, policies: &Health, daemonsets: &Health) -> ClusterFacts {
+/// The facts the stores give now; the operator version is the given one, else the one the
+/// Deployments show.
+fn current_facts(
+    stores: &Stores,
+    policies: &Health,
+    daemonsets: &Health,
+    deployments: &Health,
+    config: &WatchConfig,
+) -> ClusterFacts {
     let objects: Vec<Value> = stores
         .policies
         .state()
@@ -446,7 +516,22 @@ fn current_facts(stores: &Stores, policies: &Health, daemonsets: &Health) -> Clu
     let ds_state = stores.daemonsets.state();
     let ds_refs: Vec<&DaemonSetView> = ds_state.iter().map(AsRef::as_ref).collect();
     let daemonsets = (*daemonsets == Health::Synced).then_some(ds_refs.as_slice());
-    cluster_from(policies, daemonsets)
+    let mut facts = cluster_from(policies, daemonsets);
+    (facts.version, facts.version_source) = match &config.operator_version {
+        Some((version, source)) => (version.clone(), Some(source.clone())),
+        None => {
+            let state = stores.deployments.state();
+            let refs: Vec<&DeploymentView> = state.iter().map(AsRef::as_ref).collect();
+            let listed = match deployments {
+                Health::Synced => Ok(refs.as_slice()),
+                Health::Starting => Err(&Unread::NotYet),
+                Health::Unavailable(Unavailable::NotFound) => Err(&Unread::NotFound),
+                Health::Unavailable(Unavailable::Forbidden) => Err(&Unread::Forbidden),
+            };
+            deployment::operator_version(&config.namespace, listed)
+        }
+    };
+    facts
 }
 
 fn log_source(facts: &ClusterFacts) {
@@ -521,27 +606,106 @@ mod tests {
         );
     }
 
-    #[test]
-    fn nothing_listed_yet_means_defaults_and_no_daemonset_knowledge() {
-        let stores = Stores {
+    fn empty_stores() -> Stores {
+        Stores {
             policies: Writer::<DynamicObject>::new(cluster_policy_resource()).as_reader(),
             daemonsets: reflector::store::<DaemonSetView>().0,
             pods: reflector::store::<PodView>().0,
             nodes: reflector::store::<NodeView>().0,
-        };
-        let c = current_facts(&stores, &Health::Starting, &Health::Starting);
+            deployments: reflector::store::<DeploymentView>().0,
+        }
+    }
+
+    #[test]
+    fn nothing_listed_yet_means_defaults_and_no_daemonset_knowledge() {
+        let stores = empty_stores();
+        let config = WatchConfig::new("gpu-operator", Policy::default());
+        let c = current_facts(
+            &stores,
+            &Health::Starting,
+            &Health::Starting,
+            &Health::Starting,
+            &config,
+        );
         let switches = ClusterFacts {
             source: PolicySource::NotGiven,
+            version: crate::core::facts::operator_defaults().version,
             ..c.clone()
         };
         assert_eq!(switches, crate::core::facts::operator_defaults());
         assert_eq!(c.daemonsets, None);
+        assert_eq!(
+            c.version.assumed.as_deref(),
+            Some("deployments in namespace gpu-operator not read yet")
+        );
         let c = current_facts(
             &stores,
             &Health::Unavailable(Unavailable::Forbidden),
             &Health::Synced,
+            &Health::Synced,
+            &config,
         );
         assert_eq!(c.source.state(), "forbidden");
         assert_eq!(c.daemonsets.map(|d| d.is_empty()), Some(true));
+    }
+
+    fn operator_deployment(image: &str) -> DeploymentView {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gpu-operator", "namespace": "gpu-operator", "resourceVersion": "1"},
+            "spec": {"template": {"metadata": {"labels": {"app": "gpu-operator"}},
+                "spec": {"containers": [{"name": "gpu-operator", "image": image}]}}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_version_follows_the_operator_deployment_unless_one_is_given() {
+        let (reader, mut writer) = reflector::store::<DeploymentView>();
+        writer.apply_watcher_event(&Event::Apply(operator_deployment(
+            "nvcr.io/nvidia/gpu-operator:v24.9.2",
+        )));
+        let stores = Stores {
+            deployments: reader,
+            ..empty_stores()
+        };
+        let mut config = WatchConfig::new("gpu-operator", Policy::default());
+        let facts = |config: &WatchConfig, deployments: Health| {
+            current_facts(
+                &stores,
+                &Health::Synced,
+                &Health::Synced,
+                &deployments,
+                config,
+            )
+        };
+        let c = facts(&config, Health::Synced);
+        assert_eq!(c.version.era, crate::core::operator::Era::V24_9);
+        assert_eq!(
+            c.assumptions().as_deref(),
+            Some(
+                "ClusterPolicy unavailable (no ClusterPolicy object exists): the GPU Operator's \
+                 default operand switches are assumed; GPU Operator v24.9.2 read from Deployment \
+                 gpu-operator/gpu-operator"
+            )
+        );
+        // RBAC forbids the Deployments: the newest era, assumed, and why.
+        let c = facts(&config, Health::Unavailable(Unavailable::Forbidden));
+        assert_eq!(c.version.era, crate::core::operator::Era::NEWEST);
+        assert_eq!(c.version_source, None);
+        assert_eq!(
+            c.version_described(),
+            "GPU Operator v26.7 assumed (deployments in namespace gpu-operator are forbidden)"
+        );
+        // A given version wins over the Deployment's.
+        config.operator_version = Some((
+            OperatorVersion::parse("v26.3.0").unwrap(),
+            VersionSource::Given("--operator-version".into()),
+        ));
+        let c = facts(&config, Health::Synced);
+        assert_eq!(c.version.era, crate::core::operator::Era::V26_3);
+        assert_eq!(
+            c.version_described(),
+            "GPU Operator v26.3.0 given by --operator-version"
+        );
     }
 }

@@ -71,6 +71,12 @@ expect("defaults: no subPath", [m.get("subPath") for m in container(objs)["volum
 expect("defaults: kinds", kinds(objs), ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
                                         "PodDisruptionBudget", "PriorityClass", "Role", "RoleBinding", "Secret", "Service",
                                         "ServiceAccount", "ValidatingWebhookConfiguration"])
+# The Role reads the operator's Deployment (its version) beside the DaemonSets and Pods; the
+# config names no version, so the Deployment's image tag decides.
+expect("defaults: Role resources", sorted(r for rule in one(objs, "Role")["rules"] for r in rule["resources"]),
+       ["daemonsets", "deployments", "pods"])
+expect("defaults: config operatorVersion",
+       "operatorVersion" in yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"]), False)
 
 # cert-manager: own CA Issuer chain, or the given ClusterIssuer and nothing else.
 objs = sets["cert-manager"]
@@ -90,7 +96,8 @@ expect("existing-secret: mounted Secret", tls["secret"]["secretName"], "my-tls")
 expect("existing-secret: caBundle", base64.b64decode(one(objs, "ValidatingWebhookConfiguration")["webhooks"][1]["clientConfig"]["caBundle"]),
        b"not a real CA")
 
-# everything: monitoring labels and places, CEL param, report, digest, NetworkPolicy, tolerations.
+# everything: monitoring labels and places, CEL param, report, digest, NetworkPolicy, tolerations,
+# operatorVersion.
 objs = sets["everything"]
 for kind in ("ServiceMonitor", "PrometheusRule"):
     expect(f"everything: {kind} release label", one(objs, kind)["metadata"]["labels"].get("release"), "kube-prometheus-stack")
@@ -102,6 +109,8 @@ expect("everything: ServiceMonitor port", one(objs, "ServiceMonitor")["spec"]["e
 expect("everything: paramKind", one(objs, "ValidatingAdmissionPolicy")["spec"].get("paramKind"),
        {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy"})
 expect("everything: --report", "--report" in container(objs)["args"], True)
+expect("everything: config operatorVersion",
+       yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"]).get("operatorVersion"), "v25.3.4")
 expect("everything: image digest", container(objs)["image"],
        "ghcr.io/gpu-deploy-guard/gpu-deploy-guard@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
 np = one(objs, "NetworkPolicy")["spec"]["ingress"]

@@ -60,6 +60,9 @@ app.kubernetes.io/component: webhook
 {{- $modes := dict "audit" "audit" "warn" "warn" "enforce" "enforce" -}}
 mode: {{ get $modes .Values.enforcement }}
 operatorNamespace: {{ .Values.operatorNamespace }}
+{{- with .Values.operatorVersion }}
+operatorVersion: {{ . | quote }}
+{{- end }}
 enforceOnCreate: {{ .Values.config.enforceOnCreate }}
 rules:
 {{- range $id, $action := .Values.config.rules }}

@@ -1,0 +1,113 @@
+//! `--operator-version`, one flag for `check`, `audit` and `serve`, and which version wins:
+//! the flag, then the config file's `operatorVersion`, then what the cluster says (the
+//! operator Deployment's image tag), else the newest modelled version, assumed.
+
+use crate::core::config::Config;
+use crate::core::facts::{ClusterFacts, VersionSource};
+use crate::core::operator::OperatorVersion;
+
+/// Why the version is assumed where no cluster is read (`check`, `audit` of files).
+pub const NOT_GIVEN: &str = "no --operator-version given: the newest version the model follows";
+
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct OperatorVersionArg {
+    /// The GPU Operator version to follow (`v25.3.4`): it wins over the config file's
+    /// operatorVersion and over the version read from the cluster (the image tag of the
+    /// operator's Deployment). Without any, the newest modelled version is assumed, and the
+    /// output says so.
+    #[arg(
+        long = "operator-version",
+        value_name = "VERSION",
+        env = "GDG_OPERATOR_VERSION",
+        value_parser = OperatorVersion::parse
+    )]
+    pub operator_version: Option<OperatorVersion>,
+}
+
+impl OperatorVersionArg {
+    /// The version given by the flag or, without it, by the config file; and how it was given.
+    pub fn given(&self, config: &Config) -> Option<(OperatorVersion, VersionSource)> {
+        match (&self.operator_version, &config.operator_version) {
+            (Some(v), _) => Some((
+                v.clone(),
+                VersionSource::Given("--operator-version".to_owned()),
+            )),
+            (None, Some(v)) => Some((
+                v.clone(),
+                VersionSource::Given("the config file's operatorVersion".to_owned()),
+            )),
+            (None, None) => None,
+        }
+    }
+}
+
+/// Sets the facts' version to the given one, if any; otherwise leaves what they have.
+pub fn apply_given(facts: &mut ClusterFacts, given: Option<(OperatorVersion, VersionSource)>) {
+    if let Some((version, source)) = given {
+        facts.version = version;
+        facts.version_source = Some(source);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::operator::Era;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        version: OperatorVersionArg,
+    }
+
+    #[test]
+    fn the_flag_wins_over_the_config_file() {
+        let config = Config {
+            operator_version: Some(OperatorVersion::parse("v26.3.0").unwrap()),
+            ..Config::default()
+        };
+        let flag = Cli::try_parse_from(["x", "--operator-version", "v24.9.2"]).unwrap();
+        let (v, source) = flag.version.given(&config).unwrap();
+        assert_eq!((v.text.as_str(), v.era), ("v24.9.2", Era::V24_9));
+        assert_eq!(source.describe(), "given by --operator-version");
+        let none = Cli::try_parse_from(["x"]).unwrap();
+        let (v, source) = none.version.given(&config).unwrap();
+        assert_eq!(v.era, Era::V26_3);
+        assert_eq!(
+            source.describe(),
+            "given by the config file's operatorVersion"
+        );
+        assert!(none.version.given(&Config::default()).is_none());
+    }
+
+    #[test]
+    fn a_bad_version_is_a_usage_error_naming_it() {
+        let err = Cli::try_parse_from(["x", "--operator-version", "latest"])
+            .err()
+            .unwrap();
+        assert_eq!(err.exit_code(), 2);
+        let msg = err.to_string();
+        assert!(
+            msg.contains("\"latest\" is not a GPU Operator version like v25.3.4"),
+            "{msg}"
+        );
+        assert!(msg.contains("--operator-version"), "{msg}");
+    }
+
+    #[test]
+    fn a_given_version_replaces_the_assumed_one() {
+        let mut facts = ClusterFacts::default();
+        apply_given(&mut facts, None);
+        assert!(facts.version.assumed.is_some());
+        let given = (
+            OperatorVersion::parse("v24.9.2").unwrap(),
+            VersionSource::Given("--operator-version".into()),
+        );
+        apply_given(&mut facts, Some(given));
+        assert_eq!(
+            facts.assumptions().as_deref(),
+            Some("GPU Operator v24.9.2 given by --operator-version")
+        );
+    }
+}
