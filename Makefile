@@ -93,15 +93,16 @@ bench:
 bench-smoke:
 	bash bench/run.sh --smoke
 
-## fuzz: coverage-guided fuzzing of review parsing and the decision for FUZZ_SECONDS (default
-## 10 minutes), seeded with the fixtures; installs cargo-fuzz if missing. See fuzz/run.sh.
+## fuzz: coverage-guided fuzzing for FUZZ_SECONDS (default 10 minutes) per target, seeded with the
+## fixtures: review parsing and the decision, and the body scanner against serde. Installs
+## cargo-fuzz if missing. See fuzz/run.sh.
 FUZZ_SECONDS ?= 600
 fuzz:
 	bash fuzz/run.sh $(FUZZ_SECONDS)
 
-## fuzz-smoke: the same fuzzer for 60 s, so the target cannot rot (part of `make test`).
+## fuzz-smoke: the same targets for 40 s each, so they cannot rot (part of `make test`).
 fuzz-smoke:
-	bash fuzz/run.sh 60
+	bash fuzz/run.sh 40
 
 ## soak: `serve` for SOAK_DURATION (default 10 minutes) under mixed good, bad and hostile reviews
 ## with a certificate rotation every minute; checks answers, flat memory and metrics totals.
