@@ -139,7 +139,10 @@ pub struct Verdict {
     pub exempt: Option<String>,
     /// For an exempt request: what would have been refused.
     pub would_deny: Option<String>,
-    /// Set when the cluster facts behind the decision were assumed, not read.
+    /// What the decision assumed or where its facts came from ([`ClusterFacts::assumptions`]):
+    /// the ClusterPolicy's switches when they were assumed, and the GPU Operator version when
+    /// it was assumed, given or read from the operator's Deployment. `None` when there is
+    /// nothing to say.
     pub assumed_facts: Option<String>,
 }
 
