@@ -348,6 +348,46 @@ async fn an_oversized_body_gets_413() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
+/// A body is read whole however it is cut into frames: one frame (kept as it came), several,
+/// empty ones among them, with and without a declared length.
+#[tokio::test]
+async fn a_body_in_many_frames_gets_the_answer_it_gets_whole() {
+    let h = harness();
+    for name in [
+        "lab-node-2-device-plugin-only.json",
+        "lab-node-1-dcgm-exporter-off.json",
+    ] {
+        let body = fixture(name);
+        let (status, whole) = post(&h, body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{name}");
+        let third = body.len() / 3;
+        let cuts: Vec<Vec<Vec<u8>>> = vec![
+            vec![body.clone()],
+            vec![Vec::new(), body.clone()],
+            vec![body[..third].to_vec(), Vec::new(), body[third..].to_vec()],
+            body.chunks(7).map(<[u8]>::to_vec).collect(),
+        ];
+        for (i, frames) in cuts.into_iter().enumerate() {
+            for declared in [false, true] {
+                let stream = stream_of(frames.iter().cloned().map(Ok).collect());
+                let mut req =
+                    Request::post("/validate").header(header::CONTENT_TYPE, "application/json");
+                if declared {
+                    req = req.header(header::CONTENT_LENGTH, body.len());
+                }
+                let req = req.body(Body::from_stream(stream)).unwrap();
+                let (status, got) = send(&h, req).await;
+                assert_eq!(
+                    status,
+                    StatusCode::OK,
+                    "{name}, cut {i}, length declared: {declared}"
+                );
+                assert_eq!(got, whole, "{name}, cut {i}, length declared: {declared}");
+            }
+        }
+    }
+}
+
 fn stream_of(
     chunks: Vec<Result<Vec<u8>, std::io::Error>>,
 ) -> impl tokio_stream::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send + 'static {

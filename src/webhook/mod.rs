@@ -294,14 +294,15 @@ async fn read_body(
         }
     };
     let mut held: Option<OwnedSemaphorePermit> = None;
+    // A body that comes as one frame is kept as it came; the bytes are copied only when a
+    // second frame arrives.
+    let mut first: Option<bytes::Bytes> = None;
     let mut buf = Vec::new();
     let read = async {
         // A declared length is taken from the budget whole, before any byte is read, so that
         // bodies never wait on each other half-read.
         if let Some(n) = declared {
-            let n = n as usize;
-            held = Some(room(n).await);
-            buf.reserve_exact(n);
+            held = Some(room(n as usize).await);
         }
         let mut body = body;
         while let Some(frame) = body.frame().await {
@@ -315,17 +316,26 @@ async fn read_body(
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            if buf.len() + data.len() > limit {
+            let read = buf.len() + first.as_ref().map_or(0, |f| f.len());
+            if read + data.len() > limit {
                 return Err(BadRequest::TooLarge { limit });
             }
             let covered = declared.map_or(0, |n| n as usize);
-            let uncovered = (buf.len() + data.len()).saturating_sub(covered.max(buf.len()));
+            let uncovered = (read + data.len()).saturating_sub(covered.max(read));
             if uncovered > 0 {
                 let permit = room(uncovered).await;
                 match &mut held {
                     Some(h) => h.merge(permit),
                     None => held = Some(permit),
                 }
+            }
+            if read == 0 {
+                first = Some(data);
+                continue;
+            }
+            if let Some(first) = first.take() {
+                buf.reserve_exact(declared.map_or(0, |n| n as usize).max(read + data.len()));
+                buf.extend_from_slice(&first);
             }
             buf.extend_from_slice(&data);
         }
@@ -335,7 +345,7 @@ async fn read_body(
         Err(_) if waiting.load(Ordering::Relaxed) => Err(BadRequest::Busy(limits.body_timeout)),
         Err(_) => Err(BadRequest::BodyTimeout(limits.body_timeout)),
         Ok(Err(bad)) => Err(bad),
-        Ok(Ok(())) => Ok((bytes::Bytes::from(buf), held)),
+        Ok(Ok(())) => Ok((first.unwrap_or_else(|| bytes::Bytes::from(buf)), held)),
     }
 }
 
