@@ -1,11 +1,14 @@
 //! The `serve` and `certs` commands as processes: start-up errors, SIGTERM, and the certificates
 //! `certs` writes being served by `serve`.
 
+mod process_support;
+
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use process_support::{KillOnDrop as Serve, free_port};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-deploy-guard");
 
@@ -15,24 +18,6 @@ fn run(args: &[&str]) -> Output {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A `serve` process that is killed if the test fails before stopping it.
-struct Serve(Child);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn fixture(name: &str) -> Vec<u8> {

@@ -6,6 +6,7 @@
 //! answering, and refuse or bound what it cannot serve, naming the problem.
 
 mod hardening_support;
+mod process_support;
 mod server_support;
 
 use std::sync::Arc;

@@ -4,14 +4,17 @@
 //! The eras decide differently: from v26.7 the operator never deploys kata-manager and adds an
 //! emptied deploy label back; before, it deploys kata-manager and leaves an emptied label alone.
 
-use std::net::{SocketAddr, TcpListener};
+mod process_support;
+
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::Response;
+use process_support::{KillOnDrop, free_port};
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-deploy-guard");
@@ -317,27 +320,9 @@ fn a_bad_version_is_refused_naming_it() {
 
 // ---- serve -------------------------------------------------------------------------------------
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A process killed when dropped.
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A ready `serve` process and a client trusting its certificate.
 struct Serve {
-    _process: Kill,
+    _process: KillOnDrop,
     port: u16,
     client: reqwest::Client,
 }
@@ -358,7 +343,7 @@ async fn serve(kubeconfig: &Path, dir: &Path, extra: &[&str]) -> Serve {
         "0s",
     ];
     args.extend_from_slice(extra);
-    let mut process = Kill(
+    let mut process = KillOnDrop(
         command(kubeconfig, &args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())

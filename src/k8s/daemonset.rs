@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use super::meta::PartialMeta;
+use serde::de::IgnoredAny;
+
+use super::meta::{PartialMeta, WorkloadSpec};
 use super::pod::PodView;
 use crate::core::operands::{Labels, Operand, OperandSet};
 
@@ -47,19 +49,7 @@ pub(crate) struct RawDaemonSet {
     #[serde(default)]
     metadata: PartialMeta,
     #[serde(default)]
-    spec: RawSpec,
-}
-
-#[derive(Default, Deserialize)]
-struct RawSpec {
-    #[serde(default)]
-    template: RawTemplate,
-}
-
-#[derive(Default, Deserialize)]
-struct RawTemplate {
-    #[serde(default)]
-    spec: RawPodSpec,
+    spec: WorkloadSpec<IgnoredAny, RawPodSpec>,
 }
 
 #[derive(Default, Deserialize)]

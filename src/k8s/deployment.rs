@@ -13,7 +13,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use super::meta::PartialMeta;
+use super::meta::{PartialMeta, WorkloadSpec};
 use crate::core::facts::VersionSource;
 use crate::core::operator::OperatorVersion;
 
@@ -87,21 +87,7 @@ struct RawDeployment {
     #[serde(default)]
     metadata: PartialMeta,
     #[serde(default)]
-    spec: RawSpec,
-}
-
-#[derive(Default, Deserialize)]
-struct RawSpec {
-    #[serde(default)]
-    template: RawTemplate,
-}
-
-#[derive(Default, Deserialize)]
-struct RawTemplate {
-    #[serde(default)]
-    metadata: PartialMeta<RawLabels>,
-    #[serde(default)]
-    spec: RawPodSpec,
+    spec: WorkloadSpec<PartialMeta<RawLabels>, RawPodSpec>,
 }
 
 #[derive(Default, Deserialize)]

@@ -39,3 +39,19 @@ impl<L, O> PartialMeta<L, O> {
         (meta, self.labels, self.owner_references)
     }
 }
+
+/// A workload's `spec.template` (DaemonSet, Deployment), read only as far as `M` (the pod
+/// template's metadata) and `P` (its pod spec) go; everything else is skipped.
+#[derive(Default, serde::Deserialize)]
+pub(crate) struct WorkloadSpec<M, P> {
+    #[serde(default)]
+    pub(crate) template: PodTemplate<M, P>,
+}
+
+#[derive(Default, serde::Deserialize)]
+pub(crate) struct PodTemplate<M, P> {
+    #[serde(default)]
+    pub(crate) metadata: M,
+    #[serde(default)]
+    pub(crate) spec: P,
+}

@@ -2,7 +2,7 @@
 //! without a client certificate, raw HTTP/2 with chosen flow-control windows, raw TLS.
 #![allow(dead_code)] // not every helper is used by every test
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,13 +21,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_gpu-deploy-guard");
 
 pub type TlsStream = tokio_rustls::client::TlsStream<TcpStream>;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use crate::process_support::free_port;
 
 /// A running `serve` with a certificate for 127.0.0.1 from its own CA; killed when dropped.
 pub struct Serve {
