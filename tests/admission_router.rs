@@ -338,6 +338,23 @@ async fn an_oversized_body_gets_413() {
             .unwrap()
             .contains("larger than the limit of 1024 bytes")
     );
+    // The body is left unread: an HTTP/1.1 client must not reuse the connection.
+    let req = Request::post("/validate")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(vec![b' '; 2048]))
+        .unwrap();
+    let resp = h.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(resp.headers()[header::CONNECTION], "close");
+    // A review read whole, even one refused as unreadable, leaves the connection open.
+    for body in [fixture("lab-node-1-dcgm-exporter-off.json"), b"{}".to_vec()] {
+        let req = Request::post("/validate")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body))
+            .unwrap();
+        let resp = harness().app.oneshot(req).await.unwrap();
+        assert!(resp.headers().get(header::CONNECTION).is_none());
+    }
     // Streamed without a length, found too large while reading.
     let chunks = vec![
         Ok::<_, std::io::Error>(vec![b' '; 800]),

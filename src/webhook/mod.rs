@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
@@ -212,12 +212,28 @@ impl BadRequest {
     }
 }
 
-async fn validate(State(hook): State<Arc<Webhook>>, headers: HeaderMap, body: Body) -> Response {
+async fn validate(
+    State(hook): State<Arc<Webhook>>,
+    version: Version,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let started = Instant::now();
     // Held until the answer is made: the body's room in the budget.
     let (bytes, _room) = match read_body(&hook, &headers, body).await {
         Ok(read) => read,
-        Err(bad) => return refuse(&hook, bad, None),
+        Err(bad) => {
+            let mut response = refuse(&hook, bad, None);
+            // The body was not read to its end, so the connection cannot carry another
+            // request: an HTTP/1.1 client is told so, and does not send its next request on
+            // a connection about to close (HTTP/2 resets just the stream).
+            if version < Version::HTTP_2 {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            return response;
+        }
     };
     let request = match parse_review(&bytes) {
         Ok(request) => request,
