@@ -379,9 +379,6 @@ fn is_length_limit(error: &axum::Error) -> bool {
 /// Reads the body as a v1 Node AdmissionReview. On failure, returns the uid when it was readable,
 /// so the API server can match even an error answer.
 pub fn parse_review(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option<String>)> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err((BadRequest::Empty, None));
-    }
     // The scanner reads what the webhook needs and skips the rest unbuilt (`scan`). It refuses
     // exactly what serde refuses (tests/scan_differential.rs), so a body it refuses is read again
     // with serde, to say where and why, or to read one of the rare forms it leaves to serde.
@@ -409,6 +406,9 @@ pub fn parse_review(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option
 
 /// `parse_review` with serde alone: the reference reading of a review.
 pub fn parse_with_serde(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option<String>)> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err((BadRequest::Empty, None));
+    }
     // Read without tracking the path: serde_path_to_error copies every map key it passes, a
     // large Node's ~200 labels included. Only a body that fails is read again, to say where.
     let review: ReviewBody<'_> = match serde_json::from_slice(bytes) {
