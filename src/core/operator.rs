@@ -10,11 +10,11 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::core::operands::{Labels, Operand, OperandSet, deploy_labels};
+use crate::core::operands::{
+    DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, OperandSet,
+    deploy_labels,
+};
 
-const DEPLOY: &str = "nvidia.com/gpu.deploy.";
-const GPU_PRESENT: &str = "nvidia.com/gpu.present";
-const OPERANDS: &str = "nvidia.com/gpu.deploy.operands";
 const WORKLOAD: &str = "nvidia.com/gpu.workload.config";
 const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
 const PRODUCT: &str = "nvidia.com/gpu.product";
@@ -22,11 +22,6 @@ const VGPU_HOST_DRIVER: &str = "nvidia.com/vgpu.host-driver-version";
 /// The labels besides the deploy labels, `gpu.present` and NFD's that the labelling pass reads:
 /// the decision, and so the webhook, must keep them (`policy::reads_label`).
 pub const PASS_READS: [&str; 4] = [WORKLOAD, MIG_CAPABLE, PRODUCT, VGPU_HOST_DRIVER];
-const NFD_KEYS: [&str; 3] = [
-    "feature.node.kubernetes.io/pci-10de.present",
-    "feature.node.kubernetes.io/pci-0302_10de.present",
-    "feature.node.kubernetes.io/pci-0300_10de.present",
-];
 
 /// A span of operator versions whose labelling code is the same.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -248,7 +243,7 @@ fn managed(era: Era) -> OperandSet {
 
 /// The operand of a deploy label key; `None` for other keys, `operands` and unknown ones.
 fn deploy_operand(key: &str) -> Option<Operand> {
-    if key.starts_with(DEPLOY) {
+    if key.starts_with(DEPLOY_PREFIX) {
         Operand::from_key(key)
     } else {
         None
@@ -279,7 +274,7 @@ impl Plan {
     /// The pass over a node with these labels; `nfd`: an NFD label says the node has an NVIDIA
     /// PCI device ([`has_nfd_gpu`]).
     pub fn new(labels: &Labels, nfd: bool, era: Era, sandbox: &Sandbox) -> Plan {
-        let present = labels.get(GPU_PRESENT).is_some_and(|v| v == "true");
+        let present = labels.get(GPU_PRESENT_KEY).is_some_and(|v| v == "true");
         // gpu.present follows NFD: set when NFD sees a GPU, flipped to false (and every
         // operator label swept) when it no longer does. A GPU node after the pass is an NFD one.
         let (write, flipped_off) = match (present, nfd) {
@@ -287,7 +282,7 @@ impl Plan {
             (true, false) => (Some("false"), true),
             _ => (None, false),
         };
-        let operands_disabled = labels.get(OPERANDS).is_some_and(|v| v == "false");
+        let operands_disabled = labels.get(OPERANDS_KEY).is_some_and(|v| v == "false");
         let mut plan = Plan {
             era,
             present: write,
@@ -347,7 +342,7 @@ impl Plan {
 
 /// An NFD label says the node has an NVIDIA PCI device (`hasGPULabels`).
 pub fn has_nfd_gpu(labels: &Labels) -> bool {
-    NFD_KEYS
+    NFD_NVIDIA_PCI_KEYS
         .iter()
         .any(|k| labels.get(*k).is_some_and(|v| v == "true"))
 }
@@ -385,10 +380,10 @@ pub fn labelling_pass(before: &Labels, era: Era, sandbox: &Sandbox) -> Pass {
     let plan = Plan::new(before, has_nfd_gpu(before), era, sandbox);
     let mut labels = before.clone();
     if let Some(v) = plan.present {
-        labels.insert(GPU_PRESENT.to_owned(), v.to_owned());
+        labels.insert(GPU_PRESENT_KEY.to_owned(), v.to_owned());
     }
     labels.retain(|k, _| deploy_operand(k).is_none_or(|op| !plan.sweep.contains(op)));
-    for op in plan.added(before).collect::<Vec<_>>() {
+    for op in plan.added(before) {
         labels.insert(op.key().to_owned(), "true".to_owned());
     }
     let actions = label_actions(before, &labels, era, plan.workload.is_some());
@@ -408,7 +403,7 @@ fn label_actions(
     applied: bool,
 ) -> BTreeMap<String, LabelAction> {
     let mut actions = BTreeMap::new();
-    for (k, old) in deploy_labels(before).filter(|(k, _)| k.as_str() != OPERANDS) {
+    for (k, old) in deploy_labels(before).filter(|(k, _)| k.as_str() != OPERANDS_KEY) {
         let action = match after.get(k) {
             None => LabelAction::Sweep,
             Some(new) if new != old => LabelAction::Add,
@@ -424,7 +419,7 @@ fn label_actions(
         };
         actions.insert(k.clone(), action);
     }
-    for (k, _) in deploy_labels(after).filter(|(k, _)| k.as_str() != OPERANDS) {
+    for (k, _) in deploy_labels(after).filter(|(k, _)| k.as_str() != OPERANDS_KEY) {
         if !before.contains_key(k) {
             actions.insert(k.clone(), LabelAction::Add);
         }
@@ -460,7 +455,7 @@ pub fn after_pauses(labels: &Labels) -> Option<Labels> {
     let resumed = labels
         .iter()
         .map(|(k, v)| {
-            let v = if k.starts_with(DEPLOY) {
+            let v = if k.starts_with(DEPLOY_PREFIX) {
                 restored_value(v).unwrap_or_else(|| v.clone())
             } else {
                 v.clone()
@@ -491,7 +486,7 @@ mod tests {
     }
 
     fn key(suffix: &str) -> String {
-        format!("{DEPLOY}{suffix}")
+        format!("{DEPLOY_PREFIX}{suffix}")
     }
 
     fn gpu(set: OperandSet, extra: &[&str]) -> Labels {
@@ -507,7 +502,7 @@ mod tests {
 
     fn deploy_only(l: &Labels) -> Labels {
         l.iter()
-            .filter(|(k, _)| k.starts_with(DEPLOY) || *k == GPU_PRESENT)
+            .filter(|(k, _)| k.starts_with(DEPLOY_PREFIX) || *k == GPU_PRESENT_KEY)
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     }

@@ -4,7 +4,7 @@ use super::{Action, Change, Ctx, Finding, Rule};
 use crate::core::echo::echo;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, LabelChange, OPERANDS_KEY, Operand, Value, closest_known,
-    is_gpu_node,
+    deploy_labels, is_gpu_node,
 };
 use crate::core::operator::Plan;
 
@@ -162,10 +162,9 @@ impl Ctx<'_, '_> {
         let was_off = old.get(OPERANDS_KEY).is_some_and(|v| v == "false");
         if plan.operands_disabled {
             if !was_off {
-                let gone: Vec<&str> = labels
-                    .keys()
-                    .filter(|k| Operand::from_key(k).is_some_and(|op| plan.sweep.contains(op)))
-                    .map(|k| &k[DEPLOY_PREFIX.len()..])
+                let gone: Vec<&str> = deploy_labels(labels)
+                    .filter(|(k, _)| Operand::from_key(k).is_some_and(|op| plan.sweep.contains(op)))
+                    .map(|(k, _)| &k[DEPLOY_PREFIX.len()..])
                     .collect();
                 if !gone.is_empty() {
                     out.push(Finding {
@@ -208,10 +207,6 @@ impl Ctx<'_, '_> {
                 return;
             }
         }
-        let where_ = || match plan.workload {
-            Some(w) => format!("a {} node's deploy labels", w.name()),
-            None => format!("the deploy labels of a node with {GPU_PRESENT_KEY}=true"),
-        };
         for &LabelChange {
             key,
             old: old_value,
@@ -222,26 +217,28 @@ impl Ctx<'_, '_> {
                 continue;
             };
             let after = plan.value_after(op, new_value);
+            if let (Some(value), None) = (new_value, after) {
+                let where_ = match plan.workload {
+                    Some(w) => format!("a {} node's deploy labels", w.name()),
+                    None => format!("the deploy labels of a node with {GPU_PRESENT_KEY}=true"),
+                };
+                out.push(Finding {
+                    rule: Rule::OperatorWillRestore,
+                    action: Action::Off,
+                    change: Change::New,
+                    message: format!(
+                        "node {node}: this request sets {key}={value:?}, but the GPU Operator ({version}) sweeps \
+                         it on its next labelling pass: it is not one of {where_}."
+                    ),
+                    warning: format!(
+                        "{key}={value:?}: the GPU Operator will sweep it (not one of {where_})"
+                    ),
+                });
+                continue;
+            }
             let what = match (old_value, new_value) {
                 (Some(_), None) if after == Some("true") => "removes",
                 (Some(o), Some("")) if !o.is_empty() && after == Some("true") => "empties",
-                (_, Some(value)) if after.is_none() => {
-                    out.push(Finding {
-                        rule: Rule::OperatorWillRestore,
-                        action: Action::Off,
-                        change: Change::New,
-                        message: format!(
-                            "node {node}: this request sets {key}={value:?}, but the GPU Operator ({version}) sweeps \
-                             it on its next labelling pass: it is not one of {}.",
-                            where_()
-                        ),
-                        warning: format!(
-                            "{key}={value:?}: the GPU Operator will sweep it (not one of {})",
-                            where_()
-                        ),
-                    });
-                    continue;
-                }
                 _ => continue,
             };
             let done = if what == "removes" {
