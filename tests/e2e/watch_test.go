@@ -325,8 +325,10 @@ func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
 	setUpIncidentLab(t)
 	installWatchedCRDs(t)
 	applyClusterPolicy(t, `{"operator":{"defaultRuntime":"containerd"}}`)
-	g := startWatchingGuard(t, "--report")
+	// Taken before serve starts: its first audit runs before it is ready, so
+	// before startWatchingGuard returns, possibly in an earlier second.
 	before := time.Now().Unix()
+	g := startWatchingGuard(t, "--report")
 	// The watches must resume from resourceVersions, never fall back to re-listing on every
 	// event (which is what kube's watcher does with objects that lack one).
 	t.Cleanup(func() {
