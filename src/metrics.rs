@@ -29,6 +29,13 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabels {
+    version: String,
+    era: &'static str,
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -46,6 +53,7 @@ pub struct Metrics {
     timeouts: Family<ReasonLabels, Counter>,
     open_connections: Gauge<i64>,
     connection_limit: Gauge<i64>,
+    operator_version: Family<VersionLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -133,6 +141,14 @@ impl Metrics {
             "The most webhook connections served at once (--max-connections); more wait",
             connection_limit.clone(),
         );
+        let operator_version = Family::<VersionLabels, Gauge>::default();
+        registry.register(
+            "operator_version_info",
+            "The GPU Operator version decisions follow (1 on the one series): version, its era in \
+             the model, and source (given: --operator-version or the config file; deployment: the \
+             operator Deployment's image tag; assumed: none known, the newest era)",
+            operator_version.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             reviews,
@@ -145,6 +161,7 @@ impl Metrics {
             timeouts,
             open_connections,
             connection_limit,
+            operator_version,
         }
     }
 
@@ -218,6 +235,17 @@ impl Metrics {
     }
 
     /// Lets other parts of the process (the cluster audit) register metrics.
+    /// Replaces the `operator_version_info` series with this one.
+    pub fn set_operator_version(&self, version: &str, era: &'static str, source: &'static str) {
+        let labels = VersionLabels {
+            version: crate::core::echo::echo(version).into_owned(),
+            era,
+            source,
+        };
+        self.operator_version.clear();
+        self.operator_version.get_or_create(&labels).set(1);
+    }
+
     pub fn with_registry<R>(&self, f: impl FnOnce(&mut Registry) -> R) -> R {
         let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut registry)

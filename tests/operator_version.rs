@@ -147,7 +147,12 @@ fn kubeconfig(dir: &Path, api: SocketAddr) -> PathBuf {
 }
 
 fn command(kubeconfig: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
+    command_as(Path::new(BIN), kubeconfig, args)
+}
+
+/// The binary under another name (the kubectl plugin's), in a clean environment.
+fn command_as(program: &Path, kubeconfig: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(program);
     c.args(args)
         .env("KUBECONFIG", kubeconfig)
         .env_remove("KUBERNETES_SERVICE_HOST")
@@ -324,6 +329,7 @@ fn a_bad_version_is_refused_naming_it() {
 struct Serve {
     _process: KillOnDrop,
     port: u16,
+    admin: u16,
     client: reqwest::Client,
 }
 
@@ -378,6 +384,7 @@ async fn serve(kubeconfig: &Path, dir: &Path, extra: &[&str]) -> Serve {
     Serve {
         _process: process,
         port,
+        admin,
         client,
     }
 }
@@ -422,6 +429,35 @@ impl Serve {
             .to_owned();
         (warnings, facts)
     }
+
+    /// Waits (up to 10 s) for the admin port's /metrics to have `want` as its only
+    /// `operator_version_info` series; it follows the decisions' facts from another task.
+    async fn expect_version_metric(&self, want: &str) {
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = client
+                .get(format!("http://127.0.0.1:{}/metrics", self.admin))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let got: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("gpu_deploy_guard_operator_version_info"))
+                .collect();
+            if got == [want] {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "operator_version_info: {got:?}, want [{want}]"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,6 +472,10 @@ async fn serve_decides_by_the_version_of_the_operator_deployment() {
         facts.ends_with("; GPU Operator v24.9.2 read from Deployment gpu-operator/gpu-operator"),
         "{facts}"
     );
+    s.expect_version_metric(
+        r#"gpu_deploy_guard_operator_version_info{version="v24.9.2",era="v24.9",source="deployment"} 1"#,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -456,6 +496,10 @@ async fn serve_without_the_deployments_assumes_the_newest_version_and_says_why()
         ),
         "{facts}"
     );
+    s.expect_version_metric(
+        r#"gpu_deploy_guard_operator_version_info{version="v26.7",era="v26.7",source="assumed"} 1"#,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,6 +515,10 @@ async fn serve_follows_a_given_version() {
     let (warnings, facts) = s.judge().await;
     assert_eq!(warnings, Vec::<String>::new());
     assert_eq!(facts, "GPU Operator v24.9.2 given by --operator-version");
+    s.expect_version_metric(
+        r#"gpu_deploy_guard_operator_version_info{version="v24.9.2",era="v24.9",source="given"} 1"#,
+    )
+    .await;
     drop(s);
 
     // Given in the config file, over the Deployment's v26.7.0.
@@ -505,4 +553,81 @@ async fn serve_follows_a_given_version() {
         "GPU Operator v26.7 assumed (no --operator-version given and the cluster is not watched: \
          the newest version the model follows)"
     );
+}
+
+// ---- kubectl plugin ----------------------------------------------------------------------------
+
+/// `kubectl gpu-deploy-guard label nodes b nvidia.com/gpu.deploy.kata-manager=false` (and
+/// `extra`) against a fake cluster: exit code and standard output.
+async fn plugin(deployments: Deployments, extra: &[&str]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = kubeconfig(dir.path(), fake_api(deployments).await);
+    let plugin = dir.path().join("kubectl-gpu_deploy_guard");
+    std::os::unix::fs::symlink(BIN, &plugin).unwrap();
+    let mut args = vec![
+        "label",
+        "nodes",
+        "b",
+        "nvidia.com/gpu.deploy.kata-manager=false",
+    ];
+    args.extend_from_slice(extra);
+    let mut c = command_as(&plugin, &config, &args);
+    let o = tokio::task::spawn_blocking(move || c.output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(text(&o.stderr), "");
+    (o.status.code(), text(&o.stdout))
+}
+
+/// The plugin's lines after its notes: the table and the findings.
+fn table(out: &str) -> String {
+    out.lines()
+        .filter(|l| !l.starts_with("note: "))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// v24.9 deploys kata-manager on a container node: switching it off takes it away.
+const KATA_OFF_V24_9: &str = "NODE  OPERANDS BEFORE  OPERANDS AFTER  VERDICT\n\
+    b     kata-manager     -               ALLOWED with warnings\n  \
+    warn operator-will-restore: node b: this request sets nvidia.com/gpu.deploy.kata-manager=\"false\", \
+    but the GPU Operator (v24.9.2) sweeps it on its next labelling pass: it is not one of a \
+    container node's deploy labels.\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugin_follows_the_deployment_and_a_given_version_and_notes_an_assumed_one() {
+    let (code, out) = plugin(
+        Deployments::Image("nvcr.io/nvidia/gpu-operator:v24.9.2"),
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(table(&out), KATA_OFF_V24_9, "{out}");
+    assert!(!out.contains("note: GPU Operator"), "{out}");
+
+    // Nothing readable: v26.7, which never deploys kata-manager, and a note saying why.
+    let (code, out) = plugin(Deployments::Forbidden, &[]).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(
+            "note: GPU Operator v26.7 assumed (deployments in namespace gpu-operator are forbidden)\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        table(&out).starts_with(
+            "NODE  OPERANDS BEFORE  OPERANDS AFTER  VERDICT\n\
+             b     -                -               ALLOWED with warnings\n"
+        ),
+        "{out}"
+    );
+
+    // --operator-version wins over the Deployment's v26.7.0.
+    let (code, out) = plugin(
+        Deployments::Image("nvcr.io/nvidia/gpu-operator:v26.7.0"),
+        &["--operator-version", "v24.9.2"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(table(&out), KATA_OFF_V24_9, "{out}");
 }

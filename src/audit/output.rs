@@ -124,11 +124,7 @@ pub fn json(report: &AuditReport) -> String {
         operator_version: JsonVersion {
             version: &facts.version.text,
             era: facts.version.era.name(),
-            source: match (&facts.version.assumed, &facts.version_source) {
-                (None, Some(s)) => s.state(),
-                (None, None) => "known",
-                (Some(_), _) => "assumed",
-            },
+            source: facts.version_state(),
             message: facts.version_described(),
         },
         toolkit_managed: facts.toolkit_managed,

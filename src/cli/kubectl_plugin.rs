@@ -3,10 +3,12 @@
 //!
 //! `kubectl gpu-deploy-guard label nodes (NAME... | -l SELECTOR | --all) KEY=VALUE|KEY- ...`
 //! reads the nodes, the ClusterPolicy, the operand DaemonSets and the operator's version through
-//! the kubeconfig (the audit's snapshot), and prints for each node the operands before and after the change and
-//! what the webhook would decide ([`policy::decide`], with the same facts). It labels the nodes
-//! only with `--apply`, and only when every node is allowed. Exit 0: all allowed; 1: any
-//! denied; 2: bad input or the cluster could not be read.
+//! the kubeconfig (the audit's snapshot), and prints for each node the operands before and after
+//! the change and what the webhook would decide ([`policy::decide`], with the same facts). The
+//! operator version is `--operator-version`, else the config file's, else the Deployment's, else
+//! the newest one, assumed, which a note then says. It labels the nodes only with `--apply`, and
+//! only when every node is allowed. Exit 0: all allowed; 1: any denied; 2: bad input or the
+//! cluster could not be read.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -65,6 +67,8 @@ pub struct LabelArgs {
     /// The webhook's YAML configuration (rules, mode, exemptions); default: the built-in one.
     #[arg(long, env = "GDG_CONFIG")]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    operator_version: OperatorVersionArg,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -169,11 +173,8 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
     };
     let client = api::connect().await?;
     let mut snapshot = api::snapshot(&client, &config.operator_namespace).await?;
-    // The config file's operatorVersion wins over the Deployment's, as in `serve`.
-    apply_given(
-        &mut snapshot.facts,
-        OperatorVersionArg::default().given(&config),
-    );
+    // --operator-version, then the config file's, win over the Deployment's, as in `serve`.
+    apply_given(&mut snapshot.facts, args.operator_version.given(&config));
     let chosen: Vec<&NodeView> = match &selection {
         Selection::All => snapshot.nodes.iter().collect(),
         Selection::Names(names) => {
@@ -233,6 +234,9 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
     let mut out = String::new();
     if snapshot.facts.source.is_unavailable() {
         let _ = writeln!(out, "note: {}", snapshot.facts.source.describe());
+    }
+    if snapshot.facts.version.assumed.is_some() {
+        let _ = writeln!(out, "note: {}", snapshot.facts.version_described());
     }
     if let Some(note) = identity_note {
         let _ = writeln!(out, "note: {note}");

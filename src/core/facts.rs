@@ -160,6 +160,16 @@ impl ClusterFacts {
         }
     }
 
+    /// How the version was learnt, in one word: `given`, `deployment`, `assumed`, or `known`
+    /// (not assumed, source not recorded).
+    pub fn version_state(&self) -> &'static str {
+        match (&self.version.assumed, &self.version_source) {
+            (None, Some(source)) => source.state(),
+            (None, None) => "known",
+            (Some(_), _) => "assumed",
+        }
+    }
+
     /// For the `cluster-facts` audit annotation: what the decision assumed instead of read (the
     /// ClusterPolicy's switches, the operator version), and which operator version it followed
     /// and where that came from. `None` when all was known and the version's source was not

@@ -212,6 +212,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     apply_given(&mut facts, given.clone());
     let (facts_tx, facts_rx) = tokio::sync::watch::channel(Arc::new(facts));
+    let version_rx = facts_rx.clone();
     let webhook = Webhook::watching(config.policy.clone(), facts_rx, metrics.clone(), limits);
     let options = ServeOptions {
         listen: args.listen,
@@ -236,6 +237,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let readiness = Readiness::new();
+        let _version_metric = AbortOnDrop(tokio::spawn(publish_operator_version(
+            version_rx,
+            metrics.clone(),
+        )));
         // Dropped (and so stopped) when serving ends.
         let _watch = if no_cluster_watch {
             tracing::info!(
@@ -257,6 +262,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let app = webhook::router(Arc::new(webhook));
         server::run(options, app, metrics, readiness, server::shutdown_signal()).await
     })
+}
+
+/// Keeps `operator_version_info` on the version the decisions follow, whatever changes it.
+async fn publish_operator_version(
+    mut facts: tokio::sync::watch::Receiver<Arc<ClusterFacts>>,
+    metrics: Arc<Metrics>,
+) {
+    loop {
+        {
+            let f = facts.borrow_and_update();
+            metrics.set_operator_version(&f.version.text, f.version.era.name(), f.version_state());
+        }
+        if facts.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Starts watching the cluster; `/readyz` waits (bounded) for its first sync. Without any

@@ -58,12 +58,15 @@ const pluginLabNode2Denial = "  deny device-plugin-without-toolkit: node lab-nod
 func TestKubectlPluginPredictsTheWebhookAndAppliesOnlyWhenAllAllowed(t *testing.T) {
 	setUpLab(t)
 	// The lab's bad change: denied, nothing applied, even with --apply. No
-	// ClusterPolicy CRD in the lab: the operator's defaults, as the webhook
-	// assumes, and the plugin says so.
+	// ClusterPolicy CRD and no operator Deployment in the lab: the operator's
+	// defaults and its newest version, as the webhook assumes, and the plugin
+	// says so.
 	expectResult(t, "kubectl gpu-deploy-guard label nodes lab-node-2 device-plugin=true",
 		kubectlPlugin(t, "label", "nodes", "lab-node-2", deployPrefix+"device-plugin=true"), 1,
 		"note: ClusterPolicy unavailable (the ClusterPolicy CRD (clusterpolicies.nvidia.com) is not installed): "+
 			"the GPU Operator's default operand switches are assumed\n"+
+			"note: GPU Operator v26.7 assumed (no GPU Operator Deployment in namespace gpu-operator "+
+			"(named gpu-operator or labelled app.kubernetes.io/component=gpu-operator))\n"+
 			"NODE        OPERANDS BEFORE  OPERANDS AFTER  VERDICT\n"+
 			"lab-node-2  -                device-plugin   DENIED\n"+pluginLabNode2Denial+
 			"  warn device-plugin-on-non-gpu-node: node lab-node-2: the NVIDIA device plugin runs on a node without "+
