@@ -124,7 +124,7 @@ pub fn json(report: &AuditReport) -> String {
         operator_version: JsonVersion {
             version: &facts.version.text,
             era: facts.version.era.name(),
-            source: facts.version_state(),
+            source: facts.version_source.state(),
             message: facts.version_described(),
         },
         toolkit_managed: facts.toolkit_managed,

@@ -417,7 +417,7 @@ fn the_operator_version_decides_what_is_expected() {
     let pods = [pod("km", "nvidia-kata-manager", "a", RUNNING)];
     let given = ClusterFacts {
         version: OperatorVersion::parse("v24.9.2").unwrap(),
-        version_source: Some(VersionSource::Given("--operator-version".into())),
+        version_source: VersionSource::Given("--operator-version".into()),
         ..operator_defaults()
     };
     let r = audit(&nodes, &pods, &given, &Policy::default());

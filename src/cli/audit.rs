@@ -13,8 +13,7 @@ use crate::audit::report::{self, Timestamp};
 use crate::audit::{AuditReport, audit, output};
 use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
 use crate::core::config::{Config, ConfigError};
-use crate::core::facts::{PolicySource, operator_defaults};
-use crate::core::operator::OperatorVersion;
+use crate::core::facts::{PolicySource, assumed_version, operator_defaults};
 use crate::k8s::api::{self as cluster, ClusterError};
 use crate::k8s::cluster_policy::ClusterPolicyError;
 use crate::k8s::daemonset::{custom_selectors, operands_present};
@@ -153,7 +152,7 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         facts.daemonsets = Some(present);
         facts.enable_seen(present);
     }
-    facts.version = OperatorVersion::assumed(NOT_GIVEN);
+    (facts.version, facts.version_source) = assumed_version(NOT_GIVEN);
     apply_given(&mut facts, args.operator_version.given(&config));
     Ok(audit(&nodes, &pods, &facts, &config.policy))
 }

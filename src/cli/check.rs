@@ -12,7 +12,7 @@ use clap::ValueEnum;
 
 use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
 use crate::core::config::Config;
-use crate::core::facts::{ClusterFacts, operator_defaults};
+use crate::core::facts::{ClusterFacts, VersionSource, assumed_version, operator_defaults};
 use crate::core::operands::{DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, Operand, OperandSet};
 use crate::core::operator::{LabelAction, OperatorVersion, Pass, Workload, labelling_pass};
 use crate::core::policy::{self, Decision, Operation, Review, Verdict};
@@ -164,8 +164,9 @@ pub struct CheckOutcome {
     pub notes: Vec<String>,
     /// What the GPU Operator's next labelling pass does to the labels after the request.
     pub operator: Pass,
-    /// The operator version that pass follows.
+    /// The operator version that pass follows, and where it came from.
     pub version: OperatorVersion,
+    pub version_source: VersionSource,
 }
 
 /// The verdict on the input, ready to print.
@@ -221,6 +222,7 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         notes,
         operator,
         version: facts.version.clone(),
+        version_source: facts.version_source.clone(),
     })
 }
 
@@ -290,7 +292,7 @@ impl CheckOutcome {
             operator: OperatorOut {
                 version: &self.version.text,
                 era: self.version.era.name(),
-                assumed: self.version.assumed.as_deref(),
+                assumed: self.version_source.assumed(),
                 workload: self.operator.workload.map(Workload::name),
                 labels: self
                     .operator
@@ -392,8 +394,12 @@ impl CheckOutcome {
             .collect();
         let _ = writeln!(
             out,
-            "\nGPU Operator {}: its next labelling pass: {}",
+            "\nGPU Operator {}{}: its next labelling pass: {}",
             self.version,
+            match self.version_source.assumed() {
+                Some(why) => format!(" (assumed: {why})"),
+                None => String::new(),
+            },
             if changes.is_empty() {
                 "no change".to_owned()
             } else {
@@ -509,8 +515,10 @@ pub fn run(args: CheckArgs) -> ExitCode {
         },
         None => operator_defaults(),
     };
+    let (version, version_source) = assumed_version(NOT_GIVEN);
     let facts = ClusterFacts {
-        version: OperatorVersion::assumed(NOT_GIVEN),
+        version,
+        version_source,
         ..facts
     };
     let input = CheckInput {

@@ -235,7 +235,7 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
     if snapshot.facts.source.is_unavailable() {
         let _ = writeln!(out, "note: {}", snapshot.facts.source.describe());
     }
-    if snapshot.facts.version.assumed.is_some() {
+    if snapshot.facts.version_source.assumed().is_some() {
         let _ = writeln!(out, "note: {}", snapshot.facts.version_described());
     }
     if let Some(note) = identity_note {

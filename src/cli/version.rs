@@ -45,7 +45,7 @@ impl OperatorVersionArg {
 pub fn apply_given(facts: &mut ClusterFacts, given: Option<(OperatorVersion, VersionSource)>) {
     if let Some((version, source)) = given {
         facts.version = version;
-        facts.version_source = Some(source);
+        facts.version_source = source;
     }
 }
 
@@ -99,15 +99,15 @@ mod tests {
     fn a_given_version_replaces_the_assumed_one() {
         let mut facts = ClusterFacts::default();
         apply_given(&mut facts, None);
-        assert!(facts.version.assumed.is_some());
+        assert!(facts.version_source.assumed().is_some());
         let given = (
             OperatorVersion::parse("v24.9.2").unwrap(),
             VersionSource::Given("--operator-version".into()),
         );
         apply_given(&mut facts, Some(given));
         assert_eq!(
-            facts.assumptions().as_deref(),
-            Some("GPU Operator v24.9.2 given by --operator-version")
+            facts.assumptions(),
+            "GPU Operator v24.9.2 given by --operator-version"
         );
     }
 }

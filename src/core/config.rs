@@ -185,7 +185,6 @@ mod tests {
         let cfg = parse("operatorVersion: v25.3.4\n").unwrap();
         let v = cfg.operator_version.unwrap();
         assert_eq!((v.text.as_str(), v.era), ("v25.3.4", Era::V24_9));
-        assert_eq!(v.assumed, None);
         assert_eq!(parse("{}").unwrap().operator_version, None);
         let msg = parse("operatorVersion: latest\n").unwrap_err().to_string();
         assert_eq!(

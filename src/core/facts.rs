@@ -27,9 +27,8 @@ pub struct ClusterFacts {
     pub sandbox: Sandbox,
     /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras).
     pub version: OperatorVersion,
-    /// Where [`version`](Self::version) came from, when it is known; `None` while it is
-    /// assumed (its `assumed` says why).
-    pub version_source: Option<VersionSource>,
+    /// Where [`version`](Self::version) came from, or why it is assumed.
+    pub version_source: VersionSource,
 }
 
 /// Why the version is assumed when nothing gave one.
@@ -44,36 +43,58 @@ impl Default for ClusterFacts {
             daemonsets: None,
             source: PolicySource::NotGiven,
             sandbox: Sandbox::default(),
-            version: OperatorVersion::assumed(NO_VERSION),
-            version_source: None,
+            version: OperatorVersion::newest(),
+            version_source: VersionSource::Assumed(NO_VERSION.to_owned()),
         }
     }
 }
 
-/// Where a known GPU Operator version came from.
+/// Where the GPU Operator version came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum VersionSource {
     /// Given by the user: how (`--operator-version`, the config file's `operatorVersion`).
     Given(String),
     /// The image tag of the operator's Deployment, named `<namespace>/<name>`.
     Deployment(String),
+    /// Nothing gave or showed one: the newest modelled version, for this reason.
+    Assumed(String),
 }
 
 impl VersionSource {
+    /// In one word: `given`, `deployment` or `assumed`.
     pub fn state(&self) -> &'static str {
         match self {
             VersionSource::Given(_) => "given",
             VersionSource::Deployment(_) => "deployment",
+            VersionSource::Assumed(_) => "assumed",
         }
     }
 
-    /// How the version was learnt, after the version: `given by --operator-version`.
+    /// How the version was learnt, after the version: `given by --operator-version`,
+    /// `assumed (why)`.
     pub fn describe(&self) -> String {
         match self {
             VersionSource::Given(how) => format!("given by {how}"),
             VersionSource::Deployment(name) => format!("read from Deployment {name}"),
+            VersionSource::Assumed(why) => format!("assumed ({why})"),
         }
     }
+
+    /// Why the version is assumed, if it is.
+    pub fn assumed(&self) -> Option<&str> {
+        match self {
+            VersionSource::Assumed(why) => Some(why),
+            _ => None,
+        }
+    }
+}
+
+/// The newest modelled version, assumed for this reason.
+pub fn assumed_version(why: impl Into<String>) -> (OperatorVersion, VersionSource) {
+    (
+        OperatorVersion::newest(),
+        VersionSource::Assumed(why.into()),
+    )
 }
 
 /// The ClusterPolicy field that turns sandbox workloads (and so the sandbox operands) on.
@@ -152,35 +173,21 @@ impl ClusterFacts {
     /// The operator version and where it came from, in one phrase: `GPU Operator v25.3.4 read
     /// from Deployment gpu-operator/gpu-operator`, `GPU Operator v26.7 assumed (why)`.
     pub fn version_described(&self) -> String {
-        let v = &self.version;
-        match (&v.assumed, &self.version_source) {
-            (Some(why), _) => format!("GPU Operator {} assumed ({why})", v.text),
-            (None, Some(source)) => format!("GPU Operator {} {}", v.text, source.describe()),
-            (None, None) => format!("GPU Operator {}", v.text),
-        }
-    }
-
-    /// How the version was learnt, in one word: `given`, `deployment`, `assumed`, or `known`
-    /// (not assumed, source not recorded).
-    pub fn version_state(&self) -> &'static str {
-        match (&self.version.assumed, &self.version_source) {
-            (None, Some(source)) => source.state(),
-            (None, None) => "known",
-            (Some(_), _) => "assumed",
-        }
+        format!(
+            "GPU Operator {} {}",
+            self.version.text,
+            self.version_source.describe()
+        )
     }
 
     /// For the `cluster-facts` audit annotation: what the decision assumed instead of read (the
-    /// ClusterPolicy's switches, the operator version), and which operator version it followed
-    /// and where that came from. `None` when all was known and the version's source was not
-    /// recorded.
-    pub fn assumptions(&self) -> Option<String> {
-        let version = (self.version.assumed.is_some() || self.version_source.is_some())
-            .then(|| self.version_described());
-        match (self.assumed(), version) {
-            (None, None) => None,
-            (Some(a), None) | (None, Some(a)) => Some(a),
-            (Some(a), Some(v)) => Some(format!("{a}; {v}")),
+    /// ClusterPolicy's switches), then which operator version it followed and where that came
+    /// from.
+    pub fn assumptions(&self) -> String {
+        let version = self.version_described();
+        match self.assumed() {
+            None => version,
+            Some(a) => format!("{a}; {version}"),
         }
     }
 

@@ -46,23 +46,21 @@ impl Era {
     }
 }
 
-/// The operator version a decision assumes, and where it came from.
+/// The operator version a decision follows (where it came from is
+/// [`VersionSource`](crate::core::facts::VersionSource)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OperatorVersion {
     pub era: Era,
     /// As given or read (`v25.3.4`), or the era's name when assumed.
     pub text: String,
-    /// Why the version is assumed rather than known; `None` when it was read or given.
-    pub assumed: Option<String>,
 }
 
 impl OperatorVersion {
     /// The newest modelled version, for when nothing says which one runs.
-    pub fn assumed(why: &str) -> OperatorVersion {
+    pub fn newest() -> OperatorVersion {
         OperatorVersion {
             era: Era::NEWEST,
             text: Era::NEWEST.name().to_owned(),
-            assumed: Some(why.to_owned()),
         }
     }
 
@@ -81,17 +79,13 @@ impl OperatorVersion {
         Ok(OperatorVersion {
             era,
             text: format!("v{}", t),
-            assumed: None,
         })
     }
 }
 
 impl fmt::Display for OperatorVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.assumed {
-            None => write!(f, "{}", self.text),
-            Some(why) => write!(f, "{} (assumed: {why})", self.text),
-        }
+        f.write_str(&self.text)
     }
 }
 
@@ -538,12 +532,8 @@ mod tests {
             assert_eq!(OperatorVersion::parse(v).unwrap().era, era, "{v}");
         }
         assert!(OperatorVersion::parse("latest").is_err());
-        let a = OperatorVersion::assumed("no operator Deployment found");
-        assert_eq!(a.era, Era::V26_7);
-        assert_eq!(
-            a.to_string(),
-            "v26.7 (assumed: no operator Deployment found)"
-        );
+        let a = OperatorVersion::newest();
+        assert_eq!((a.era, a.to_string()), (Era::V26_7, "v26.7".to_owned()));
     }
 
     #[test]

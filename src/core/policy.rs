@@ -140,10 +140,9 @@ pub struct Verdict {
     /// For an exempt request: what would have been refused.
     pub would_deny: Option<String>,
     /// What the decision assumed or where its facts came from ([`ClusterFacts::assumptions`]):
-    /// the ClusterPolicy's switches when they were assumed, and the GPU Operator version when
-    /// it was assumed, given or read from the operator's Deployment. `None` when there is
-    /// nothing to say.
-    pub assumed_facts: Option<String>,
+    /// the ClusterPolicy's switches when they were assumed, and the GPU Operator version,
+    /// assumed, given or read from the operator's Deployment.
+    pub assumed_facts: String,
 }
 
 impl Verdict {
@@ -180,9 +179,7 @@ impl Verdict {
         if let Some(msg) = &self.would_deny {
             out.push(("would-deny", msg.clone()));
         }
-        if let Some(why) = &self.assumed_facts {
-            out.push(("cluster-facts", why.clone()));
-        }
+        out.push(("cluster-facts", self.assumed_facts.clone()));
         out
     }
 }

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use super::meta::{PartialMeta, WorkloadSpec};
-use crate::core::facts::VersionSource;
+use crate::core::facts::{VersionSource, assumed_version};
 use crate::core::operator::OperatorVersion;
 
 /// The operator's name: its Deployment's, its container's and its image's.
@@ -186,8 +186,8 @@ pub enum Unread {
 pub fn operator_version(
     namespace: &str,
     deployments: Result<&[&DeploymentView], &Unread>,
-) -> (OperatorVersion, Option<VersionSource>) {
-    let assumed = |why: String| (OperatorVersion::assumed(&why), None);
+) -> (OperatorVersion, VersionSource) {
+    let assumed = assumed_version;
     let list = match deployments {
         Ok(list) => list,
         Err(Unread::NotYet) => {
@@ -226,7 +226,7 @@ pub fn operator_version(
         None => Err(format!("it has no {OPERATOR} container")),
     };
     match image {
-        Ok(version) => (version, Some(VersionSource::Deployment(name))),
+        Ok(version) => (version, VersionSource::Deployment(name)),
         Err(why) => assumed(format!("Deployment {name}: {why}")),
     }
 }
@@ -289,11 +289,7 @@ mod tests {
             ),
         ] {
             let v = version_of_image(img).unwrap();
-            assert_eq!(
-                (v.text.as_str(), v.era, v.assumed),
-                (text, era, None),
-                "{img}"
-            );
+            assert_eq!((v.text.as_str(), v.era), (text, era), "{img}");
         }
     }
 
@@ -379,12 +375,9 @@ mod tests {
         }));
         let (v, source) = operator_version("gpu-operator", Ok(&[&nfd, &d]));
         assert_eq!((v.text.as_str(), v.era), ("v24.9.2", Era::V24_9));
-        assert_eq!(v.assumed, None);
         assert_eq!(
             source,
-            Some(VersionSource::Deployment(
-                "gpu-operator/gpu-operator".into()
-            ))
+            VersionSource::Deployment("gpu-operator/gpu-operator".into())
         );
         // Renamed, but labelled like the chart's and the OLM bundle's pod template; the
         // operator's container found among others by name.
@@ -398,7 +391,7 @@ mod tests {
         let (v, source) = operator_version("nvidia-gpu-operator", Ok(&[&olm]));
         assert_eq!((v.text.as_str(), v.era), ("v26.3.1", Era::V26_3));
         assert_eq!(
-            source.unwrap().describe(),
+            source.describe(),
             "read from Deployment nvidia-gpu-operator/gpu-operator-x"
         );
     }
@@ -408,8 +401,7 @@ mod tests {
         let why = |r: Result<&[&DeploymentView], &Unread>| {
             let (v, source) = operator_version("gpu-operator", r);
             assert_eq!(v.era, Era::NEWEST);
-            assert_eq!(source, None);
-            v.assumed.unwrap()
+            source.assumed().unwrap().to_owned()
         };
         assert_eq!(
             why(Err(&Unread::Forbidden)),

@@ -16,7 +16,9 @@ use super::tls;
 use super::watch::{WatchConfig, watch_cluster};
 use crate::cli::version::{OperatorVersionArg, apply_given};
 use crate::core::config::Config;
-use crate::core::facts::{ClusterFacts, PolicySource, VersionSource, operator_defaults};
+use crate::core::facts::{
+    ClusterFacts, PolicySource, VersionSource, assumed_version, operator_defaults,
+};
 use crate::core::operator::OperatorVersion;
 use crate::k8s::deployment::{self, Unread};
 use crate::k8s::read;
@@ -206,7 +208,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let given = args.operator_version.given(&config);
     let mut facts = operator_defaults();
     (facts.version, facts.version_source) = if no_cluster_watch {
-        (OperatorVersion::assumed(NOT_WATCHED), None)
+        assumed_version(NOT_WATCHED)
     } else {
         deployment::operator_version(&config.operator_namespace, Err(&Unread::NotYet))
     };
@@ -272,7 +274,11 @@ async fn publish_operator_version(
     loop {
         {
             let f = facts.borrow_and_update();
-            metrics.set_operator_version(&f.version.text, f.version.era.name(), f.version_state());
+            metrics.set_operator_version(
+                &f.version.text,
+                f.version.era.name(),
+                f.version_source.state(),
+            );
         }
         if facts.changed().await.is_err() {
             return;
@@ -296,7 +302,8 @@ async fn start_cluster_watch(
             tracing::warn!(%error, "cannot reach the cluster: deciding with the GPU Operator's default operand switches");
             let mut facts = operator_defaults();
             facts.source = PolicySource::NoAccess(error.to_string());
-            facts.version = OperatorVersion::assumed("the cluster cannot be reached");
+            (facts.version, facts.version_source) =
+                assumed_version("the cluster cannot be reached");
             apply_given(&mut facts, operator_version);
             let _ = facts_tx.send(Arc::new(facts));
             return None;

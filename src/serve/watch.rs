@@ -370,7 +370,7 @@ impl Refresh<'_> {
         let deadline = Instant::now() + config.sync_timeout;
         let mut on_synced = Some(on_synced);
         let mut logged_source: Option<PolicySource> = None;
-        let mut logged_version: Option<(OperatorVersion, Option<VersionSource>)> = None;
+        let mut logged_version: Option<(OperatorVersion, VersionSource)> = None;
         let mut audit_paused_logged = false;
         let mut last_report: Option<PolicyReport> = None;
         let mut report_failing = false;
@@ -416,7 +416,7 @@ impl Refresh<'_> {
             }
             let version = (facts.version.clone(), facts.version_source.clone());
             if deployments_health.settled() && logged_version.as_ref() != Some(&version) {
-                if facts.version.assumed.is_some() {
+                if facts.version_source.assumed().is_some() {
                     tracing::warn!("{}", facts.version_described());
                 } else {
                     tracing::info!(
@@ -518,7 +518,7 @@ fn current_facts(
     let daemonsets = (*daemonsets == Health::Synced).then_some(ds_refs.as_slice());
     let mut facts = cluster_from(policies, daemonsets);
     (facts.version, facts.version_source) = match &config.operator_version {
-        Some((version, source)) => (version.clone(), Some(source.clone())),
+        Some((version, source)) => (version.clone(), source.clone()),
         None => {
             let state = stores.deployments.state();
             let refs: Vec<&DeploymentView> = state.iter().map(AsRef::as_ref).collect();
@@ -630,12 +630,13 @@ mod tests {
         let switches = ClusterFacts {
             source: PolicySource::NotGiven,
             version: crate::core::facts::operator_defaults().version,
+            version_source: crate::core::facts::operator_defaults().version_source,
             ..c.clone()
         };
         assert_eq!(switches, crate::core::facts::operator_defaults());
         assert_eq!(c.daemonsets, None);
         assert_eq!(
-            c.version.assumed.as_deref(),
+            c.version_source.assumed(),
             Some("deployments in namespace gpu-operator not read yet")
         );
         let c = current_facts(
@@ -681,17 +682,15 @@ mod tests {
         let c = facts(&config, Health::Synced);
         assert_eq!(c.version.era, crate::core::operator::Era::V24_9);
         assert_eq!(
-            c.assumptions().as_deref(),
-            Some(
-                "ClusterPolicy unavailable (no ClusterPolicy object exists): the GPU Operator's \
-                 default operand switches are assumed; GPU Operator v24.9.2 read from Deployment \
-                 gpu-operator/gpu-operator"
-            )
+            c.assumptions(),
+            "ClusterPolicy unavailable (no ClusterPolicy object exists): the GPU Operator's \
+             default operand switches are assumed; GPU Operator v24.9.2 read from Deployment \
+             gpu-operator/gpu-operator"
         );
         // RBAC forbids the Deployments: the newest era, assumed, and why.
         let c = facts(&config, Health::Unavailable(Unavailable::Forbidden));
         assert_eq!(c.version.era, crate::core::operator::Era::NEWEST);
-        assert_eq!(c.version_source, None);
+        assert!(c.version_source.assumed().is_some());
         assert_eq!(
             c.version_described(),
             "GPU Operator v26.7 assumed (deployments in namespace gpu-operator are forbidden)"

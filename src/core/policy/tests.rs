@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::core::facts::PolicySource;
+use crate::core::facts::{PolicySource, VersionSource};
 use crate::core::operands::OPERANDS_KEY;
 use crate::core::operator::OperatorVersion;
 
@@ -991,9 +991,11 @@ fn audit_annotations_name_the_decision_and_the_operand_changes() {
             )
         ]
     );
-    // A known version (and ClusterPolicy) leaves nothing assumed.
+    // A known version (and ClusterPolicy) leaves nothing assumed: the annotation says only
+    // where the version came from.
     let facts = ClusterFacts {
         version: OperatorVersion::parse("v25.3.4").unwrap(),
+        version_source: VersionSource::Deployment("gpu-operator/gpu-operator".into()),
         source: PolicySource::Found("cluster-policy".into()),
         ..ClusterFacts::default()
     };
@@ -1002,7 +1004,11 @@ fn audit_annotations_name_the_decision_and_the_operand_changes() {
         v.audit_annotations(),
         [
             ("decision", "allowed".to_owned()),
-            ("operands", "+dcgm,-dcgm-exporter".to_owned())
+            ("operands", "+dcgm,-dcgm-exporter".to_owned()),
+            (
+                "cluster-facts",
+                "GPU Operator v25.3.4 read from Deployment gpu-operator/gpu-operator".to_owned()
+            )
         ]
     );
 }
@@ -1350,6 +1356,7 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
 fn facts_for(version: &str, sandbox: crate::core::operator::Sandbox) -> ClusterFacts {
     let mut facts = ClusterFacts {
         version: OperatorVersion::parse(version).unwrap(),
+        version_source: VersionSource::Given("--operator-version".into()),
         sandbox,
         source: PolicySource::Found("cluster-policy".into()),
         ..ClusterFacts::default()
