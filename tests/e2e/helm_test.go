@@ -580,8 +580,10 @@ func TestHelmUninstallLeavesNoWebhookConfiguration(t *testing.T) {
 		"release \""+helmRelease+"\" uninstalled\n", "")
 	expectResult(t, "kubectl get validatingwebhookconfigurations,validatingadmissionpolicies -o name",
 		kubectl("get", "validatingwebhookconfigurations,validatingadmissionpolicies,validatingadmissionpolicybindings", "-o", "name"), 0, "", "")
-	expectResult(t, "after uninstall: kubectl label node lab-node-2 device-plugin=true --dry-run=server", dryRunLabNode2(), 0,
-		"node/lab-node-2 labeled (server dry run)\n", "")
+	// The API server drops a deleted webhook configuration from its informer
+	// soon, not at once.
+	waitKubectl(t, "after uninstall: kubectl label node lab-node-2 device-plugin=true --dry-run=server",
+		result{"node/lab-node-2 labeled (server dry run)\n", "", 0}, dryRunLabNode2)
 }
 
 // TestHelmInstallWhosePodsNeverBecomeReadyIsRolledBack: the documented
@@ -601,6 +603,6 @@ func TestHelmInstallWhosePodsNeverBecomeReadyIsRolledBack(t *testing.T) {
 	}
 	expectResult(t, "kubectl get validatingwebhookconfigurations -o name", kubectl("get", "validatingwebhookconfigurations", "-o", "name"), 0,
 		"", "")
-	expectResult(t, "after the failed install: kubectl label node lab-node-2 device-plugin=true --dry-run=server", dryRunLabNode2(), 0,
-		"node/lab-node-2 labeled (server dry run)\n", "")
+	waitKubectl(t, "after the failed install: kubectl label node lab-node-2 device-plugin=true --dry-run=server",
+		result{"node/lab-node-2 labeled (server dry run)\n", "", 0}, dryRunLabNode2)
 }

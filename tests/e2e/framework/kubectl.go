@@ -84,6 +84,22 @@ func (cp *ControlPlane) WaitForKubectlOutput(t testing.TB, timeout time.Duration
 	})
 }
 
+// WaitCRDsServed waits until each CRD (`clusterpolicies.nvidia.com`) is
+// Established and kubectl can list its objects. The API server publishes a new
+// resource in discovery a little after Established, and kubectl may hold an
+// older discovery cache, so the first use right after the wait can fail with
+// "the server doesn't have a resource type".
+func (cp *ControlPlane) WaitCRDsServed(t testing.TB, crds ...string) {
+	t.Helper()
+	for _, crd := range crds {
+		cp.MustKubectl(t, "wait", "--for=condition=Established", "--timeout=60s", "crd/"+crd)
+		WaitFor(t, 30*time.Second, "kubectl to list "+crd, func() (bool, string) {
+			_, stderr, code := cp.Kubectl("get", crd, "-A", "-o", "name")
+			return code == 0, fmt.Sprintf("exit %d: %s", code, strings.TrimSpace(stderr))
+		})
+	}
+}
+
 // ServiceAccountKubeconfig writes a kubeconfig named name that authenticates
 // as service account ns/sa with a fresh token, and returns its path once the
 // API server takes the token as that account and RBAC has caught up with its

@@ -159,58 +159,65 @@ func TestAuditAgreesWithOperatorDaemonSets(t *testing.T) {
 func compareAudit(t *testing.T, o *oracle, when string) {
 	t.Helper()
 	t.Logf("%s:", when)
-	// The DaemonSet controller has caught up with every DaemonSet and node.
-	var sets []daemonSet
-	framework.WaitFor(t, 60*time.Second, "the DaemonSet controller to observe the operator's DaemonSets", func() (bool, string) {
-		sets = operatorDaemonSets(t)
+	// The DaemonSet controller recomputes desiredNumberScheduled some time
+	// after a node's labels change (observedGeneration follows only the
+	// DaemonSets' specs), so the comparison is repeated until the two agree.
+	// A real disagreement stays and fails the test with the last difference.
+	var (
+		report  auditReport
+		stdout  string
+		names   []string
+		desired map[string]int
+	)
+	framework.WaitFor(t, 60*time.Second, when+": the audit to expect every operand where the DaemonSet controller schedules it", func() (bool, string) {
+		sets := operatorDaemonSets(t)
+		desired = map[string]int{}
+		names = names[:0]
 		for _, ds := range sets {
 			if ds.Status.ObservedGeneration != ds.Metadata.Generation {
 				return false, fmt.Sprintf("%s: observedGeneration %d, generation %d", ds.Metadata.Name, ds.Status.ObservedGeneration, ds.Metadata.Generation)
 			}
+			names = append(names, fmt.Sprintf("%s%v=%d", ds.Metadata.Name, ds.Spec.Template.Spec.NodeSelector, ds.Status.DesiredNumberScheduled))
+			if op := deployOperand(ds); op != "" {
+				desired[op] += ds.Status.DesiredNumberScheduled
+			}
 		}
-		return len(sets) > 0, fmt.Sprintf("%d DaemonSets", len(sets))
+		if len(desired) == 0 {
+			return false, fmt.Sprintf("%d DaemonSets, none selecting a single deploy label", len(sets))
+		}
+		report, stdout = runAudit(t)
+		expected := map[string]int{}
+		for _, n := range report.Nodes {
+			for _, op := range n.Operands {
+				if op.Expected {
+					expected[op.Operand]++
+				}
+			}
+		}
+		var diff []string
+		for op, want := range desired {
+			if expected[op] != want {
+				diff = append(diff, fmt.Sprintf("operand %s: the DaemonSet controller schedules it on %d nodes, the audit expects it on %d", op, want, expected[op]))
+			}
+		}
+		for op, n := range expected {
+			if _, ok := desired[op]; !ok {
+				diff = append(diff, fmt.Sprintf("operand %s: the audit expects it on %d nodes, but the operator created no DaemonSet for it", op, n))
+			}
+		}
+		slices.Sort(diff)
+		return len(diff) == 0, strings.Join(diff, "\n") + "\naudit -o json:\n" + stdout
 	})
-	// desiredNumberScheduled is stable: read twice, a second apart.
-	time.Sleep(time.Second)
-	again := operatorDaemonSets(t)
-	desired := map[string]int{}
-	var names []string
-	for _, ds := range again {
-		names = append(names, fmt.Sprintf("%s%v=%d", ds.Metadata.Name, ds.Spec.Template.Spec.NodeSelector, ds.Status.DesiredNumberScheduled))
-		if op := deployOperand(ds); op != "" {
-			desired[op] += ds.Status.DesiredNumberScheduled
-		}
-	}
 	slices.Sort(names)
 	t.Logf("the operator's DaemonSets (nodeSelector=desiredNumberScheduled):\n  %s", strings.Join(names, "\n  "))
-	if len(desired) == 0 {
-		t.Fatal("the operator created no DaemonSet selecting a single deploy label")
-	}
-
-	report, stdout := runAudit(t)
-	expected := map[string]int{}
 	perNode := map[string]map[string]bool{}
 	for _, n := range report.Nodes {
 		perNode[n.Name] = map[string]bool{}
 		for _, op := range n.Operands {
 			if op.Expected {
-				expected[op.Operand]++
 				perNode[n.Name][op.Operand] = true
 			}
 		}
-	}
-	for op, want := range desired {
-		if expected[op] != want {
-			t.Errorf("%s, operand %s: the DaemonSet controller schedules it on %d nodes, the audit expects it on %d", when, op, want, expected[op])
-		}
-	}
-	for op, n := range expected {
-		if _, ok := desired[op]; !ok {
-			t.Errorf("%s, operand %s: the audit expects it on %d nodes, but the operator created no DaemonSet for it", when, op, n)
-		}
-	}
-	if t.Failed() {
-		t.Logf("audit -o json:\n%s", stdout)
 	}
 
 	// check, on each node's labels and the ClusterPolicy, runs what the

@@ -57,9 +57,7 @@ func setUp(t *testing.T) *oracle {
 	o.guard = startGuard(t)
 
 	cp.MustKubectl(t, "apply", "--server-side", "-f", build.CRDDir())
-	for _, crd := range []string{"clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"} {
-		cp.MustKubectl(t, "wait", "--for=condition=Established", "--timeout=60s", "crd/"+crd)
-	}
+	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com")
 	cp.MustKubectl(t, "create", "namespace", operatorNS)
 	cp.MustKubectl(t, "create", "serviceaccount", "gpu-operator", "-n", operatorNS)
 	cp.MustKubectl(t, "create", "clusterrolebinding", "gpu-operator-oracle",
@@ -164,17 +162,19 @@ func dropNulls(m map[string]any) {
 // operator's labelling pass put it back.
 const sentinel = "oracle-sentinel"
 
-// settle makes the operator run two whole labelling passes over every node
-// and returns once they are done. A pass relabels all nodes, one after the
-// other; a reconcile is forced by a ClusterPolicy spec change (its
+// settle returns once a whole labelling pass that began after the caller's
+// changes has finished with every node. A pass relabels all nodes, one after
+// the other; a reconcile is forced by a ClusterPolicy spec change (its
 // controller reacts to a new generation), not waited for on a timer. Passes
-// run one at a time, so when the second pass has relabelled the sentinel
-// the first has finished with every node. It returns how long the first
-// pass took to show.
+// run one at a time. The pass that first relabels the sentinel may have
+// begun before the changes (node events start passes too); the next one
+// began after it ended, so after the changes; and when a third relabels the
+// sentinel, that second pass has finished with every node. It returns how
+// long the first relabelling took to show.
 func (o *oracle) settle(t *testing.T) time.Duration {
 	t.Helper()
 	var first time.Duration
-	for i := 0; i < 2; i++ {
+	for i := 0; i < 3; i++ {
 		cp.MustKubectl(t, "label", "node", sentinel, deployPrefix+"dcgm-")
 		start := time.Now()
 		o.touch(t)
