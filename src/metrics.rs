@@ -54,6 +54,8 @@ pub struct Metrics {
     open_connections: Gauge<i64>,
     connection_limit: Gauge<i64>,
     operator_version: Family<VersionLabels, Gauge>,
+    /// The labels of the one `operator_version_info` series.
+    operator_version_current: Mutex<Option<VersionLabels>>,
 }
 
 impl Default for Metrics {
@@ -162,6 +164,7 @@ impl Metrics {
             open_connections,
             connection_limit,
             operator_version,
+            operator_version_current: Mutex::new(None),
         }
     }
 
@@ -234,18 +237,27 @@ impl Metrics {
         self.cert_expiry.set(unix_seconds);
     }
 
-    /// Lets other parts of the process (the cluster audit) register metrics.
-    /// Replaces the `operator_version_info` series with this one.
+    /// Replaces the `operator_version_info` series with this one: the new series is there
+    /// before the old one goes, so no scrape finds none.
     pub fn set_operator_version(&self, version: &str, era: &'static str, source: &'static str) {
         let labels = VersionLabels {
             version: crate::core::echo::echo(version).into_owned(),
             era,
             source,
         };
-        self.operator_version.clear();
+        let mut current = self
+            .operator_version_current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         self.operator_version.get_or_create(&labels).set(1);
+        if let Some(old) = current.replace(labels.clone())
+            && old != labels
+        {
+            self.operator_version.remove(&old);
+        }
     }
 
+    /// Lets other parts of the process (the cluster audit) register metrics.
     pub fn with_registry<R>(&self, f: impl FnOnce(&mut Registry) -> R) -> R {
         let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut registry)
@@ -258,5 +270,43 @@ impl Metrics {
         // Encoding into a String cannot fail: fmt::Write for String is infallible.
         let _ = encode(&mut out, &registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version_series(m: &Metrics) -> Vec<String> {
+        m.encode()
+            .lines()
+            .filter(|l| l.starts_with("gpu_deploy_guard_operator_version_info{"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn the_operator_version_has_one_series_that_follows_the_last_one_set() {
+        let m = Metrics::new();
+        assert_eq!(version_series(&m), Vec::<String>::new());
+        m.set_operator_version("v26.7", "v26.7", "assumed");
+        m.set_operator_version("v24.9.2", "v24.9", "deployment");
+        assert_eq!(
+            version_series(&m),
+            [
+                r#"gpu_deploy_guard_operator_version_info{version="v24.9.2",era="v24.9",source="deployment"} 1"#
+            ]
+        );
+        // The same again changes nothing; a long tag is cut as any echoed text.
+        m.set_operator_version("v24.9.2", "v24.9", "deployment");
+        assert_eq!(version_series(&m).len(), 1);
+        m.set_operator_version(
+            &format!("v26.7.0-{}", "x".repeat(500)),
+            "v26.7",
+            "deployment",
+        );
+        let series = version_series(&m);
+        assert_eq!(series.len(), 1, "{series:?}");
+        assert!(series[0].contains("(508 bytes)"), "{series:?}");
     }
 }
