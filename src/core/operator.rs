@@ -235,15 +235,6 @@ fn managed(era: Era) -> OperandSet {
     set
 }
 
-/// The operand of a deploy label key; `None` for other keys, `operands` and unknown ones.
-fn deploy_operand(key: &str) -> Option<Operand> {
-    if key.starts_with(DEPLOY_PREFIX) {
-        Operand::from_key(key)
-    } else {
-        None
-    }
-}
-
 /// What one labelling pass does, worked out once from the few labels it reads: applied to a
 /// whole node by [`labelling_pass`], or asked about single labels by the decision, which needs
 /// only the labels a request changes.
@@ -376,7 +367,7 @@ pub fn labelling_pass(before: &Labels, era: Era, sandbox: &Sandbox) -> Pass {
     if let Some(v) = plan.present {
         labels.insert(GPU_PRESENT_KEY.to_owned(), v.to_owned());
     }
-    labels.retain(|k, _| deploy_operand(k).is_none_or(|op| !plan.sweep.contains(op)));
+    labels.retain(|k, _| Operand::from_key(k).is_none_or(|op| !plan.sweep.contains(op)));
     for op in plan.added(before) {
         labels.insert(op.key().to_owned(), "true".to_owned());
     }
@@ -396,6 +387,7 @@ fn label_actions(
     era: Era,
     applied: bool,
 ) -> BTreeMap<String, LabelAction> {
+    let managed = managed(era);
     let mut actions = BTreeMap::new();
     for (k, old) in deploy_labels(before).filter(|(k, _)| k.as_str() != OPERANDS_KEY) {
         let action = match after.get(k) {
@@ -403,9 +395,7 @@ fn label_actions(
             Some(new) if new != old => LabelAction::Add,
             Some(_) => match restored_value(old) {
                 Some(to) => LabelAction::RestoreFromPaused { to },
-                None if applied
-                    && deploy_operand(k).is_some_and(|op| managed(era).contains(op)) =>
-                {
+                None if applied && Operand::from_key(k).is_some_and(|op| managed.contains(op)) => {
                     LabelAction::Keep
                 }
                 None => LabelAction::Untouched,
