@@ -106,7 +106,7 @@ mod tests {
         );
         apply_given(&mut facts, Some(given));
         assert_eq!(
-            facts.assumptions(),
+            facts.annotation(),
             "GPU Operator v24.9.2 given by --operator-version"
         );
     }

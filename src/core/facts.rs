@@ -180,10 +180,10 @@ impl ClusterFacts {
         )
     }
 
-    /// For the `cluster-facts` audit annotation: what the decision assumed instead of read (the
+    /// The `cluster-facts` audit annotation: what the decision assumed instead of read (the
     /// ClusterPolicy's switches), then which operator version it followed and where that came
     /// from.
-    pub fn assumptions(&self) -> String {
+    pub fn annotation(&self) -> String {
         let version = self.version_described();
         match self.assumed() {
             None => version,

@@ -139,10 +139,10 @@ pub struct Verdict {
     pub exempt: Option<String>,
     /// For an exempt request: what would have been refused.
     pub would_deny: Option<String>,
-    /// What the decision assumed or where its facts came from ([`ClusterFacts::assumptions`]):
-    /// the ClusterPolicy's switches when they were assumed, and the GPU Operator version,
-    /// assumed, given or read from the operator's Deployment.
-    pub assumed_facts: String,
+    /// The `cluster-facts` annotation ([`ClusterFacts::annotation`]): the ClusterPolicy's
+    /// switches when they were assumed, and the GPU Operator version, assumed, given or read
+    /// from the operator's Deployment.
+    pub cluster_facts: String,
 }
 
 impl Verdict {
@@ -179,7 +179,7 @@ impl Verdict {
         if let Some(msg) = &self.would_deny {
             out.push(("would-deny", msg.clone()));
         }
-        out.push(("cluster-facts", self.assumed_facts.clone()));
+        out.push(("cluster-facts", self.cluster_facts.clone()));
         out
     }
 }
@@ -279,7 +279,7 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         after,
         exempt,
         would_deny,
-        assumed_facts: facts.assumptions(),
+        cluster_facts: facts.annotation(),
     }
 }
 

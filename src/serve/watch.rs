@@ -682,7 +682,7 @@ mod tests {
         let c = facts(&config, Health::Synced);
         assert_eq!(c.version.era, crate::core::operator::Era::V24_9);
         assert_eq!(
-            c.assumptions(),
+            c.annotation(),
             "ClusterPolicy unavailable (no ClusterPolicy object exists): the GPU Operator's \
              default operand switches are assumed; GPU Operator v24.9.2 read from Deployment \
              gpu-operator/gpu-operator"
