@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use process_support::{KillOnDrop as Serve, free_port};
+use process_support::{KillOnDrop as Serve, free_port, wait_ready};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-deploy-guard");
 
@@ -26,23 +26,6 @@ fn fixture(name: &str) -> Vec<u8> {
         env!("CARGO_MANIFEST_DIR")
     ))
     .unwrap()
-}
-
-async fn wait_ready(admin: u16) {
-    let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(r) = client
-            .get(format!("http://127.0.0.1:{admin}/readyz"))
-            .send()
-            .await
-            && r.status() == 200
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "serve did not become ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]
@@ -109,7 +92,7 @@ async fn certs_written_by_certs_are_served_and_sigterm_exits_0() {
         .spawn()
         .unwrap();
     let mut serve = Serve(child);
-    wait_ready(admin).await;
+    wait_ready(admin, &mut serve.0).await;
 
     let client = reqwest::Client::builder()
         .use_rustls_tls()

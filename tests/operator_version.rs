@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::Response;
-use process_support::{KillOnDrop, free_port};
+use process_support::{KillOnDrop, free_port, wait_ready};
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-deploy-guard");
@@ -356,23 +356,7 @@ async fn serve(kubeconfig: &Path, dir: &Path, extra: &[&str]) -> Serve {
             .spawn()
             .unwrap(),
     );
-    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(r) = plain
-            .get(format!("http://127.0.0.1:{admin}/readyz"))
-            .send()
-            .await
-            && r.status() == 200
-        {
-            break;
-        }
-        if let Ok(Some(status)) = process.0.try_wait() {
-            panic!("serve exited: {status}");
-        }
-        assert!(Instant::now() < deadline, "serve did not become ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_ready(admin, &mut process.0).await;
     let ca = std::fs::read(&ca).unwrap();
     let client = reqwest::Client::builder()
         .use_rustls_tls()

@@ -1,6 +1,7 @@
-//! `--operator-version`, one flag for `check`, `audit` and `serve`, and which version wins:
-//! the flag, then the config file's `operatorVersion`, then what the cluster says (the
-//! operator Deployment's image tag), else the newest modelled version, assumed.
+//! `--operator-version`, one flag for `check`, `audit`, `serve` and the kubectl plugin, and
+//! which version wins: the flag, then the config file's `operatorVersion`, then what the
+//! cluster says (the operator Deployment's image tag), else the newest modelled version,
+//! assumed.
 
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, VersionSource};

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
-
 use serde::de::IgnoredAny;
 
 use super::meta::{PartialMeta, WorkloadSpec};

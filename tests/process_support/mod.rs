@@ -1,9 +1,10 @@
-//! Shared by the tests that run the binary as a process: a free port, and a child process that
-//! is killed when the test ends, passed or failed.
+//! Shared by the tests that run the binary as a process: a free port, a child process that
+//! is killed when the test ends, passed or failed, and the wait for `serve` to be ready.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::net::TcpListener;
 use std::process::Child;
+use std::time::{Duration, Instant};
 
 /// A port nothing listens on at the moment (the OS's choice for an ephemeral bind).
 pub fn free_port() -> u16 {
@@ -21,5 +22,27 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// Waits (up to 30 s) until the `serve` in `child` answers 200 on its admin port's /readyz;
+/// panics if it exits first.
+pub async fn wait_ready(admin: u16, child: &mut Child) {
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = client
+            .get(format!("http://127.0.0.1:{admin}/readyz"))
+            .send()
+            .await
+            && r.status() == 200
+        {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("serve exited before it was ready: {status}");
+        }
+        assert!(Instant::now() < deadline, "serve not ready after 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
