@@ -89,19 +89,15 @@ func startWatchingGuard(t *testing.T, extraArgs ...string) *framework.Guard {
 			t.Fatalf("kubectl apply of deploy/base's %s: %s", firstLineOf(m), got)
 		}
 	}
-	// The token is the service account's, and RBAC has caught up with the
-	// bindings, before serve makes its first call.
+	// The token is the service account's, and RBAC has caught up with both
+	// bindings (the Role's in the operator namespace; the ClusterRole's,
+	// applied last, for nodes, the ClusterPolicy and the report) before serve
+	// makes its first call.
 	kubeconfig := cp.ServiceAccountKubeconfig(t, "gpu-deploy-guard-sa", guardNS, "gpu-deploy-guard",
-		"watch", "pods", "-n", operatorNS)
-	// The ClusterRoleBinding is applied last; serve reads nodes and the
-	// ClusterPolicy, and writes the report, through it.
-	for _, canI := range [][]string{{"watch", "nodes"}, {"watch", "clusterpolicies.nvidia.com"}, {"patch", "clusterpolicyreports.wgpolicyk8s.io"}} {
-		args := append([]string{"auth", "can-i"}, canI...)
-		framework.WaitFor(t, 30*time.Second, "the guard's service account to "+strings.Join(canI, " "), func() (bool, string) {
-			answer, stderr, code := cp.KubectlAs(kubeconfig, "", args...)
-			return code == 0, fmt.Sprintf("exit %d: %s%s", code, strings.TrimSpace(answer), strings.TrimSpace(stderr))
-		})
-	}
+		[]string{"watch", "pods", "-n", operatorNS},
+		[]string{"watch", "nodes"},
+		[]string{"watch", "clusterpolicies.nvidia.com"},
+		[]string{"patch", "clusterpolicyreports.wgpolicyk8s.io"})
 
 	dir, err := os.MkdirTemp(cp.Dir, "gpu-deploy-guard-watching-")
 	if err != nil {

@@ -103,8 +103,9 @@ func (cp *ControlPlane) WaitCRDsServed(t testing.TB, crds ...string) {
 // ServiceAccountKubeconfig writes a kubeconfig named name that authenticates
 // as service account ns/sa with a fresh token, and returns its path once the
 // API server takes the token as that account and RBAC has caught up with its
-// bindings: `kubectl auth can-i canI...` answers yes.
-func (cp *ControlPlane) ServiceAccountKubeconfig(t testing.TB, name, ns, sa string, canI ...string) string {
+// bindings: `kubectl auth can-i <check>` answers yes for every check (e.g.
+// {"watch", "pods", "-n", "gpu-operator"}), one per binding to wait for.
+func (cp *ControlPlane) ServiceAccountKubeconfig(t testing.TB, name, ns, sa string, checks ...[]string) string {
 	t.Helper()
 	token := strings.TrimSpace(cp.MustKubectl(t, "create", "token", sa, "-n", ns, "--duration=2h"))
 	kubeconfig, err := cp.WriteTokenKubeconfig(name, token)
@@ -117,8 +118,13 @@ func (cp *ControlPlane) ServiceAccountKubeconfig(t testing.TB, name, ns, sa stri
 		if code != 0 || who != user {
 			return false, fmt.Sprintf("whoami: exit %d %q %q", code, who, stderr)
 		}
-		answer, _, code := cp.KubectlAs(kubeconfig, "", append([]string{"auth", "can-i"}, canI...)...)
-		return code == 0, "can-i " + strings.Join(canI, " ") + ": " + strings.TrimSpace(answer)
+		for _, check := range checks {
+			answer, _, code := cp.KubectlAs(kubeconfig, "", append([]string{"auth", "can-i"}, check...)...)
+			if code != 0 {
+				return false, "can-i " + strings.Join(check, " ") + ": " + strings.TrimSpace(answer)
+			}
+		}
+		return true, ""
 	})
 	return kubeconfig
 }

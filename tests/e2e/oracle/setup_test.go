@@ -63,7 +63,7 @@ func setUp(t *testing.T) *oracle {
 	cp.MustKubectl(t, "create", "clusterrolebinding", "gpu-operator-oracle",
 		"--clusterrole=cluster-admin", "--serviceaccount="+operatorNS+":gpu-operator")
 	kubeconfig := cp.ServiceAccountKubeconfig(t, "gpu-operator-sa", operatorNS, "gpu-operator",
-		"create", "daemonsets", "-n", operatorNS)
+		[]string{"create", "daemonsets", "-n", operatorNS})
 
 	o.policyName = applySampleClusterPolicy(t, build)
 
