@@ -9,6 +9,7 @@
 //! audit and the webhook never disagree about a node.
 
 pub mod apply;
+pub mod incremental;
 pub mod metrics;
 pub mod output;
 pub mod report;
@@ -20,12 +21,12 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::core::facts::ClusterFacts;
-use crate::core::operands::{Operand, OperandSet, is_gpu_node};
+use crate::core::operands::{Labels, Operand, OperandSet, is_gpu_node};
 use crate::core::policy::{self, Policy};
 use crate::core::rules::{Action, Rule};
 use crate::k8s::daemonset::{is_daemonset_pod, operand_of_pod};
 use crate::k8s::node::NodeView;
-use crate::k8s::pod::{PodPhase, PodView};
+use crate::k8s::pod::{PodOnNode, PodPhase, PodView};
 
 /// A rule the audit reports: one of the webhook's state rules, or its own pod check.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -182,6 +183,52 @@ impl AuditReport {
     }
 }
 
+/// What every node's audit shares: the facts with the evidence of the pods applied, the
+/// report's columns and the rules evaluated. Built once per pass ([`audit`]), or kept by an
+/// incremental auditor and rebuilt only when the facts or the operands with pods change.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Context {
+    pub facts: ClusterFacts,
+    pub columns: Vec<Operand>,
+    pub rules: Vec<AuditRule>,
+}
+
+impl Context {
+    /// `seen`: the operands that have at least one pod in the namespace.
+    pub fn new(facts: &ClusterFacts, seen: OperandSet, policy: &Policy) -> Context {
+        let present = facts.daemonsets.unwrap_or(seen);
+        // Evidence beats defaults: an operand whose pods (through their owner) or DaemonSet the
+        // cluster shows is enabled, even where the ClusterPolicy's defaults say it is off.
+        let mut facts = facts.clone();
+        facts.enable_seen(seen);
+        let columns = Operand::always_shown()
+            .chain(Operand::all().filter(|op| present.contains(*op) && !op.info().always_shown))
+            .collect();
+        let rules = AuditRule::all()
+            .filter(|r| match r {
+                AuditRule::Policy(rule) => policy.action(*rule) != Action::Off,
+                AuditRule::OperandNotRunning => true,
+            })
+            .collect();
+        Context {
+            facts,
+            columns,
+            rules,
+        }
+    }
+
+    /// One node's audit: `pods` are the operand pods scheduled on it.
+    pub fn node(
+        &self,
+        name: &str,
+        labels: &Labels,
+        pods: &[PodOnNode<'_>],
+        policy: &Policy,
+    ) -> NodeAudit {
+        audit_node(name, labels, pods, &self.columns, &self.facts, policy)
+    }
+}
+
 /// Audits every node against the operator's pods. O(nodes + pods): pods are indexed by node once.
 pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
     nodes: &[N],
@@ -189,7 +236,7 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
     facts: &ClusterFacts,
     policy: &Policy,
 ) -> AuditReport {
-    let mut by_node: HashMap<&str, Vec<(Operand, &PodView)>> = HashMap::new();
+    let mut by_node: HashMap<&str, Vec<PodOnNode<'_>>> = HashMap::new();
     let mut seen = OperandSet::EMPTY;
     let mut running_daemonset_pods = 0;
     for pod in pods {
@@ -202,89 +249,76 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
         };
         seen.insert(op);
         if let Some(node) = pod.node.as_deref() {
-            by_node.entry(node).or_default().push((op, pod));
+            by_node.entry(node).or_default().push(PodOnNode {
+                operand: op,
+                name: pod.name(),
+                phase: pod.phase,
+            });
         }
     }
-    let present = facts.daemonsets.unwrap_or(seen);
-    // Evidence beats defaults: an operand whose pods (through their owner) or DaemonSet the
-    // cluster shows is enabled, even where the ClusterPolicy's defaults say it is off.
-    let facts = &{
-        let mut f = facts.clone();
-        f.enable_seen(seen);
-        f
-    };
-    let columns: Vec<Operand> = Operand::always_shown()
-        .chain(Operand::all().filter(|op| present.contains(*op) && !op.info().always_shown))
-        .collect();
-
+    let ctx = Context::new(facts, seen, policy);
     let mut out: Vec<NodeAudit> = nodes
         .iter()
         .map(|n| {
             let n = n.borrow();
             let pods = by_node.get(n.name()).map_or(&[][..], Vec::as_slice);
-            audit_node(n, pods, &columns, facts, policy)
+            ctx.node(n.name(), n.labels(), pods, policy)
         })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     AuditReport {
         nodes: out,
-        columns,
+        columns: ctx.columns,
         running_daemonset_pods,
-        facts: facts.clone(),
-        rules: AuditRule::all()
-            .filter(|r| match r {
-                AuditRule::Policy(rule) => policy.action(*rule) != Action::Off,
-                AuditRule::OperandNotRunning => true,
-            })
-            .collect(),
+        facts: ctx.facts,
+        rules: ctx.rules,
     }
 }
 
 fn audit_node(
-    node: &NodeView,
-    pods: &[(Operand, &PodView)],
+    name: &str,
+    labels: &Labels,
+    pods: &[PodOnNode<'_>],
     columns: &[Operand],
     facts: &ClusterFacts,
     policy: &Policy,
 ) -> NodeAudit {
-    let labels = node.labels();
     let expected: OperandSet = policy::simulate(labels, facts)
         .iter()
         .filter(|op| op.info().has_daemonset())
         .filter(|op| facts.daemonsets.is_none_or(|ds| ds.contains(*op)))
         .collect();
-    let with_pods: OperandSet = pods.iter().map(|(op, _)| *op).collect();
+    let with_pods: OperandSet = pods.iter().map(|p| p.operand).collect();
     let operands: Vec<OperandState> = Operand::all()
         .filter(|op| columns.contains(op) || expected.contains(*op) || with_pods.contains(*op))
         .map(|op| {
             // Prefer a Running pod, then the most advanced phase, then the name: deterministic.
             let pod = pods
                 .iter()
-                .filter(|(o, _)| *o == op)
-                .map(|(_, p)| *p)
-                .min_by(|a, b| (a.phase, a.name()).cmp(&(b.phase, b.name())));
+                .filter(|p| p.operand == op)
+                .min_by(|a, b| (a.phase, a.name).cmp(&(b.phase, b.name)));
             OperandState {
                 operand: op,
                 expected: expected.contains(op),
-                running: pod.is_some_and(PodView::is_running),
-                pod: pod.map(|p| p.name().to_owned()),
+                running: pod.is_some_and(|p| p.phase == PodPhase::Running),
+                pod: pod.map(|p| p.name.to_owned()),
                 phase: pod.map(|p| p.phase),
             }
         })
         .collect();
     let mut audit = NodeAudit {
-        name: node.name().to_owned(),
+        name: name.to_owned(),
         gpu: is_gpu_node(labels),
         operands,
         findings: Vec::new(),
     };
-    audit.findings = findings(&audit, node, facts, policy);
+    audit.findings = findings(&audit, labels, facts, policy);
     audit
 }
 
 fn findings(
     audit: &NodeAudit,
-    node: &NodeView,
+    labels: &Labels,
     facts: &ClusterFacts,
     policy: &Policy,
 ) -> Vec<AuditFinding> {
@@ -317,7 +351,7 @@ fn findings(
             message: not_running_message(&audit.name, &missing, facts),
         });
     }
-    for f in policy::assess(&audit.name, node.labels(), facts, policy) {
+    for f in policy::assess(&audit.name, labels, facts, policy) {
         let rule = AuditRule::Policy(f.rule);
         // What the pods show says more than what the labels imply.
         if out.iter().any(|o| o.rule == rule) {

@@ -190,11 +190,28 @@ impl Verdict {
 /// reviewed Node (a GPU node has ~100 labels; these are 10–20); the tests check that dropping
 /// the others never changes a verdict.
 pub fn reads_label(key: &str, facts: &ClusterFacts) -> bool {
+    reads_label_whatever_the_facts(key) || facts.selectors.values().any(|sel| sel.contains_key(key))
+}
+
+/// The part of [`reads_label`] that holds under any facts: everything but the keys of custom
+/// operand nodeSelectors ([`selector_keys`]).
+pub fn reads_label_whatever_the_facts(key: &str) -> bool {
     key.starts_with(DEPLOY_PREFIX)
         || key == GPU_PRESENT_KEY
         || NFD_NVIDIA_PCI_KEYS.contains(&key)
         || PASS_READS.contains(&key)
-        || facts.selectors.values().any(|sel| sel.contains_key(key))
+}
+
+/// The label keys of the facts' custom operand nodeSelectors that [`reads_label`] reads beyond
+/// [`reads_label_whatever_the_facts`]: a keeper of compact node records must keep these too.
+pub fn selector_keys(facts: &ClusterFacts) -> std::collections::BTreeSet<String> {
+    facts
+        .selectors
+        .values()
+        .flat_map(|sel| sel.keys())
+        .filter(|k| !reads_label_whatever_the_facts(k))
+        .cloned()
+        .collect()
 }
 
 /// The operands the DaemonSet controller runs on a node with these labels.

@@ -6,6 +6,11 @@
 /// it while only the fields gpu-deploy-guard reads are deserialized.
 macro_rules! partial_resource {
     ($view:ty, $scope:ty, kind: $kind:literal, group: $group:literal, version: $version:literal, plural: $plural:literal) => {
+        partial_resource!($view, $scope, kind: $kind, group: $group, version: $version, plural: $plural, metadata_api: false);
+    };
+    // `metadata_api: true`: the view reads nothing but `metadata`, so `Api` asks the server for
+    // `PartialObjectMetadata` (no spec, no status, no images on the wire).
+    ($view:ty, $scope:ty, kind: $kind:literal, group: $group:literal, version: $version:literal, plural: $plural:literal, metadata_api: $meta:literal) => {
         impl kube::Resource for $view {
             type DynamicType = ();
             type Scope = $scope;
@@ -21,6 +26,9 @@ macro_rules! partial_resource {
             }
             fn plural(_: &()) -> std::borrow::Cow<'_, str> {
                 std::borrow::Cow::Borrowed($plural)
+            }
+            fn metadata_api() -> bool {
+                $meta
             }
             fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
                 &self.metadata
@@ -38,6 +46,7 @@ pub mod api;
 pub mod cluster_policy;
 pub mod daemonset;
 pub mod deployment;
+pub mod fleet;
 pub mod list;
 mod meta;
 pub mod node;

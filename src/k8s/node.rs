@@ -38,7 +38,7 @@ impl NodeView {
     }
 }
 
-partial_resource!(NodeView, k8s_openapi::ClusterResourceScope, kind: "Node", group: "", version: "v1", plural: "nodes");
+partial_resource!(NodeView, k8s_openapi::ClusterResourceScope, kind: "Node", group: "", version: "v1", plural: "nodes", metadata_api: true);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeFileError {
@@ -127,6 +127,19 @@ mod tests {
         let node: NodeView = serde_json::from_str(json).unwrap();
         assert_eq!(node.metadata.resource_version.as_deref(), Some("42"));
         assert_eq!(node.metadata.uid.as_deref(), Some("u-1"));
+    }
+
+    #[test]
+    fn nodes_are_listed_and_watched_as_metadata_only() {
+        use kube::Resource;
+        assert!(NodeView::metadata_api());
+        // What the API server sends for `as=PartialObjectMetadata` reads like a Node.
+        let json = r#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1",
+            "metadata":{"name":"n","resourceVersion":"9","labels":{"a":"b"},"annotations":{"x":"y"}}}"#;
+        let node: NodeView = serde_json::from_str(json).unwrap();
+        assert_eq!(node.name(), "n");
+        assert_eq!(node.labels().get("a").map(String::as_str), Some("b"));
+        assert_eq!(node.metadata.resource_version.as_deref(), Some("9"));
     }
 
     #[test]

@@ -86,6 +86,14 @@ impl PodView {
     }
 }
 
+/// A pod of an operand on a node, as the per-node audit reads it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PodOnNode<'a> {
+    pub operand: crate::core::operands::Operand,
+    pub name: &'a str,
+    pub phase: PodPhase,
+}
+
 /// The wire shape, with every field the audit does not read left out.
 #[derive(Deserialize)]
 pub(crate) struct RawPod {

@@ -1,0 +1,305 @@
+//! The audit kept current by the work a change makes: a label change re-audits its node, a pod
+//! change the nodes the pod was and is on, and only a change of what every node's audit shares
+//! (the facts, the rules, the operands that have pods) re-audits the fleet.
+//!
+//! Pure, like [`super::audit`], and held to give the same [`AuditReport`]: the tests compare
+//! the two after every step.
+
+use std::collections::BTreeSet;
+
+use super::{AuditReport, Context, NodeAudit};
+use crate::core::facts::ClusterFacts;
+use crate::core::policy::Policy;
+use crate::k8s::fleet::{NodeIndex, PodIndex};
+
+/// Which nodes changed since the last pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dirty {
+    /// Every node (a re-list, a new holder, a change too large to track by name).
+    All,
+    Nodes(BTreeSet<Box<str>>),
+}
+
+impl Default for Dirty {
+    fn default() -> Self {
+        Dirty::Nodes(BTreeSet::new())
+    }
+}
+
+impl Dirty {
+    /// Past this many names a change is tracked as [`Dirty::All`]: re-auditing every node then
+    /// costs about what the names would, and memory stays bounded.
+    pub const MAX_NAMES: usize = 4096;
+
+    pub fn add(&mut self, name: &str) {
+        if let Dirty::Nodes(names) = self {
+            if names.len() >= Self::MAX_NAMES {
+                *self = Dirty::All;
+            } else if !names.contains(name) {
+                names.insert(name.into());
+            }
+        }
+    }
+
+    pub fn merge(&mut self, other: Dirty) {
+        match other {
+            Dirty::All => *self = Dirty::All,
+            Dirty::Nodes(names) => {
+                for name in &names {
+                    self.add(name);
+                }
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Dirty::Nodes(names) if names.is_empty())
+    }
+}
+
+/// The last pass's report and what its nodes' audits shared.
+#[derive(Debug, Default)]
+pub struct Incremental {
+    report: Option<AuditReport>,
+    context: Option<Context>,
+}
+
+/// What one [`Incremental::update`] did.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Pass {
+    /// Nodes audited in this pass.
+    pub audited: usize,
+    /// Whether the whole fleet was re-audited.
+    pub whole: bool,
+}
+
+impl Incremental {
+    pub fn report(&self) -> Option<&AuditReport> {
+        self.report.as_ref()
+    }
+
+    /// Brings the report up to date with `nodes` and `pods`, re-auditing the `dirty` nodes, or
+    /// every node when the shared context changed.
+    pub fn update(
+        &mut self,
+        nodes: &NodeIndex,
+        pods: &PodIndex,
+        facts: &ClusterFacts,
+        policy: &Policy,
+        dirty: Dirty,
+    ) -> Pass {
+        let context = Context::new(facts, pods.seen(), policy);
+        let whole =
+            dirty == Dirty::All || self.report.is_none() || self.context.as_ref() != Some(&context);
+        let audit_one = |name: &str| -> Option<NodeAudit> {
+            let record = nodes.get(name)?;
+            Some(context.node(name, &record.labels(), &pods.on_node(name), policy))
+        };
+        let mut audited = 0;
+        let report_nodes = if whole {
+            let all: Vec<NodeAudit> = nodes.names().filter_map(audit_one).collect();
+            audited = all.len();
+            all
+        } else {
+            let mut current = self.report.take().map(|r| r.nodes).unwrap_or_default();
+            if let Dirty::Nodes(names) = &dirty {
+                for name in names {
+                    let at = current.binary_search_by(|n| n.name.as_str().cmp(name));
+                    match (audit_one(name), at) {
+                        (Some(audit), Ok(i)) => current[i] = audit,
+                        (Some(audit), Err(i)) => current.insert(i, audit),
+                        (None, Ok(i)) => {
+                            current.remove(i);
+                        }
+                        (None, Err(_)) => continue,
+                    }
+                    audited += 1;
+                }
+            }
+            current
+        };
+        self.report = Some(AuditReport {
+            nodes: report_nodes,
+            columns: context.columns.clone(),
+            running_daemonset_pods: pods.running_daemonset_pods(),
+            facts: context.facts.clone(),
+            rules: context.rules.clone(),
+        });
+        self.context = Some(context);
+        Pass { audited, whole }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::audit;
+    use crate::audit::tests::node;
+    use crate::core::facts::operator_defaults;
+    use crate::k8s::fleet::LabelFilter;
+    use crate::k8s::node::NodeView;
+    use crate::k8s::pod::{PodPhase, PodView};
+
+    fn pod(name: &str, node: &str, ds: &str, phase: PodPhase) -> PodView {
+        let mut p = PodView {
+            node: Some(node.to_owned()),
+            phase,
+            daemonset: Some(ds.to_owned()),
+            owned: true,
+            ..PodView::default()
+        };
+        p.metadata.name = Some(name.to_owned());
+        p
+    }
+
+    /// The incremental report equals the batch audit of the same nodes and pods.
+    fn same_as_batch(inc: &Incremental, nodes: &[NodeView], pods: &[PodView]) {
+        let facts = operator_defaults();
+        let batch = audit(nodes, pods, &facts, &Policy::default());
+        assert_eq!(inc.report(), Some(&batch));
+    }
+
+    #[test]
+    fn label_and_pod_changes_re_audit_only_their_nodes_and_match_the_batch_audit() {
+        let facts = operator_defaults();
+        let policy = Policy::default();
+        let mut nodes = vec![
+            node(
+                "a",
+                &[("device-plugin", "true"), ("container-toolkit", "true")],
+            ),
+            node("b", &[("device-plugin", "true")]),
+            node("c", &[]),
+        ];
+        let mut pods = vec![
+            pod(
+                "dp-a",
+                "a",
+                "nvidia-device-plugin-daemonset",
+                PodPhase::Running,
+            ),
+            pod(
+                "dp-b",
+                "b",
+                "nvidia-device-plugin-daemonset",
+                PodPhase::Running,
+            ),
+            pod(
+                "tk-a",
+                "a",
+                "nvidia-container-toolkit-daemonset",
+                PodPhase::Pending,
+            ),
+        ];
+        let mut index = NodeIndex::new(LabelFilter::new(&facts));
+        let mut pod_index = PodIndex::default();
+        index.start_relist();
+        for n in &nodes {
+            index.relist_apply(n);
+        }
+        index.finish_relist();
+        pod_index.start_relist();
+        for p in &pods {
+            pod_index.relist_apply(p);
+        }
+        pod_index.finish_relist();
+        let mut inc = Incremental::default();
+        let pass = inc.update(&index, &pod_index, &facts, &policy, Dirty::All);
+        assert_eq!(
+            pass,
+            Pass {
+                audited: 3,
+                whole: true
+            }
+        );
+        same_as_batch(&inc, &nodes, &pods);
+
+        // A heartbeat: the same labels plus one no rule reads. Nothing is dirty.
+        let mut beat = nodes[2].clone();
+        beat.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("kubernetes.io/hostname".into(), "c".into());
+        assert!(!index.apply(&beat));
+
+        // The toolkit pod on a starts running: only a is audited again.
+        pods[2].phase = PodPhase::Running;
+        let mut dirty = Dirty::default();
+        for n in pod_index.apply(&pods[2]) {
+            dirty.add(&n);
+        }
+        let pass = inc.update(&index, &pod_index, &facts, &policy, dirty);
+        assert_eq!(
+            pass,
+            Pass {
+                audited: 1,
+                whole: false
+            }
+        );
+        same_as_batch(&inc, &nodes, &pods);
+
+        // b gets the toolkit label; c is deleted; d is added.
+        nodes[1] = node(
+            "b",
+            &[("device-plugin", "true"), ("container-toolkit", "true")],
+        );
+        let mut dirty = Dirty::default();
+        assert!(index.apply(&nodes[1]));
+        dirty.add("b");
+        assert!(index.delete("c"));
+        dirty.add("c");
+        nodes.remove(2);
+        let d = node("d", &[("driver", "true")]);
+        assert!(index.apply(&d));
+        dirty.add("d");
+        nodes.push(d);
+        let pass = inc.update(&index, &pod_index, &facts, &policy, dirty);
+        assert_eq!(
+            pass,
+            Pass {
+                audited: 3,
+                whole: false
+            }
+        );
+        same_as_batch(&inc, &nodes, &pods);
+
+        // The first pod of an operand the defaults switch off (the node status exporter)
+        // enables it and adds a column: the whole fleet again.
+        let gfd = pod(
+            "nse-d",
+            "d",
+            "nvidia-node-status-exporter",
+            PodPhase::Running,
+        );
+        let mut dirty = Dirty::default();
+        for n in pod_index.apply(&gfd) {
+            dirty.add(&n);
+        }
+        pods.push(gfd);
+        let pass = inc.update(&index, &pod_index, &facts, &policy, dirty);
+        assert!(pass.whole);
+        same_as_batch(&inc, &nodes, &pods);
+
+        // A pod deleted.
+        let mut dirty = Dirty::default();
+        for n in pod_index.delete("dp-b") {
+            dirty.add(&n);
+        }
+        pods.retain(|p| p.name() != "dp-b");
+        inc.update(&index, &pod_index, &facts, &policy, dirty);
+        same_as_batch(&inc, &nodes, &pods);
+    }
+
+    #[test]
+    fn too_many_names_become_all() {
+        let mut dirty = Dirty::default();
+        for i in 0..=Dirty::MAX_NAMES {
+            dirty.add(&format!("n{i}"));
+        }
+        assert_eq!(dirty, Dirty::All);
+        let mut d = Dirty::default();
+        assert!(d.is_empty());
+        d.merge(Dirty::All);
+        assert_eq!(d, Dirty::All);
+    }
+}

@@ -1,0 +1,368 @@
+//! The fleet in compact form: one small record per node holding only the labels the decision
+//! reads, and one per operator pod holding only what the audit reads.
+//!
+//! A GPU node carries ~100 labels and kilobytes of status; the decision reads 10–20 of its
+//! labels ([`policy::reads_label`]). Each record keeps those, with every key and value interned
+//! (a fleet shares its keys and nearly all its values), so a node costs a few hundred bytes
+//! whatever its size on the wire. Pure data: the watches in `serve` feed it.
+//!
+//! Both indexes say which nodes a change touched, so that the audit re-runs over those nodes
+//! only; a node status heartbeat, which changes no label read, touches none.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, btree_map};
+use std::ops::Bound;
+use std::sync::Arc;
+
+use crate::core::facts::ClusterFacts;
+use crate::core::operands::{Labels, Operand, OperandSet};
+use crate::core::policy;
+use crate::k8s::daemonset::{is_daemonset_pod, operand_of_pod};
+use crate::k8s::node::NodeView;
+use crate::k8s::pod::{PodOnNode, PodPhase, PodView};
+
+/// An interned string.
+pub type Sym = Arc<str>;
+
+/// Interned strings, shared by the records. Strings no record uses any more are dropped when
+/// the table has doubled since the last sweep, so it stays in proportion to what is in use.
+#[derive(Debug, Default)]
+struct Interner {
+    set: HashSet<Sym>,
+    swept_at: usize,
+}
+
+impl Interner {
+    /// Below this many strings the table is never swept.
+    const FLOOR: usize = 1024;
+
+    fn get(&mut self, s: &str) -> Sym {
+        if let Some(sym) = self.set.get(s) {
+            return sym.clone();
+        }
+        let sym: Sym = Arc::from(s);
+        self.set.insert(sym.clone());
+        sym
+    }
+
+    fn sweep_if_grown(&mut self) {
+        if self.set.len() > 2 * self.swept_at.max(Self::FLOOR) {
+            self.set.retain(|s| Arc::strong_count(s) > 1);
+            self.swept_at = self.set.len();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.set.len()
+    }
+}
+
+/// Which labels a node record keeps: those the decision reads under any facts, and the keys of
+/// the cluster's custom operand nodeSelectors.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LabelFilter {
+    selector_keys: BTreeSet<String>,
+}
+
+impl LabelFilter {
+    pub fn new(facts: &ClusterFacts) -> LabelFilter {
+        LabelFilter {
+            selector_keys: policy::selector_keys(facts),
+        }
+    }
+
+    pub fn keeps(&self, key: &str) -> bool {
+        policy::reads_label_whatever_the_facts(key) || self.selector_keys.contains(key)
+    }
+
+    /// Whether records kept under `self` hold every label `other` would keep: when they do
+    /// not, the nodes must be read again.
+    pub fn covers(&self, other: &LabelFilter) -> bool {
+        other.selector_keys.is_subset(&self.selector_keys)
+    }
+}
+
+/// A node's labels that the decision reads, sorted by key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRecord {
+    labels: Box<[(Sym, Sym)]>,
+}
+
+impl NodeRecord {
+    /// The kept labels as the decision's label map.
+    pub fn labels(&self) -> Labels {
+        self.labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}
+
+/// Every node of the cluster as a [`NodeRecord`], by name.
+#[derive(Debug, Default)]
+pub struct NodeIndex {
+    filter: LabelFilter,
+    records: BTreeMap<Box<str>, NodeRecord>,
+    /// Filled while a re-list runs; replaces `records` when it completes.
+    relist: Option<BTreeMap<Box<str>, NodeRecord>>,
+    strings: Interner,
+}
+
+impl NodeIndex {
+    pub fn new(filter: LabelFilter) -> NodeIndex {
+        NodeIndex {
+            filter,
+            ..NodeIndex::default()
+        }
+    }
+
+    pub fn filter(&self) -> &LabelFilter {
+        &self.filter
+    }
+
+    /// Records made from now on keep what `filter` keeps; those made before stay as they are
+    /// until the nodes are listed again.
+    pub fn set_filter(&mut self, filter: LabelFilter) {
+        self.filter = filter;
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&NodeRecord> {
+        self.records.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.records.keys().map(|k| &**k)
+    }
+
+    /// Interned strings held (for the tests and the benchmark's accounting).
+    pub fn interned(&self) -> usize {
+        self.strings.len()
+    }
+
+    fn record(&mut self, node: &NodeView) -> NodeRecord {
+        let filter = &self.filter;
+        let strings = &mut self.strings;
+        let labels: Vec<(Sym, Sym)> = node
+            .labels()
+            .iter()
+            .filter(|(k, _)| filter.keeps(k))
+            .map(|(k, v)| (strings.get(k), strings.get(v)))
+            .collect();
+        NodeRecord {
+            labels: labels.into_boxed_slice(),
+        }
+    }
+
+    /// A node was added or changed: true when its record changed (a heartbeat gives false).
+    pub fn apply(&mut self, node: &NodeView) -> bool {
+        let record = self.record(node);
+        let changed = match self.records.entry(node.name().into()) {
+            btree_map::Entry::Occupied(mut e) => {
+                if *e.get() == record {
+                    false
+                } else {
+                    e.insert(record);
+                    true
+                }
+            }
+            btree_map::Entry::Vacant(e) => {
+                e.insert(record);
+                true
+            }
+        };
+        self.strings.sweep_if_grown();
+        changed
+    }
+
+    /// A node was deleted: true when it was known.
+    pub fn delete(&mut self, name: &str) -> bool {
+        let known = self.records.remove(name).is_some();
+        self.strings.sweep_if_grown();
+        known
+    }
+
+    /// A re-list starts; the records stay in use until [`Self::finish_relist`].
+    pub fn start_relist(&mut self) {
+        self.relist = Some(BTreeMap::new());
+    }
+
+    /// One node of the re-list.
+    pub fn relist_apply(&mut self, node: &NodeView) {
+        let record = self.record(node);
+        self.relist
+            .get_or_insert_with(BTreeMap::new)
+            .insert(node.name().into(), record);
+    }
+
+    /// The re-list is complete: it replaces the records. Returns the names of the nodes added,
+    /// changed or gone.
+    pub fn finish_relist(&mut self) -> Vec<Box<str>> {
+        let new = self.relist.take().unwrap_or_default();
+        let mut changed: Vec<Box<str>> = self
+            .records
+            .iter()
+            .filter(|(name, old)| new.get(*name) != Some(*old))
+            .map(|(name, _)| name.clone())
+            .collect();
+        changed.extend(
+            new.keys()
+                .filter(|name| !self.records.contains_key(*name))
+                .cloned(),
+        );
+        self.records = new;
+        self.strings.sweep_if_grown();
+        changed
+    }
+}
+
+/// What the audit keeps of one operator pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PodRecord {
+    node: Option<Sym>,
+    operand: Option<Operand>,
+    phase: PodPhase,
+    /// Owned by a DaemonSet, or labelled like an operand's (the matrix's `TOTAL_PODS`).
+    daemonset_pod: bool,
+}
+
+/// The operator namespace's pods as the audit reads them, indexed by node.
+#[derive(Debug, Default)]
+pub struct PodIndex {
+    pods: HashMap<Box<str>, PodRecord>,
+    /// (node, pod name) of every scheduled operand pod.
+    by_node: BTreeSet<(Sym, Box<str>)>,
+    /// Pods per operand (any node, scheduled or not).
+    per_operand: BTreeMap<Operand, usize>,
+    running_daemonset_pods: usize,
+    /// Filled while a re-list runs; replaces the rest when it completes.
+    relist: Option<Box<PodIndex>>,
+    strings: Interner,
+}
+
+impl PodIndex {
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// The operands that have at least one pod.
+    pub fn seen(&self) -> OperandSet {
+        self.per_operand.keys().copied().collect()
+    }
+
+    /// Running DaemonSet pods in the namespace.
+    pub fn running_daemonset_pods(&self) -> usize {
+        self.running_daemonset_pods
+    }
+
+    /// The operand pods scheduled on `node`, sorted by name.
+    pub fn on_node(&self, node: &str) -> Vec<PodOnNode<'_>> {
+        let from: (Sym, Box<str>) = (Arc::from(node), Box::from(""));
+        self.by_node
+            .range((Bound::Included(from), Bound::Unbounded))
+            .take_while(|(n, _)| &**n == node)
+            .filter_map(|(_, name)| {
+                let pod = self.pods.get(name)?;
+                Some(PodOnNode {
+                    operand: pod.operand?,
+                    name,
+                    phase: pod.phase,
+                })
+            })
+            .collect()
+    }
+
+    fn forget(&mut self, name: &str) -> Option<PodRecord> {
+        let old = self.pods.remove(name)?;
+        if let Some(node) = &old.node {
+            self.by_node.remove(&(node.clone(), Box::from(name)));
+        }
+        if let Some(op) = old.operand
+            && let btree_map::Entry::Occupied(mut e) = self.per_operand.entry(op)
+        {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+        if old.daemonset_pod && old.phase == PodPhase::Running {
+            self.running_daemonset_pods -= 1;
+        }
+        Some(old)
+    }
+
+    fn insert(&mut self, pod: &PodView) -> PodRecord {
+        let record = PodRecord {
+            node: pod.node.as_deref().map(|n| self.strings.get(n)),
+            operand: operand_of_pod(pod),
+            phase: pod.phase,
+            daemonset_pod: is_daemonset_pod(pod),
+        };
+        if let (Some(node), Some(_)) = (&record.node, record.operand) {
+            self.by_node.insert((node.clone(), pod.name().into()));
+        }
+        if let Some(op) = record.operand {
+            *self.per_operand.entry(op).or_default() += 1;
+        }
+        if record.daemonset_pod && record.phase == PodPhase::Running {
+            self.running_daemonset_pods += 1;
+        }
+        self.pods.insert(pod.name().into(), record.clone());
+        record
+    }
+
+    /// A pod was added or changed. Returns the nodes whose audit it may change (its node
+    /// before and after); none when nothing the audit reads changed.
+    pub fn apply(&mut self, pod: &PodView) -> Vec<Sym> {
+        let old = self.forget(pod.name());
+        let new = self.insert(pod);
+        self.strings.sweep_if_grown();
+        if old.as_ref() == Some(&new) {
+            return Vec::new();
+        }
+        touched(old.as_ref(), Some(&new))
+    }
+
+    /// A pod was deleted: the node it was on.
+    pub fn delete(&mut self, name: &str) -> Vec<Sym> {
+        let old = self.forget(name);
+        self.strings.sweep_if_grown();
+        touched(old.as_ref(), None)
+    }
+
+    pub fn start_relist(&mut self) {
+        self.relist = Some(Box::default());
+    }
+
+    /// One pod of the re-list.
+    pub fn relist_apply(&mut self, pod: &PodView) {
+        self.relist.get_or_insert_with(Box::default).insert(pod);
+    }
+
+    /// The re-list is complete: it replaces every pod.
+    pub fn finish_relist(&mut self) {
+        let next = self.relist.take().unwrap_or_default();
+        *self = *next;
+    }
+}
+
+fn touched(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<Sym> {
+    let mut nodes: Vec<Sym> = old
+        .iter()
+        .chain(new.iter())
+        .filter(|p| p.operand.is_some())
+        .filter_map(|p| p.node.clone())
+        .collect();
+    nodes.dedup();
+    nodes
+}
