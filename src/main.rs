@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the validating admission webhook (HTTPS) and the admin port (probes, metrics).
-    Serve(serve::cmd::ServeArgs),
+    Serve(Box<serve::cmd::ServeArgs>),
     /// Decide offline what the webhook would answer for a change to a Node.
     Check(check::CheckArgs),
     /// Write a CA and a serving certificate for the webhook, and print the caBundle.
@@ -39,7 +39,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => report(serve::cmd::run(args)),
+        Command::Serve(args) => report(serve::cmd::run(*args)),
         Command::Check(args) => check::run(args),
         Command::Certs(args) => report(certs::run(args)),
         Command::Audit(args) => audit::run(args),

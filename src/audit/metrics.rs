@@ -1,11 +1,15 @@
 //! The continuous audit on `/metrics`.
 //!
-//! Cardinality stays bounded: per-node series exist only for (node, operand)
-//! pairs where the operand is expected or running, never with pod names, and
-//! a pair's series are removed as soon as it is neither (a deleted node, an
-//! operand switched off).
+//! Series grow with problems, not with the fleet: per-node series exist only
+//! for nodes with a finding (a missing operand is one), for the operands
+//! expected or running there, never with pod names, and they are removed as
+//! soon as the node is clean again or gone. The fleet is counted per operand in
+//! `operand_nodes{operand,state}` (nodes where it is expected, running, and
+//! missing: expected and not running). A clean fleet of any size exports a few
+//! dozen series. Only the replica holding the audit's Lease audits
+//! (`audit_leader` 1); the others export no per-node series and zero counts.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -26,6 +30,15 @@ struct RuleLabel {
     rule: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperandState {
+    operand: &'static str,
+    state: &'static str,
+}
+
+/// The `state` values of `operand_nodes`.
+const STATES: [&str; 3] = ["expected", "running", "missing"];
+
 /// Metric names, without the registry's `gpu_deploy_guard_` prefix.
 pub const OPERAND_EXPECTED: &str = "operand_expected";
 pub const OPERAND_RUNNING: &str = "operand_running";
@@ -33,16 +46,22 @@ pub const AUDIT_FINDINGS: &str = "audit_findings";
 pub const AUDIT_LAST_RUN: &str = "audit_last_run_timestamp_seconds";
 pub const AUDIT_NODES: &str = "audit_nodes";
 pub const CLUSTER_POLICY_AVAILABLE: &str = "cluster_policy_available";
+pub const OPERAND_NODES: &str = "operand_nodes";
+pub const AUDIT_LEADER: &str = "audit_leader";
 
 pub struct AuditMetrics {
     expected: Family<NodeOperand, Gauge>,
     running: Family<NodeOperand, Gauge>,
     findings: Family<RuleLabel, Gauge>,
+    operand_nodes: Family<OperandState, Gauge>,
+    leader: Gauge,
     last_run: Gauge,
     nodes: Gauge,
     cluster_policy_available: Gauge,
     /// The (node, operand) pairs that have series now.
     series: Mutex<HashSet<NodeOperand>>,
+    /// The (operand, state) pairs that have series now.
+    totals: Mutex<HashSet<OperandState>>,
 }
 
 impl AuditMetrics {
@@ -52,10 +71,13 @@ impl AuditMetrics {
             expected: Family::default(),
             running: Family::default(),
             findings: Family::default(),
+            operand_nodes: Family::default(),
+            leader: Gauge::default(),
             last_run: Gauge::default(),
             nodes: Gauge::default(),
             cluster_policy_available: Gauge::default(),
             series: Mutex::new(HashSet::new()),
+            totals: Mutex::new(HashSet::new()),
         };
         // Until the ClusterPolicy has been read, the defaults are in use.
         m.cluster_policy_available.set(0);
@@ -67,12 +89,12 @@ impl AuditMetrics {
         metrics.with_registry(|r| {
             r.register(
                 OPERAND_EXPECTED,
-                "1 when the operand should run on the node (deploy label, ClusterPolicy, DaemonSet selector)",
+                "1 when the operand should run on the node (deploy label, ClusterPolicy, DaemonSet selector); only nodes with a finding have these series",
                 m.expected.clone(),
             );
             r.register(
                 OPERAND_RUNNING,
-                "1 when a pod of the operand's DaemonSet is Running on the node",
+                "1 when a pod of the operand's DaemonSet is Running on the node; only nodes with a finding have these series",
                 m.running.clone(),
             );
             r.register(
@@ -87,6 +109,16 @@ impl AuditMetrics {
             );
             r.register(AUDIT_NODES, "Nodes seen by the last audit", m.nodes.clone());
             r.register(
+                OPERAND_NODES,
+                "Nodes where the operand is expected, running, or missing (expected and not running), over the whole fleet",
+                m.operand_nodes.clone(),
+            );
+            r.register(
+                AUDIT_LEADER,
+                "1 when this replica holds the audit's Lease and runs the continuous audit",
+                m.leader.clone(),
+            );
+            r.register(
                 CLUSTER_POLICY_AVAILABLE,
                 "1 when the GPU Operator's ClusterPolicy could be read; 0 when its defaults are assumed",
                 m.cluster_policy_available.clone(),
@@ -99,14 +131,58 @@ impl AuditMetrics {
         self.cluster_policy_available.set(i64::from(available));
     }
 
+    /// Whether this replica runs the audit. Losing the Lease takes its series away, so that
+    /// a replica that no longer audits never shows an old state.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+        if !leader {
+            self.forget();
+        }
+    }
+
+    fn forget(&self) {
+        let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in series.drain() {
+            self.expected.remove(&gone);
+            self.running.remove(&gone);
+        }
+        drop(series);
+        let mut totals = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in totals.drain() {
+            self.operand_nodes.remove(&gone);
+        }
+        drop(totals);
+        for rule in AuditRule::all() {
+            self.findings
+                .get_or_create(&RuleLabel { rule: rule.id() })
+                .set(0);
+        }
+        self.nodes.set(0);
+    }
+
     /// Publishes one audit, done at `unix_seconds`.
     pub fn record(&self, report: &AuditReport, unix_seconds: i64) {
         let mut now = HashSet::new();
+        let mut counts: HashMap<OperandState, i64> = HashMap::new();
         for node in &report.nodes {
+            let problem = !node.findings.is_empty() || node.missing().next().is_some();
             for s in node.operands.iter().filter(|s| s.expected || s.running) {
+                let operand = s.operand.name();
+                for (state, yes) in [
+                    ("expected", s.expected),
+                    ("running", s.running),
+                    ("missing", s.expected && !s.running),
+                ] {
+                    if yes {
+                        *counts.entry(OperandState { operand, state }).or_default() += 1;
+                    }
+                }
+                if !problem {
+                    continue;
+                }
                 let labels = NodeOperand {
                     node: node.name.clone(),
-                    operand: s.operand.name(),
+                    operand,
                 };
                 self.expected
                     .get_or_create(&labels)
@@ -124,6 +200,27 @@ impl AuditMetrics {
         }
         *series = now;
         drop(series);
+        // Every operand the report shows or counts has all three states, zero included, so
+        // that `missing` reads 0 rather than absent on a clean fleet.
+        let mut totals_now = HashSet::new();
+        let mut operands: Vec<&'static str> = report.columns.iter().map(|op| op.name()).collect();
+        operands.extend(counts.keys().map(|k| k.operand));
+        operands.sort_unstable();
+        operands.dedup();
+        for operand in operands {
+            for state in STATES {
+                let key = OperandState { operand, state };
+                let value = counts.get(&key).copied().unwrap_or(0);
+                self.operand_nodes.get_or_create(&key).set(value);
+                totals_now.insert(key);
+            }
+        }
+        let mut totals = self.totals.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in totals.difference(&totals_now) {
+            self.operand_nodes.remove(gone);
+        }
+        *totals = totals_now;
+        drop(totals);
         for rule in AuditRule::all() {
             let count = if report.rules.contains(&rule) {
                 report.count(rule)

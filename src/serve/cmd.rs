@@ -10,10 +10,11 @@ use anyhow::Context as _;
 use clap::ValueEnum;
 
 use super::conn::AbortOnDrop;
+use super::lease::{Election, LeaseConfig};
 use super::readiness::Readiness;
 use super::server::{self, ServeOptions};
 use super::tls;
-use super::watch::{WatchConfig, watch_cluster};
+use super::watch::{WatchConfig, elect, watch_cluster};
 use crate::cli::version::{OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::facts::{
@@ -111,6 +112,34 @@ pub struct ServeArgs {
     /// Write the continuous audit as ClusterPolicyReport `gpu-deploy-guard` (wgpolicyk8s.io/v1alpha2).
     #[arg(long, env = "GDG_REPORT", conflicts_with = "no_cluster_watch")]
     pub report: bool,
+    /// Name of the coordination.k8s.io Lease that elects the one replica running the continuous
+    /// audit (pod watch, gauges, report); every replica answers reviews.
+    #[arg(
+        long,
+        env = "GDG_AUDIT_LEASE",
+        default_value = "gpu-deploy-guard-audit"
+    )]
+    pub audit_lease: String,
+    /// Namespace of the audit's Lease: the pod's own (the chart passes it), else the
+    /// kubeconfig's namespace.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub audit_lease_namespace: Option<String>,
+    /// This replica's name in the Lease: the pod's name (the chart passes it), else the host
+    /// name and process id.
+    #[arg(long, env = "POD_NAME")]
+    pub audit_lease_identity: Option<String>,
+    /// How long the Lease holds without renewal: the longest a dead auditor's work waits
+    /// for another replica to take over (a replica that stops cleanly hands over at once).
+    #[arg(long, env = "GDG_AUDIT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub audit_lease_duration: Duration,
+    /// Run the continuous audit in this replica without an election (one replica only).
+    #[arg(long, env = "GDG_NO_AUDIT_LEASE")]
+    pub no_audit_lease: bool,
+    /// Objects per page when listing the nodes and the operator's pods; one page is held in
+    /// memory at a time.
+    #[arg(long, env = "GDG_LIST_PAGE_SIZE", default_value_t = super::watch::DEFAULT_PAGE_SIZE,
+          value_parser = clap::value_parser!(u32).range(1..=500))]
+    pub list_page_size: u32,
     /// How often the certificate files are checked for rotation.
     #[arg(long, env = "GDG_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub tls_reload_interval: Duration,
@@ -181,6 +210,15 @@ fn init_logs(format: LogFormat) {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logs(args.log_format);
     let (no_cluster_watch, report) = (args.no_cluster_watch, args.report);
+    let audit = AuditOptions {
+        lease: (!args.no_audit_lease).then(|| LeaseArgs {
+            name: args.audit_lease.clone(),
+            namespace: args.audit_lease_namespace.clone(),
+            identity: args.audit_lease_identity.clone(),
+            duration: args.audit_lease_duration,
+        }),
+        page_size: args.list_page_size,
+    };
     let config = match &args.config {
         Some(path) => read::config_file(path)?,
         None => Config::default(),
@@ -244,7 +282,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             metrics.clone(),
         )));
         // Dropped (and so stopped) when serving ends.
-        let _watch = if no_cluster_watch {
+        let watch = if no_cluster_watch {
             tracing::info!(
                 "cluster watch off: deciding with the GPU Operator's default operand switches"
             );
@@ -255,6 +293,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 &config,
                 given,
                 report,
+                &audit,
                 facts_tx,
                 metrics.clone(),
                 &readiness,
@@ -262,8 +301,66 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
         };
         let app = webhook::router(Arc::new(webhook));
-        server::run(options, app, metrics, readiness, server::shutdown_signal()).await
+        let served = server::run(options, app, metrics, readiness, server::shutdown_signal()).await;
+        if let Some(watch) = watch {
+            watch.stop().await;
+        }
+        served
     })
+}
+
+/// How the continuous audit is elected and how the lists are paged.
+struct AuditOptions {
+    lease: Option<LeaseArgs>,
+    page_size: u32,
+}
+
+struct LeaseArgs {
+    name: String,
+    namespace: Option<String>,
+    identity: Option<String>,
+    duration: Duration,
+}
+
+impl LeaseArgs {
+    fn config(&self, client: &kube::Client) -> LeaseConfig {
+        LeaseConfig {
+            name: self.name.clone(),
+            namespace: self
+                .namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned()),
+            identity: self.identity.clone().unwrap_or_else(default_identity),
+            duration: self.duration,
+        }
+    }
+}
+
+/// The host name and process id: unique among replicas outside a pod too.
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let host = if host.is_empty() {
+        "gpu-deploy-guard".to_owned()
+    } else {
+        host
+    };
+    format!("{host}-{}", std::process::id())
+}
+
+/// The cluster watch and the audit's election, stopped together.
+struct ClusterWatch {
+    task: AbortOnDrop<()>,
+    election: Election,
+}
+
+impl ClusterWatch {
+    /// Stops watching; a holder of the audit's Lease hands it over.
+    async fn stop(self) {
+        drop(self.task);
+        self.election.stop(Duration::from_secs(2)).await;
+    }
 }
 
 /// Keeps `operator_version_info` on the version the decisions follow, whatever changes it.
@@ -288,14 +385,16 @@ async fn publish_operator_version(
 
 /// Starts watching the cluster; `/readyz` waits (bounded) for its first sync. Without any
 /// cluster access the webhook still serves, on the operator's defaults, and says so.
+#[allow(clippy::too_many_arguments)]
 async fn start_cluster_watch(
     config: &Config,
     operator_version: Option<(OperatorVersion, VersionSource)>,
     report: bool,
+    audit: &AuditOptions,
     facts_tx: tokio::sync::watch::Sender<Arc<ClusterFacts>>,
     metrics: Arc<Metrics>,
     readiness: &Readiness,
-) -> Option<AbortOnDrop<()>> {
+) -> Option<ClusterWatch> {
     let client = match kube::Client::try_default().await {
         Ok(client) => client,
         Err(error) => {
@@ -313,10 +412,22 @@ async fn start_cluster_watch(
     let mut watch = WatchConfig::new(config.operator_namespace.clone(), config.policy.clone());
     watch.report = report;
     watch.operator_version = operator_version;
-    let task = tokio::spawn(watch_cluster(client, watch, facts_tx, metrics, move || {
-        gate.open()
-    }));
-    Some(AbortOnDrop(task))
+    watch.page_size = audit.page_size;
+    watch.lease = audit.lease.as_ref().map(|lease| lease.config(&client));
+    let election = elect(&client, &watch);
+    let leader = election.leader.clone();
+    let task = tokio::spawn(watch_cluster(
+        client,
+        watch,
+        facts_tx,
+        metrics,
+        leader,
+        move || gate.open(),
+    ));
+    Some(ClusterWatch {
+        task: AbortOnDrop(task),
+        election,
+    })
 }
 
 #[cfg(test)]

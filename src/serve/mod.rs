@@ -2,9 +2,11 @@
 //! and certificate rotation ([`tls`]), readiness and the admin port ([`readiness`]), and the
 //! cluster watch ([`watch`]), which keeps the webhook's facts and the continuous audit current.
 
+mod auditor;
 pub mod cmd;
 mod conn;
 mod idle;
+pub mod lease;
 pub mod limits;
 pub mod readiness;
 pub mod server;

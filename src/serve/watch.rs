@@ -1,14 +1,21 @@
 //! `serve`'s view of the cluster: reflectors on the ClusterPolicy, the
-//! operator's DaemonSets, pods and Deployments, and the nodes, so that no
-//! admission review costs an API call.
+//! operator's DaemonSets and Deployments, and a compact record of every node,
+//! so that no admission review costs an API call.
 //!
-//! From them it keeps two things current, re-computed at most once per
-//! debounce interval after a change:
-//! - the [`ClusterFacts`] the webhook decides with (ClusterPolicy switches,
-//!   real DaemonSet selectors, the operator version its Deployment's image tag
-//!   names), published on a `watch` channel;
-//! - the continuous audit on `/metrics` (and, when asked, the
-//!   ClusterPolicyReport).
+//! Three tasks share it:
+//! - the facts publisher: the [`ClusterFacts`] the webhook decides with
+//!   (ClusterPolicy switches, real DaemonSet selectors, the operator version its
+//!   Deployment's image tag names), re-computed at most once per debounce
+//!   interval after a change and published on a `watch` channel; it also opens
+//!   readiness;
+//! - the node follower: a metadata-only watch of the nodes (no spec, status or
+//!   images on the wire, pages of [`WatchConfig::page_size`]) kept as one
+//!   [`NodeRecord`](crate::k8s::fleet::NodeRecord) per node with only the labels the
+//!   decision reads; a heartbeat that changes none of them costs nothing more;
+//! - the auditor ([`super::auditor`]), in the one replica holding the audit's
+//!   Lease: it watches the operator's pods and keeps the continuous audit on
+//!   `/metrics` (and, when asked, the ClusterPolicyReport) current, re-auditing
+//!   only the nodes a change touched.
 //!
 //! A missing ClusterPolicy CRD (404) or missing RBAC (403) is not an error:
 //! the operator's defaults are used, the log says so once,
@@ -20,7 +27,7 @@
 //! Deployments are then not watched at all.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kube::api::{Api, DynamicObject};
@@ -29,13 +36,13 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector as reflect};
 use kube::{Client, Resource};
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::audit;
-use crate::audit::apply::apply_report;
+use super::auditor;
+use super::lease::{Election, LeaseConfig};
+use crate::audit::incremental::Dirty;
 use crate::audit::metrics::AuditMetrics;
-use crate::audit::report::{self, PolicyReport};
 use crate::core::facts::{ClusterFacts, PolicySource, VersionSource};
 use crate::core::operator::OperatorVersion;
 use crate::core::policy::Policy;
@@ -44,9 +51,13 @@ use crate::k8s::api::{
 };
 use crate::k8s::daemonset::DaemonSetView;
 use crate::k8s::deployment::{self, DeploymentView, Unread};
+use crate::k8s::fleet::{LabelFilter, NodeIndex};
 use crate::k8s::node::NodeView;
-use crate::k8s::pod::PodView;
 use crate::metrics::Metrics;
+
+/// Objects per list page by default: a Node's metadata is ~10 KB and a Pod ~5–10 KB, so a page
+/// stays near a megabyte.
+pub const DEFAULT_PAGE_SIZE: u32 = 100;
 
 /// What the watch needs to know.
 #[derive(Clone, Debug)]
@@ -65,6 +76,11 @@ pub struct WatchConfig {
     /// The operator version given (flag or config file), and how; `None`: read it from the
     /// operator's Deployment.
     pub operator_version: Option<(OperatorVersion, VersionSource)>,
+    /// Objects per page of the nodes' and pods' lists: one page is held whole in memory while
+    /// it is read, so this bounds the lists' cost whatever the size of the fleet.
+    pub page_size: u32,
+    /// The Lease that elects the one auditor; `None`: this replica audits, unelected.
+    pub lease: Option<LeaseConfig>,
 }
 
 impl WatchConfig {
@@ -76,13 +92,15 @@ impl WatchConfig {
             sync_timeout: Duration::from_secs(30),
             report: false,
             operator_version: None,
+            page_size: DEFAULT_PAGE_SIZE,
+            lease: None,
         }
     }
 }
 
 /// How one watched kind is doing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-enum Health {
+pub(super) enum Health {
     /// Not listed yet.
     #[default]
     Starting,
@@ -93,29 +111,29 @@ enum Health {
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Unavailable {
+pub(super) enum Unavailable {
     NotFound,
     Forbidden,
 }
 
 impl Health {
     /// Synced, or known to be unavailable: there is nothing more to wait for.
-    fn settled(&self) -> bool {
+    pub(super) fn settled(&self) -> bool {
         !matches!(self, Health::Starting)
     }
 }
 
 #[derive(Default)]
-struct Status {
+pub(super) struct Status {
     policies: Health,
     daemonsets: Health,
-    pods: Health,
-    nodes: Health,
+    pub(super) pods: Health,
+    pub(super) nodes: Health,
     deployments: Health,
 }
 
 #[derive(Copy, Clone)]
-enum Kind {
+pub(super) enum Kind {
     ClusterPolicies,
     DaemonSets,
     Pods,
@@ -160,18 +178,48 @@ fn unavailable(error: &watcher::Error) -> Option<Unavailable> {
     }
 }
 
+/// The compact nodes every replica keeps, and which of them changed since the auditor last
+/// looked.
+pub(super) struct Fleet {
+    pub(super) state: Mutex<FleetState>,
+    /// Woken when a node's record changed.
+    pub(super) changed: Notify,
+}
+
+pub(super) struct FleetState {
+    pub(super) nodes: NodeIndex,
+    pub(super) dirty: Dirty,
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        Fleet {
+            state: Mutex::new(FleetState {
+                nodes: NodeIndex::default(),
+                dirty: Dirty::All,
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, FleetState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// Watches the cluster until the returned future is dropped.
 ///
 /// `facts_tx` receives new [`ClusterFacts`] whenever they change. `on_synced` is called once,
 /// after the ClusterPolicy, the DaemonSets and (unless a version is given) the Deployments have
 /// been read (or found unavailable) and the facts published, or after `config.sync_timeout` at
-/// the latest. The audit's metrics are
-/// registered in `metrics` on the way in.
+/// the latest. The audit's metrics are registered in `metrics` on the way in; `election` says
+/// when this replica audits.
 pub async fn watch_cluster(
     client: Client,
     config: WatchConfig,
     facts_tx: watch::Sender<Arc<ClusterFacts>>,
     metrics: Arc<Metrics>,
+    election: watch::Receiver<bool>,
     on_synced: impl FnOnce() + Send + 'static,
 ) {
     let audit_metrics = AuditMetrics::register(&metrics);
@@ -192,16 +240,14 @@ pub async fn watch_cluster(
     let policy_writer = Writer::<DynamicObject>::new(policy_ar.clone());
     let policies = policy_writer.as_reader();
     let (daemonsets, ds_writer) = reflector::store::<DaemonSetView>();
-    let (pods, pod_writer) = reflector::store::<PodView>();
-    let (nodes, node_writer) = reflector::store::<NodeView>();
     let (deployments, deployment_writer) = reflector::store::<DeploymentView>();
     let cfg = watcher::Config::default().any_semantic();
+    let paged = cfg.clone().page_size(config.page_size);
+    let fleet = Fleet::new();
 
     let stores = Stores {
         policies,
         daemonsets,
-        pods,
-        nodes,
         deployments,
     };
     tokio::join!(
@@ -221,26 +267,10 @@ pub async fn watch_cluster(
             &status,
             &dirty_tx,
         ),
-        follow(
-            watcher(Api::namespaced(client.clone(), &namespace), cfg.clone()),
-            pod_writer,
-            Kind::Pods,
-            &namespace,
-            &status,
-            &dirty_tx,
-        ),
-        follow(
-            watcher(Api::all(client.clone()), cfg.clone()),
-            node_writer,
-            Kind::Nodes,
-            &namespace,
-            &status,
-            &dirty_tx,
-        ),
         async {
             if watch_deployments {
                 follow(
-                    watcher(Api::namespaced(client.clone(), &namespace), cfg),
+                    watcher(Api::namespaced(client.clone(), &namespace), cfg.clone()),
                     deployment_writer,
                     Kind::Deployments,
                     &namespace,
@@ -250,8 +280,15 @@ pub async fn watch_cluster(
                 .await;
             }
         },
-        Refresh {
-            client: &client,
+        follow_nodes(
+            &client,
+            paged.clone(),
+            &fleet,
+            facts_tx.subscribe(),
+            &status,
+            &namespace,
+        ),
+        Publisher {
             config: &config,
             stores: &stores,
             status: &status,
@@ -259,10 +296,28 @@ pub async fn watch_cluster(
             audit_metrics: &audit_metrics,
         }
         .run(dirty_rx, on_synced),
+        auditor::run(auditor::Auditor {
+            client: &client,
+            config: &config,
+            list: paged,
+            fleet: &fleet,
+            status: &status,
+            facts: facts_tx.subscribe(),
+            metrics: &audit_metrics,
+            leader: election,
+        }),
     );
 }
 
-fn watcher<K>(
+/// Takes part in the audit's election as `config` says: the Lease, or none.
+pub fn elect(client: &Client, config: &WatchConfig) -> Election {
+    match &config.lease {
+        Some(lease) => Election::start(client.clone(), lease.clone()),
+        None => Election::alone(),
+    }
+}
+
+pub(super) fn watcher<K>(
     api: Api<K>,
     cfg: watcher::Config,
 ) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send
@@ -275,8 +330,6 @@ where
 struct Stores {
     policies: Store<DynamicObject>,
     daemonsets: Store<DaemonSetView>,
-    pods: Store<PodView>,
-    nodes: Store<NodeView>,
     deployments: Store<DeploymentView>,
 }
 
@@ -298,41 +351,13 @@ async fn follow<K>(
     while let Some(item) = stream.next().await {
         let changed = match item {
             Ok(Event::InitDone) => {
-                let was = set_health(status, kind, Health::Synced);
-                if let Health::Unavailable(_) = was {
-                    tracing::info!(what = %kind.describe(namespace), "now readable");
-                }
+                watch_synced(kind, namespace, status);
                 failing = false;
                 true
             }
             Ok(Event::Apply(_) | Event::Delete(_)) => true,
             Ok(Event::Init | Event::InitApply(_)) => false,
-            Err(e) => match unavailable(&e) {
-                Some(why) => {
-                    let was = set_health(status, kind, Health::Unavailable(why));
-                    if was != Health::Unavailable(why) {
-                        let what = kind.describe(namespace);
-                        match why {
-                            Unavailable::NotFound => {
-                                tracing::warn!(%what, "not found (is the CRD installed?); retrying in the background")
-                            }
-                            Unavailable::Forbidden => {
-                                tracing::warn!(%what, "forbidden by RBAC; retrying in the background")
-                            }
-                        }
-                    }
-                    was != Health::Unavailable(why)
-                }
-                None => {
-                    // Passing trouble (a dropped connection, an expired resourceVersion): the
-                    // watcher recovers by itself; say so once per bout.
-                    if !failing {
-                        tracing::warn!(what = %kind.describe(namespace), error = %e, "watch interrupted; retrying");
-                        failing = true;
-                    }
-                    false
-                }
-            },
+            Err(e) => watch_failed(&e, kind, namespace, status, &mut failing),
         };
         if changed {
             let _ = dirty.try_send(());
@@ -340,14 +365,63 @@ async fn follow<K>(
     }
 }
 
+/// Records a watch error: a 404 or 403 makes the kind unavailable (said once); other trouble
+/// passes (said once per bout). True when the kind's health changed.
+pub(super) fn watch_failed(
+    e: &watcher::Error,
+    kind: Kind,
+    namespace: &str,
+    status: &Mutex<Status>,
+    failing: &mut bool,
+) -> bool {
+    match unavailable(e) {
+        Some(why) => {
+            let was = set_health(status, kind, Health::Unavailable(why));
+            if was != Health::Unavailable(why) {
+                let what = kind.describe(namespace);
+                match why {
+                    Unavailable::NotFound => {
+                        tracing::warn!(%what, "not found (is the CRD installed?); retrying in the background")
+                    }
+                    Unavailable::Forbidden => {
+                        tracing::warn!(%what, "forbidden by RBAC; retrying in the background")
+                    }
+                }
+            }
+            was != Health::Unavailable(why)
+        }
+        None => {
+            // Passing trouble (a dropped connection, an expired resourceVersion): the
+            // watcher recovers by itself; say so once per bout.
+            if !*failing {
+                tracing::warn!(what = %kind.describe(namespace), error = %e, "watch interrupted; retrying");
+                *failing = true;
+            }
+            false
+        }
+    }
+}
+
+/// The list is complete: the kind is synced (said when it was unavailable before).
+pub(super) fn watch_synced(kind: Kind, namespace: &str, status: &Mutex<Status>) {
+    let was = set_health(status, kind, Health::Synced);
+    if let Health::Unavailable(_) = was {
+        tracing::info!(what = %kind.describe(namespace), "now readable");
+    }
+}
+
+pub(super) fn health(status: &Mutex<Status>, kind: Kind) -> Health {
+    let mut s = status.lock().unwrap_or_else(|e| e.into_inner());
+    kind.health(&mut s).clone()
+}
+
 fn set_health(status: &Mutex<Status>, kind: Kind, health: Health) -> Health {
     let mut s = status.lock().unwrap_or_else(|e| e.into_inner());
     std::mem::replace(kind.health(&mut s), health)
 }
 
-/// What the refresh loop reads and writes, besides its own state.
-struct Refresh<'a> {
-    client: &'a Client,
+/// What the facts publisher reads and writes, besides its own state.
+struct Publisher<'a> {
     config: &'a WatchConfig,
     stores: &'a Stores,
     status: &'a Mutex<Status>,
@@ -355,12 +429,11 @@ struct Refresh<'a> {
     audit_metrics: &'a AuditMetrics,
 }
 
-impl Refresh<'_> {
-    /// After each burst of changes (debounced): publishes the facts, opens readiness once the
-    /// ClusterPolicy and DaemonSets are read (or at the sync timeout), and audits.
+impl Publisher<'_> {
+    /// After each burst of changes (debounced): publishes the facts and opens readiness once
+    /// the ClusterPolicy and DaemonSets are read (or at the sync timeout).
     async fn run(self, mut dirty: mpsc::Receiver<()>, on_synced: impl FnOnce() + Send) {
-        let Refresh {
-            client,
+        let Publisher {
             config,
             stores,
             status,
@@ -371,9 +444,6 @@ impl Refresh<'_> {
         let mut on_synced = Some(on_synced);
         let mut logged_source: Option<PolicySource> = None;
         let mut logged_version: Option<(OperatorVersion, VersionSource)> = None;
-        let mut audit_paused_logged = false;
-        let mut last_report: Option<PolicyReport> = None;
-        let mut report_failing = false;
         loop {
             tokio::select! {
                 received = dirty.recv() => if received.is_none() { return },
@@ -382,16 +452,9 @@ impl Refresh<'_> {
             sleep(config.debounce).await;
             while dirty.try_recv().is_ok() {}
 
-            let (policies_health, ds_health, pods_health, nodes_health, deployments_health) = {
-                let s = status.lock().unwrap_or_else(|e| e.into_inner());
-                (
-                    s.policies.clone(),
-                    s.daemonsets.clone(),
-                    s.pods.clone(),
-                    s.nodes.clone(),
-                    s.deployments.clone(),
-                )
-            };
+            let policies_health = health(status, Kind::ClusterPolicies);
+            let ds_health = health(status, Kind::DaemonSets);
+            let deployments_health = health(status, Kind::Deployments);
             let facts = current_facts(
                 stores,
                 &policies_health,
@@ -440,53 +503,91 @@ impl Refresh<'_> {
                     f();
                 }
             }
+        }
+    }
+}
 
-            if pods_health != Health::Synced || nodes_health != Health::Synced {
-                let unavailable = matches!(pods_health, Health::Unavailable(_))
-                    || matches!(nodes_health, Health::Unavailable(_));
-                if unavailable && !audit_paused_logged {
-                    tracing::warn!(
-                        "continuous audit paused: nodes or operator pods cannot be listed"
-                    );
-                    audit_paused_logged = true;
+/// Keeps `fleet`'s node records current from a metadata-only watch of the nodes. The records
+/// keep the labels the facts' selectors read too: when new facts read a label the records do
+/// not hold, the nodes are listed again (the old records serve until the list completes).
+async fn follow_nodes(
+    client: &Client,
+    cfg: watcher::Config,
+    fleet: &Fleet,
+    mut facts: watch::Receiver<Arc<ClusterFacts>>,
+    status: &Mutex<Status>,
+    namespace: &str,
+) {
+    loop {
+        let filter = LabelFilter::new(&facts.borrow_and_update());
+        fleet.lock().nodes.set_filter(filter.clone());
+        let stream = watcher(Api::<NodeView>::all(client.clone()), cfg.clone());
+        futures::pin_mut!(stream);
+        let mut failing = false;
+        loop {
+            let item = tokio::select! {
+                item = stream.next() => match item {
+                    Some(item) => item,
+                    None => return,
+                },
+                changed = facts.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let wanted = LabelFilter::new(&facts.borrow_and_update());
+                    if filter.covers(&wanted) {
+                        continue;
+                    }
+                    tracing::info!("an operand nodeSelector reads a label the node records do not keep: listing the nodes again");
+                    break;
                 }
-                continue;
-            }
-            audit_paused_logged = false;
-            let nodes = stores.nodes.state();
-            let pods = stores.pods.state();
-            let result = audit::audit(&nodes, &pods, &facts, &config.policy);
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
-            audit_metrics.record(&result, seconds);
-            tracing::debug!(
-                nodes = result.nodes.len(),
-                ok = result.nodes.iter().filter(|n| n.is_ok()).count(),
-                "audit"
-            );
-            if config.report {
-                let built = report::build(&result, report::Timestamp { seconds, nanos: 0 });
-                let comparable = built.without_timestamps();
-                if last_report.as_ref() == Some(&comparable) {
+            };
+            let mut state = fleet.lock();
+            let changed = match item {
+                Ok(Event::Init) => {
+                    state.nodes.start_relist();
+                    false
+                }
+                Ok(Event::InitApply(node)) => {
+                    state.nodes.relist_apply(&node);
+                    false
+                }
+                Ok(Event::InitDone) => {
+                    let changed = state.nodes.finish_relist();
+                    for name in &changed {
+                        state.dirty.add(name);
+                    }
+                    drop(state);
+                    watch_synced(Kind::Nodes, namespace, status);
+                    failing = false;
+                    fleet.changed.notify_one();
                     continue;
                 }
-                match apply_report(client, &built).await {
-                    Ok(()) => {
-                        if report_failing {
-                            tracing::info!("ClusterPolicyReport written again");
-                        }
-                        report_failing = false;
-                        last_report = Some(comparable);
+                Ok(Event::Apply(node)) => {
+                    let changed = state.nodes.apply(&node);
+                    if changed {
+                        state.dirty.add(node.name());
                     }
-                    Err(e) => {
-                        if !report_failing {
-                            tracing::warn!(error = %e, "cannot write the ClusterPolicyReport; retrying on the next change");
-                        }
-                        report_failing = true;
-                    }
+                    changed
                 }
+                Ok(Event::Delete(node)) => {
+                    let changed = state.nodes.delete(node.name());
+                    if changed {
+                        state.dirty.add(node.name());
+                    }
+                    changed
+                }
+                Err(e) => {
+                    drop(state);
+                    if watch_failed(&e, Kind::Nodes, namespace, status, &mut failing) {
+                        fleet.changed.notify_one();
+                    }
+                    continue;
+                }
+            };
+            drop(state);
+            if changed {
+                fleet.changed.notify_one();
             }
         }
     }
@@ -569,11 +670,13 @@ mod tests {
     fn the_watch_can_be_spawned(client: Client, tx: watch::Sender<Arc<ClusterFacts>>) {
         fn spawnable<F: std::future::Future<Output = ()> + Send + 'static>(_: F) {}
         let config = WatchConfig::new("gpu-operator", Policy::default());
+        let (_leader_tx, leader) = watch::channel(true);
         spawnable(watch_cluster(
             client,
             config,
             tx,
             Arc::new(Metrics::new()),
+            leader,
             || {},
         ));
     }
@@ -610,8 +713,6 @@ mod tests {
         Stores {
             policies: Writer::<DynamicObject>::new(cluster_policy_resource()).as_reader(),
             daemonsets: reflector::store::<DaemonSetView>().0,
-            pods: reflector::store::<PodView>().0,
-            nodes: reflector::store::<NodeView>().0,
             deployments: reflector::store::<DeploymentView>().0,
         }
     }

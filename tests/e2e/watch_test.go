@@ -59,6 +59,14 @@ func applyClusterPolicy(t *testing.T, spec string) {
 // removed, when the test ends.
 func startWatchingGuard(t *testing.T, extraArgs ...string) *framework.Guard {
 	t.Helper()
+	return startWatchingReplica(t, watchingRBAC(t), "gpu-deploy-guard-watching", extraArgs...)
+}
+
+// watchingRBAC applies deploy/base's Namespace, ServiceAccount and RBAC as
+// shipped (removed when the test ends) and returns a kubeconfig holding the
+// service account's token, once RBAC has caught up with every binding.
+func watchingRBAC(t *testing.T) string {
+	t.Helper()
 	if guard == nil {
 		t.Fatal("startWatchingGuard needs the shared webhook's config file: call setUpLab first")
 	}
@@ -74,8 +82,8 @@ func startWatchingGuard(t *testing.T, extraArgs ...string) *framework.Guard {
 			manifests = append(manifests, string(o.YAML))
 		}
 	}
-	if len(manifests) != 6 {
-		t.Fatalf("deploy/base has %d Namespace/ServiceAccount/RBAC objects, want 6", len(manifests))
+	if len(manifests) != 8 {
+		t.Fatalf("deploy/base has %d Namespace/ServiceAccount/RBAC objects, want 8", len(manifests))
 	}
 	t.Cleanup(func() {
 		for _, m := range slices.Backward(manifests) {
@@ -97,15 +105,24 @@ func startWatchingGuard(t *testing.T, extraArgs ...string) *framework.Guard {
 		[]string{"watch", "pods", "-n", operatorNS},
 		[]string{"watch", "nodes"},
 		[]string{"watch", "clusterpolicies.nvidia.com"},
-		[]string{"patch", "clusterpolicyreports.wgpolicyk8s.io"})
+		[]string{"patch", "clusterpolicyreports.wgpolicyk8s.io"},
+		[]string{"create", "leases.coordination.k8s.io", "-n", guardNS})
+	return kubeconfig
+}
 
-	dir, err := os.MkdirTemp(cp.Dir, "gpu-deploy-guard-watching-")
+// startWatchingReplica starts one watching serve as the chart runs a replica:
+// with the service account's kubeconfig and its pod name and namespace (the
+// audit's Lease is held there, under that name).
+func startWatchingReplica(t *testing.T, kubeconfig, name string, extraArgs ...string) *framework.Guard {
+	t.Helper()
+	dir, err := os.MkdirTemp(cp.Dir, name+"-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	g, err := framework.StartGuard(framework.GuardConfig{
 		Bin: framework.RequireProductBinary(t), Dir: dir, LogDir: cp.LogDir, ConfigFile: guard.ConfigFile,
-		Name: "gpu-deploy-guard-watching", Env: []string{"KUBECONFIG=" + kubeconfig}, ExtraArgs: extraArgs,
+		Name: name, Env: []string{"KUBECONFIG=" + kubeconfig, "POD_NAME=" + name, "POD_NAMESPACE=" + guardNS},
+		ExtraArgs: extraArgs,
 	})
 	if g != nil {
 		t.Cleanup(g.Stop)
@@ -181,6 +198,30 @@ func (w *gauges) text(nodes, policyAvailable int) string {
 		fmt.Sprintf("audit_nodes %d", nodes), fmt.Sprintf("cluster_policy_available %d", policyAvailable))
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
+}
+
+// waitTotals polls /metrics until operand_nodes gives, for each operand named,
+// "<expected> <running> <missing>" nodes.
+func waitTotals(t *testing.T, g *framework.Guard, timeout time.Duration, what string, want map[string]string) {
+	t.Helper()
+	framework.WaitFor(t, timeout, "operand_nodes: "+what, func() (bool, string) {
+		var diffs []string
+		for op, w := range want {
+			var got []string
+			for _, state := range []string{"expected", "running", "missing"} {
+				v, err := g.Counter(metricPrefix+"operand_nodes", map[string]string{"operand": op, "state": state})
+				if err != nil {
+					return false, err.Error()
+				}
+				got = append(got, fmt.Sprint(v))
+			}
+			if have := strings.Join(got, " "); have != w {
+				diffs = append(diffs, fmt.Sprintf("%s: got %s, want %s", op, have, w))
+			}
+		}
+		slices.Sort(diffs)
+		return len(diffs) == 0, strings.Join(diffs, "; ")
+	})
 }
 
 // waitGauges polls /metrics until the audit gauges are exactly want.
@@ -327,7 +368,8 @@ var labOperands = []string{"driver", "container-toolkit", "device-plugin", "gpu-
 // against the lab with every operand pod Running and lab-node-2 running the
 // device plugin alone. The gauges and the ClusterPolicyReport must state
 // exactly that, and then follow two label changes: the DCGM exporter
-// switched off on lab-node-1 (its series go away), and lab-node-2 repaired
+// switched off on lab-node-1 (its count drops; lab-node-1 is clean and has no
+// per-node series before or after), and lab-node-2 repaired
 // with the toolkit (first Pending: a missing operand; then Running: clean).
 func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
 	setUpIncidentLab(t)
@@ -350,12 +392,18 @@ func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
 		}
 	})
 
+	// Per-node series only for lab-node-2, the node with findings; the fleet
+	// is counted per operand.
 	want := new(gauges).
-		operands("lab-node-0", 1, 1, labOperands...).
-		operands("lab-node-1", 1, 1, "container-toolkit", "device-plugin", "gpu-feature-discovery", "dcgm-exporter").
 		operands("lab-node-2", 1, 1, "device-plugin").
 		findings(map[string]int{"device-plugin-without-toolkit": 1, "device-plugin-on-non-gpu-node": 1})
 	waitGauges(t, g, watchStartTimeout, "the lab with the incident", want.text(3, 1))
+	waitTotals(t, g, watchFollow, "the lab with the incident", map[string]string{
+		"device-plugin": "3 3 0", "container-toolkit": "2 2 0", "dcgm-exporter": "2 2 0", "driver": "1 1 0",
+	})
+	if leader, err := g.Counter(metricPrefix+"audit_leader", nil); err != nil || leader != 1 {
+		t.Errorf("audit_leader = %v (%v), want 1: the only replica holds the audit's Lease", leader, err)
+	}
 	ts, err := g.Counter(metricPrefix+"audit_last_run_timestamp_seconds", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -382,11 +430,10 @@ func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
 		kubectl("label", "node", "lab-node-1", deployPrefix+"dcgm-exporter=false", "--overwrite"), 0, "node/lab-node-1 labeled\n", "")
 	waitPodNodes(t, "nvidia-dcgm-exporter", []string{"lab-node-0"})
 	want = new(gauges).
-		operands("lab-node-0", 1, 1, labOperands...).
-		operands("lab-node-1", 1, 1, "container-toolkit", "device-plugin", "gpu-feature-discovery").
 		operands("lab-node-2", 1, 1, "device-plugin").
 		findings(map[string]int{"device-plugin-without-toolkit": 1, "device-plugin-on-non-gpu-node": 1})
 	waitGauges(t, g, watchFollow, "dcgm-exporter off on lab-node-1", want.text(3, 1))
+	waitTotals(t, g, watchFollow, "dcgm-exporter off on lab-node-1", map[string]string{"dcgm-exporter": "1 1 0"})
 	// The audit ran again, with the same results: the report is not rewritten.
 	if again, err := readPolicyReport(); err != nil || again.text != r.text || again.resourceVersion != r.resourceVersion {
 		t.Errorf("ClusterPolicyReport after a change that alters no result (err %v): resourceVersion %s -> %s, want unchanged:\n%s",
@@ -404,12 +451,11 @@ func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
 	waitPodNodes(t, "nvidia-container-toolkit-daemonset", []string{"lab-node-0", "lab-node-1", "lab-node-2"})
 	toolkit2 := podOf(t, "nvidia-container-toolkit-daemonset", "lab-node-2").name
 	want = new(gauges).
-		operands("lab-node-0", 1, 1, labOperands...).
-		operands("lab-node-1", 1, 1, "container-toolkit", "device-plugin", "gpu-feature-discovery").
 		operands("lab-node-2", 1, 1, "device-plugin").
 		operands("lab-node-2", 1, 0, "container-toolkit").
 		findings(map[string]int{"device-plugin-without-toolkit": 1, "device-plugin-on-non-gpu-node": 1, "operand-not-running": 1})
 	waitGauges(t, g, watchFollow, "the toolkit on lab-node-2, Pending", want.text(3, 1))
+	waitTotals(t, g, watchFollow, "the toolkit on lab-node-2, Pending", map[string]string{"container-toolkit": "3 2 1"})
 	waitReport(t, watchFollow, "the toolkit on lab-node-2, Pending", reportLines(map[string][]string{
 		"lab-node-0": nil,
 		"lab-node-1": nil,
@@ -426,8 +472,6 @@ func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
 	// warning is left.
 	setPodPhase(t, toolkit2, "Running")
 	want = new(gauges).
-		operands("lab-node-0", 1, 1, labOperands...).
-		operands("lab-node-1", 1, 1, "container-toolkit", "device-plugin", "gpu-feature-discovery").
 		operands("lab-node-2", 1, 1, "device-plugin", "container-toolkit").
 		findings(map[string]int{"device-plugin-on-non-gpu-node": 1})
 	waitGauges(t, g, watchFollow, "the toolkit on lab-node-2, Running", want.text(3, 1))
@@ -435,6 +479,106 @@ func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
 		"lab-node-0": nil,
 		"lab-node-1": nil,
 		"lab-node-2": {"device-plugin-on-non-gpu-node warn labels"},
+	}), nil)
+}
+
+// TestAuditFailsOverToAnotherReplica: two replicas, as the chart runs them,
+// elect one auditor with the audit's Lease; the other answers reviews but
+// exports no per-node series and writes no report. The auditor is killed
+// (SIGKILL: no hand-over, as when its node dies). Within the Lease's duration
+// the other replica takes over, and its gauges and the ClusterPolicyReport
+// follow a label change made after the kill.
+func TestAuditFailsOverToAnotherReplica(t *testing.T) {
+	setUpIncidentLab(t)
+	installWatchedCRDs(t)
+	applyClusterPolicy(t, `{"operator":{"defaultRuntime":"containerd"}}`)
+	kubeconfig := watchingRBAC(t)
+	const leaseDuration = 6 * time.Second
+	args := []string{"--report", "--audit-lease-duration=" + leaseDuration.String()}
+	a := startWatchingReplica(t, kubeconfig, "gpu-deploy-guard-replica-a", args...)
+	b := startWatchingReplica(t, kubeconfig, "gpu-deploy-guard-replica-b", args...)
+
+	leaders := func() (float64, float64, error) {
+		la, err := a.Counter(metricPrefix+"audit_leader", nil)
+		if err != nil {
+			return 0, 0, err
+		}
+		lb, err := b.Counter(metricPrefix+"audit_leader", nil)
+		return la, lb, err
+	}
+	var holder, other *framework.Guard
+	framework.WaitFor(t, watchStartTimeout, "exactly one replica holds the audit's Lease", func() (bool, string) {
+		la, lb, err := leaders()
+		if err != nil {
+			return false, err.Error()
+		}
+		switch {
+		case la == 1 && lb == 0:
+			holder, other = a, b
+		case la == 0 && lb == 1:
+			holder, other = b, a
+		default:
+			return false, fmt.Sprintf("audit_leader: %s %v, %s %v", a.Name, la, b.Name, lb)
+		}
+		return true, ""
+	})
+	lease := func() string {
+		out, _, code := cp.Kubectl("get", "lease", "gpu-deploy-guard-audit", "-n", guardNS, "-o", "jsonpath={.spec.holderIdentity}")
+		if code != 0 {
+			return ""
+		}
+		return out
+	}
+	if got := lease(); got != holder.Name {
+		t.Errorf("Lease gpu-deploy-guard-audit is held by %q, want %q (the replica whose audit_leader is 1)", got, holder.Name)
+	}
+	incident := new(gauges).
+		operands("lab-node-2", 1, 1, "device-plugin").
+		findings(map[string]int{"device-plugin-without-toolkit": 1, "device-plugin-on-non-gpu-node": 1})
+	waitGauges(t, holder, watchStartTimeout, "the auditor, on the lab with the incident", incident.text(3, 1))
+	idle := new(gauges).findings(nil)
+	waitGauges(t, other, watchFollow, "the replica that does not audit", idle.text(0, 1))
+	waitReport(t, watchStartTimeout, "written by the auditor", reportLines(map[string][]string{
+		"lab-node-0": nil,
+		"lab-node-1": nil,
+		"lab-node-2": {"device-plugin-without-toolkit fail pods", "device-plugin-on-non-gpu-node warn labels"},
+	}), nil)
+
+	holder.Kill()
+	killed := time.Now()
+	// A person repairs lab-node-2 while no replica audits: the toolkit pod is
+	// created and stays Pending, a change only a new auditor can report.
+	if got := kubectl("label", "node", "lab-node-2", deployPrefix+"container-toolkit=true"); got.code != 0 {
+		t.Fatalf("kubectl label node lab-node-2 container-toolkit=true: %s", got)
+	}
+	waitPodNodes(t, "nvidia-container-toolkit-daemonset", []string{"lab-node-0", "lab-node-1", "lab-node-2"})
+	framework.WaitFor(t, leaseDuration+watchFollow, "the other replica takes the audit's Lease over", func() (bool, string) {
+		l, err := other.Counter(metricPrefix+"audit_leader", nil)
+		if err != nil {
+			return false, err.Error()
+		}
+		return l == 1, fmt.Sprintf("audit_leader of %s: %v", other.Name, l)
+	})
+	took := time.Since(killed)
+	t.Logf("the audit failed over in %s (Lease duration %s)", took.Round(100*time.Millisecond), leaseDuration)
+	// The Lease expires at most its duration after the last renewal; the
+	// replica then takes it within its retry (up to a second) and a poll.
+	if limit := leaseDuration + 4*time.Second; took > limit {
+		t.Errorf("the audit failed over after %s, want within the Lease's duration (%s, plus %s to take it)",
+			took.Round(100*time.Millisecond), leaseDuration, limit-leaseDuration)
+	}
+	if got := lease(); got != other.Name {
+		t.Errorf("Lease gpu-deploy-guard-audit is held by %q after the failover, want %q", got, other.Name)
+	}
+	pending := new(gauges).
+		operands("lab-node-2", 1, 1, "device-plugin").
+		operands("lab-node-2", 1, 0, "container-toolkit").
+		findings(map[string]int{"device-plugin-without-toolkit": 1, "device-plugin-on-non-gpu-node": 1, "operand-not-running": 1})
+	waitGauges(t, other, watchFollow, "the new auditor, the toolkit on lab-node-2 Pending", pending.text(3, 1))
+	waitReport(t, watchFollow, "written by the new auditor", reportLines(map[string][]string{
+		"lab-node-0": nil,
+		"lab-node-1": nil,
+		"lab-node-2": {"device-plugin-without-toolkit fail pods", "device-plugin-on-non-gpu-node warn labels", "operand-not-running fail pods"},
 	}), nil)
 }
 

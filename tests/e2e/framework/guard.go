@@ -194,6 +194,14 @@ func (g *Guard) Stop() {
 	}
 }
 
+// Kill ends the serve process with SIGKILL: no drain, no Lease handed over,
+// as when its node dies.
+func (g *Guard) Kill() {
+	if g != nil && g.proc != nil {
+		g.proc.kill()
+	}
+}
+
 // LogPath is the serve process's log file.
 func (g *Guard) LogPath() string { return filepath.Join(g.logDir, g.Name+".log") }
 

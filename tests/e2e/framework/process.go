@@ -99,6 +99,16 @@ func (p *process) stop(grace time.Duration) {
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 }
 
+// kill ends the process group with SIGKILL at once and waits for the exit.
+func (p *process) kill() {
+	if p == nil || p.stopped {
+		return
+	}
+	p.stopped = true
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
 // freePort asks the kernel for an unused loopback TCP port. Another process
 // could take it before the component binds it; components are restarted
 // with fresh ports when they fail to come up (see startWithRetry).

@@ -1,0 +1,204 @@
+//! The continuous audit, in the replica that holds the audit's Lease ([`super::lease`]).
+//!
+//! While it holds the Lease it watches the operator's pods (kept as compact records, listed in
+//! pages), and after each burst of changes (debounced) brings the audit up to date through
+//! [`Incremental`]: the nodes whose records or pods changed are audited again, the fleet only
+//! when what every node shares changed. Then the gauges, and, when asked, the
+//! ClusterPolicyReport (written only when its results changed). Losing the Lease drops the pod
+//! records and the per-node series.
+
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+
+use super::watch::{
+    Fleet, Health, Kind, Status, WatchConfig, health, watch_failed, watch_synced, watcher,
+};
+use crate::audit::apply::apply_report;
+use crate::audit::incremental::{Dirty, Incremental};
+use crate::audit::metrics::AuditMetrics;
+use crate::audit::report::{self, PolicyReport};
+use crate::core::facts::ClusterFacts;
+use crate::k8s::fleet::PodIndex;
+use crate::k8s::pod::PodView;
+
+/// What the auditor reads and writes.
+pub(super) struct Auditor<'a> {
+    pub(super) client: &'a Client,
+    pub(super) config: &'a WatchConfig,
+    /// List and watch settings of the pods (pages).
+    pub(super) list: watcher::Config,
+    pub(super) fleet: &'a Fleet,
+    pub(super) status: &'a Mutex<Status>,
+    pub(super) facts: watch::Receiver<Arc<ClusterFacts>>,
+    pub(super) metrics: &'a AuditMetrics,
+    /// Whether this replica holds the audit's Lease.
+    pub(super) leader: watch::Receiver<bool>,
+}
+
+/// Audits whenever this replica holds the Lease, until the watch ends.
+pub(super) async fn run(mut auditor: Auditor<'_>) {
+    auditor.metrics.set_leader(false);
+    loop {
+        while !*auditor.leader.borrow_and_update() {
+            if auditor.leader.changed().await.is_err() {
+                return;
+            }
+        }
+        auditor.metrics.set_leader(true);
+        let ended = lead(&mut auditor).await;
+        auditor.metrics.set_leader(false);
+        if ended {
+            return;
+        }
+    }
+}
+
+/// One term as the auditor. Returns true when the watch is ending, false when the Lease was
+/// lost.
+async fn lead(auditor: &mut Auditor<'_>) -> bool {
+    let Auditor {
+        client,
+        config,
+        list,
+        fleet,
+        status,
+        facts,
+        metrics,
+        leader,
+    } = auditor;
+    let namespace = config.namespace.as_str();
+    let stream = watcher(
+        Api::<PodView>::namespaced((*client).clone(), namespace),
+        list.clone(),
+    );
+    futures::pin_mut!(stream);
+    let mut pods = PodIndex::default();
+    let mut pods_failing = false;
+    set_pods_health(status, Health::Starting);
+    let mut incremental = Incremental::default();
+    // A new term audits the whole fleet first.
+    let mut dirty = Dirty::All;
+    let mut due: Option<Instant> = None;
+    let mut paused_logged = false;
+    let mut last_report: Option<PolicyReport> = None;
+    let mut report_failing = false;
+    loop {
+        let mut schedule = false;
+        tokio::select! {
+            changed = leader.changed() => {
+                if changed.is_err() {
+                    return true;
+                }
+                if !*leader.borrow_and_update() {
+                    return false;
+                }
+            }
+            item = stream.next() => {
+                let Some(item) = item else { return true };
+                match item {
+                    Ok(Event::Init) => pods.start_relist(),
+                    Ok(Event::InitApply(pod)) => pods.relist_apply(&pod),
+                    Ok(Event::InitDone) => {
+                        pods.finish_relist();
+                        watch_synced(Kind::Pods, namespace, status);
+                        pods_failing = false;
+                        dirty = Dirty::All;
+                        schedule = true;
+                    }
+                    Ok(Event::Apply(pod)) => {
+                        for node in pods.apply(&pod) {
+                            dirty.add(&node);
+                            schedule = true;
+                        }
+                    }
+                    Ok(Event::Delete(pod)) => {
+                        for node in pods.delete(pod.name()) {
+                            dirty.add(&node);
+                            schedule = true;
+                        }
+                    }
+                    Err(e) => {
+                        schedule = watch_failed(&e, Kind::Pods, namespace, status, &mut pods_failing);
+                    }
+                }
+            }
+            () = fleet.changed.notified() => schedule = true,
+            changed = facts.changed() => {
+                if changed.is_err() {
+                    return true;
+                }
+                schedule = true;
+            }
+            () = sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                due = None;
+                let pods_health = health(status, Kind::Pods);
+                let nodes_health = health(status, Kind::Nodes);
+                if pods_health != Health::Synced || nodes_health != Health::Synced {
+                    let unavailable = matches!(pods_health, Health::Unavailable(_))
+                        || matches!(nodes_health, Health::Unavailable(_));
+                    if unavailable && !paused_logged {
+                        tracing::warn!("continuous audit paused: nodes or operator pods cannot be listed");
+                        paused_logged = true;
+                    }
+                    continue;
+                }
+                paused_logged = false;
+                let current = facts.borrow_and_update().clone();
+                let (pass, report) = {
+                    let mut state = fleet.lock();
+                    let mut todo = std::mem::take(&mut state.dirty);
+                    todo.merge(std::mem::take(&mut dirty));
+                    let pass = incremental.update(&state.nodes, &pods, &current, &config.policy, todo);
+                    (pass, incremental.report())
+                };
+                let Some(report) = report else { continue };
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+                let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+                metrics.record(report, seconds);
+                tracing::debug!(
+                    nodes = report.nodes.len(),
+                    audited = pass.audited,
+                    whole = pass.whole,
+                    ok = report.nodes.iter().filter(|n| n.is_ok()).count(),
+                    "audit"
+                );
+                if config.report {
+                    let built = report::build(report, report::Timestamp { seconds, nanos: 0 });
+                    let comparable = built.without_timestamps();
+                    if last_report.as_ref() == Some(&comparable) {
+                        continue;
+                    }
+                    match apply_report(client, &built).await {
+                        Ok(()) => {
+                            if report_failing {
+                                tracing::info!("ClusterPolicyReport written again");
+                            }
+                            report_failing = false;
+                            last_report = Some(comparable);
+                        }
+                        Err(e) => {
+                            if !report_failing {
+                                tracing::warn!(error = %e, "cannot write the ClusterPolicyReport; retrying on the next change");
+                            }
+                            report_failing = true;
+                        }
+                    }
+                }
+            }
+        }
+        if schedule && due.is_none() {
+            due = Some(Instant::now() + config.debounce);
+        }
+    }
+}
+
+fn set_pods_health(status: &Mutex<Status>, health: Health) {
+    let mut s = status.lock().unwrap_or_else(|e| e.into_inner());
+    s.pods = health;
+}
