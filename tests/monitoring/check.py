@@ -2,11 +2,12 @@
 """Static checks of deploy/monitoring that promtool does not do.
 
     check.py metric-names   every metric in the rules and the dashboard is one
-                            gpu-deploy-guard exports (or Prometheus' own `up`)
+                            gpu-deploy-guard or dcgm-exporter exports, one a
+                            rule records, or Prometheus' own `up`
     check.py alert-coverage every alert has a test where it fires and one
                             where it stays silent, and no test names an
                             alert that does not exist
-    check.py crd            the PrometheusRule's spec is the plain rule file
+    check.py crd            each PrometheusRule's spec is its plain rule file
     check.py configmap      the dashboard ConfigMap carries the JSON file
     check.py dashboard      the dashboard is Grafana JSON as we mean it:
                             schema, templated data source, ids, panels
@@ -25,9 +26,14 @@ ROOT = Path(__file__).resolve().parents[2]
 MON = ROOT / "deploy" / "monitoring"
 RULES = MON / "rules" / "gpu-deploy-guard.rules.yaml"
 CRD = MON / "prometheusrule.yaml"
+TELEMETRY_RULES = MON / "rules" / "gpu-telemetry.rules.yaml"
+TELEMETRY_CRD = MON / "prometheusrule-gpu-telemetry.yaml"
 DASHBOARD = MON / "grafana-dashboard.json"
 CONFIGMAP = MON / "grafana-dashboard.yaml"
 ALERT_TESTS = Path(__file__).resolve().parent / "alerts_test.yaml"
+TELEMETRY_TESTS = Path(__file__).resolve().parent / "gpu_telemetry_test.yaml"
+# Each rule file, its generated PrometheusRule and its promtool tests.
+RULE_FILES = [(RULES, CRD, ALERT_TESTS), (TELEMETRY_RULES, TELEMETRY_CRD, TELEMETRY_TESTS)]
 
 # What the binary exposes on :8080/metrics (src/metrics.rs and the cluster
 # audit), plus the series Prometheus itself writes for every target. A rule
@@ -53,7 +59,31 @@ KNOWN_METRICS = {
     "gpu_deploy_guard_audit_last_run_timestamp_seconds",
     "gpu_deploy_guard_audit_nodes",
     "gpu_deploy_guard_cluster_policy_available",
+    # Fleet totals per operand and state (expected, running, missing), from
+    # the audit's fleet-scale metrics: the per-node operand series exist only
+    # for nodes with a finding or a missing operand.
+    "gpu_deploy_guard_operand_nodes",
     "up",
+}
+
+# dcgm-exporter's series: the DCGM fields of its etc/default-counters.csv
+# (those commented out there too: a custom counters CSV turns them on) that
+# the rules and the dashboard use. `__name__=~"DCGM_FI_..."` selectors count
+# as DCGM_FI_*.
+DCGM_METRICS = {
+    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_RETIRED_PENDING", "DCGM_FI_DEV_RETIRED_DBE",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "DCGM_FI_*",
 }
 
 PROMQL_KEYWORDS = {
@@ -72,7 +102,11 @@ def metric_names(expr):
     metric name. Enough for the expressions we write, and it errs towards
     reporting too much, never too little.
     """
+    names = set()
+    if re.search(r'__name__\s*=~\s*"DCGM_FI_', expr):
+        names.add("DCGM_FI_*")
     s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
+    s = re.sub(r"#[^\n]*", " ", s)  # PromQL comments (after strings: none holds a #)
     s = re.sub(r"\$\{[^}]*\}|\$\w+", " ", s)
     s = re.sub(r"\{[^}]*\}", " ", s)
     s = re.sub(r"\[[^\]]*\]", " ", s)
@@ -80,7 +114,6 @@ def metric_names(expr):
         r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s
     )
     s = re.sub(r"\b\d+(\.\d+)?([eE][-+]?\d+)?(ms|s|m|h|d|w|y)?\b", " ", s)
-    names = set()
     for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):
         word = m.group(0)
         if word.lower() in PROMQL_KEYWORDS:
@@ -91,11 +124,20 @@ def metric_names(expr):
     return names
 
 
-def rule_exprs():
-    doc = yaml.safe_load(RULES.read_text())
-    for group in doc["groups"]:
-        for rule in group["rules"]:
-            yield rule.get("alert") or rule.get("record"), rule["expr"]
+def rule_exprs(path=None):
+    for rules in [path] if path else [r for r, _, _ in RULE_FILES]:
+        doc = yaml.safe_load(rules.read_text())
+        for group in doc["groups"]:
+            for rule in group["rules"]:
+                yield rule.get("alert") or rule.get("record"), rule["expr"]
+
+
+def recorded_names():
+    names = set()
+    for rules, _, _ in RULE_FILES:
+        for group in yaml.safe_load(rules.read_text())["groups"]:
+            names |= {r["record"] for r in group["rules"] if "record" in r}
+    return names
 
 
 def dashboard_exprs():
@@ -108,44 +150,52 @@ def dashboard_exprs():
 def check_metric_names():
     problems = []
     checked = 0
+    known = KNOWN_METRICS | DCGM_METRICS | recorded_names()
     for where, expr in list(rule_exprs()) + list(dashboard_exprs()):
         names = metric_names(expr)
         if not names:
             problems.append(f"{where}: no metric name found in {expr!r}")
-        for name in sorted(names - KNOWN_METRICS):
+        for name in sorted(names - known):
             problems.append(f"{where}: unknown metric {name}")
         checked += 1
     return problems, f"{checked} expressions use only known metrics"
 
 
 def check_alert_coverage():
-    alerts = [name for name, _ in rule_exprs()]
-    fires, silent = set(), set()
     problems = []
-    doc = yaml.safe_load(ALERT_TESTS.read_text())
-    for group in doc["tests"]:
-        for case in group.get("alert_rule_test", []):
-            name = case["alertname"]
-            if name not in alerts:
-                problems.append(f'test group "{group.get("name")}": no alert named {name}')
-            (fires if case.get("exp_alerts") else silent).add(name)
-    for name in alerts:
-        if name not in fires:
-            problems.append(f"{name}: no test where it fires")
-        if name not in silent:
-            problems.append(f"{name}: no test where it stays silent")
-    return problems, f"{len(alerts)} alerts each fire in one test and stay silent in another"
+    total = 0
+    for rules, _, tests in RULE_FILES:
+        doc = yaml.safe_load(rules.read_text())
+        alerts = [r["alert"] for g in doc["groups"] for r in g["rules"] if "alert" in r]
+        total += len(alerts)
+        fires, silent = set(), set()
+        tdoc = yaml.safe_load(tests.read_text())
+        if tdoc.get("rule_files") != [f"../../deploy/monitoring/rules/{rules.name}"]:
+            problems.append(f"{tests.name}: rule_files is not [{rules.name}]")
+        for group in tdoc["tests"]:
+            for case in group.get("alert_rule_test", []):
+                name = case["alertname"]
+                if name not in alerts:
+                    problems.append(f'{tests.name}: test group "{group.get("name")}": no alert named {name}')
+                (fires if case.get("exp_alerts") else silent).add(name)
+        for name in alerts:
+            if name not in fires:
+                problems.append(f"{name}: no test in {tests.name} where it fires")
+            if name not in silent:
+                problems.append(f"{name}: no test in {tests.name} where it stays silent")
+    return problems, f"{total} alerts each fire in one test and stay silent in another"
 
 
 def check_crd():
-    plain = yaml.safe_load(RULES.read_text())
-    crd = yaml.safe_load(CRD.read_text())
     problems = []
-    if crd.get("apiVersion") != "monitoring.coreos.com/v1" or crd.get("kind") != "PrometheusRule":
-        problems.append(f"{CRD.name}: not a monitoring.coreos.com/v1 PrometheusRule")
-    if crd.get("spec") != plain:
-        problems.append(f"{CRD.name}: spec differs from {RULES.name}")
-    return problems, "PrometheusRule spec equals the plain rule file"
+    for rules, crd_path, _ in RULE_FILES:
+        plain = yaml.safe_load(rules.read_text())
+        crd = yaml.safe_load(crd_path.read_text())
+        if crd.get("apiVersion") != "monitoring.coreos.com/v1" or crd.get("kind") != "PrometheusRule":
+            problems.append(f"{crd_path.name}: not a monitoring.coreos.com/v1 PrometheusRule")
+        if crd.get("spec") != plain:
+            problems.append(f"{crd_path.name}: spec differs from {rules.name}")
+    return problems, "each PrometheusRule's spec equals its plain rule file"
 
 
 def check_configmap():

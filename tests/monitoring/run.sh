@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Tests of deploy/monitoring: the alert rules (promtool check + unit tests),
-# the generated PrometheusRule and dashboard ConfigMap, the Grafana JSON, and
+# Tests of deploy/monitoring: the alert rules of the guard and of the GPU
+# telemetry (promtool check + unit tests), the generated PrometheusRules and
+# dashboard ConfigMap, the Grafana JSON, and
 # the metric names used everywhere.
 #
 #   tests/monitoring/run.sh
 #
 # Installs what it needs when it is missing and it runs as root on Debian
-# (as CI does): promtool from Debian's `prometheus` package, and PyYAML from
-# `python3-yaml`. Ends with "N passed, M failed" and exits 1 on any failure.
+# (as CI does): promtool from Debian's `prometheus` package, amtool from
+# `prometheus-alertmanager`, and PyYAML from `python3-yaml`. Ends with "N passed, M failed" and exits 1 on any failure.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -19,12 +20,13 @@ die() { echo "monitoring tests: $*" >&2; exit 2; }
 
 apt_install() {
   if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null; then
-    die "cannot install $* (needs root and apt-get); install it yourself or put promtool on PATH"
+    die "cannot install $* (needs root and apt-get); install it yourself or put promtool and amtool on PATH"
   fi
   echo "== installing $* with apt-get"
-  # Debian's prometheus package starts the Prometheus server from its
-  # postinst. We only want promtool: on a machine without a policy-rc.d
-  # (container images ship one), forbid service starts for this install.
+  # Debian's prometheus and prometheus-alertmanager packages start their
+  # servers from their postinst. We only want promtool and amtool: on a
+  # machine without a policy-rc.d (container images ship one), forbid
+  # service starts for this install.
   local policy=/usr/sbin/policy-rc.d made_policy=
   if [[ ! -e $policy ]]; then
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
@@ -39,8 +41,14 @@ apt_install() {
   fi
 }
 
-command -v promtool >/dev/null || apt_install prometheus
+# promtool and amtool, from Debian's prometheus and prometheus-alertmanager
+# packages, in one apt-get run.
+want=()
+command -v promtool >/dev/null || want+=(prometheus)
+command -v amtool >/dev/null || want+=(prometheus-alertmanager)
+[[ ${#want[@]} -gt 0 ]] && apt_install "${want[@]}"
 command -v promtool >/dev/null || die "promtool still missing after installing prometheus"
+command -v amtool >/dev/null || die "amtool still missing after installing prometheus-alertmanager"
 
 # The first python3 with PyYAML: pyenv's, else Debian's.
 python=
@@ -61,9 +69,11 @@ skipped=0
 
 check "promtool check rules" promtool check rules --lint-fatal "$mon/rules/gpu-deploy-guard.rules.yaml"
 check "promtool test rules (alerts_test.yaml)" promtool test rules "$here/alerts_test.yaml"
+check "promtool check rules (gpu-telemetry)" promtool check rules --lint-fatal "$mon/rules/gpu-telemetry.rules.yaml"
+check "promtool test rules (gpu_telemetry_test.yaml)" promtool test rules "$here/gpu_telemetry_test.yaml"
 check "every alert fires in a test and stays silent in another" "$python" "$here/check.py" alert-coverage
-check "prometheusrule.yaml is rendered from the rule file" "$mon/render-prometheusrule.sh" --check
-check "PrometheusRule spec equals the rule file" "$python" "$here/check.py" crd
+check "the PrometheusRules are rendered from the rule files" "$mon/render-prometheusrule.sh" --check
+check "PrometheusRule specs equal the rule files" "$python" "$here/check.py" crd
 check "grafana-dashboard.json parses" "$python" -m json.tool "$mon/grafana-dashboard.json"
 check "dashboard structure and data source" "$python" "$here/check.py" dashboard
 check "grafana-dashboard.yaml is rendered from the JSON" "$mon/render-dashboard-configmap.sh" --check
