@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Tests of deploy/monitoring: the alert rules of the guard and of the GPU
-# telemetry (promtool check + unit tests), the generated PrometheusRules and
+# telemetry (promtool check + unit tests), the example Alertmanager
+# configuration (amtool check-config, amtool config routes test, and its
+# inhibition in a local Alertmanager), the generated PrometheusRules and
 # dashboard ConfigMap, the Grafana JSON, and
 # the metric names used everywhere.
 #
@@ -79,6 +81,27 @@ check "dashboard structure and data source" "$python" "$here/check.py" dashboard
 check "grafana-dashboard.yaml is rendered from the JSON" "$mon/render-dashboard-configmap.sh" --check
 check "dashboard ConfigMap carries the JSON" "$python" "$here/check.py" configmap
 check "rules and dashboard use only exported metric names" "$python" "$here/check.py" metric-names
+
+# The example Alertmanager configuration: valid, routes each case of
+# alertmanager_routes.txt to exactly its receiver, and inhibits as meant.
+am_config="$mon/alertmanager.yaml"
+check "amtool check-config alertmanager.yaml" amtool check-config "$am_config"
+routes=0
+while read -r receiver labels; do
+  [[ -z $receiver || $receiver == \#* ]] && continue
+  routes=$((routes + 1))
+  # shellcheck disable=SC2086 # one argument per label
+  check "route $labels -> $receiver" \
+    amtool config routes test --config.file="$am_config" --verify.receivers="$receiver" $labels
+done <"$here/alertmanager_routes.txt"
+[[ $routes -gt 0 ]] || { failed=$((failed + 1)); echo "FAIL no route cases in alertmanager_routes.txt"; }
+alertmanager=$(command -v prometheus-alertmanager || command -v alertmanager || true)
+if [[ -n $alertmanager ]]; then
+  check "inhibition in a running Alertmanager" "$python" "$here/inhibition.py" "$alertmanager" "$am_config"
+else
+  skipped=$((skipped + 1))
+  echo "skip inhibition in a running Alertmanager (no alertmanager binary)"
+fi
 
 kubectl=${KUBECTL:-}
 if [[ -z $kubectl ]]; then
