@@ -64,6 +64,7 @@ KNOWN_METRICS = {
     # for nodes with a finding or a missing operand.
     "gpu_deploy_guard_operand_nodes",
     "up",
+    "ALERTS",
 }
 
 # dcgm-exporter's series: the DCGM fields of its etc/default-counters.csv
@@ -225,8 +226,11 @@ def check_dashboard():
     ds = variables.get("datasource")
     if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
         problems.append("templating: no datasource variable of type prometheus")
+    if "dcgm_job" not in variables:
+        problems.append("templating: no dcgm_job variable for dcgm-exporter's job label")
     ids = set()
     exprs = []
+    rows = []
     for panel in dash.get("panels", []):
         title = panel.get("title", "?")
         if panel.get("id") in ids:
@@ -235,6 +239,17 @@ def check_dashboard():
         gp = panel.get("gridPos", {})
         if not all(k in gp for k in ("x", "y", "w", "h")) or gp.get("x", 0) + gp.get("w", 0) > 24:
             problems.append(f'panel "{title}": bad gridPos {gp}')
+        if panel.get("type") == "row":
+            rows.append(panel)
+            if panel.get("targets") or not panel.get("title"):
+                problems.append(f'row "{title}": a row has a title and no query')
+            continue
+        raw_dcgm = any(re.search(r"\bDCGM_FI_", t.get("expr", "")) for t in panel.get("targets", []))
+        if raw_dcgm:
+            for value, text in SENTINELS.items():
+                got = mapped(panel, value)
+                if not got or text not in got:
+                    problems.append(f'panel "{title}" plots a raw DCGM field but maps {value:.0f} to {got!r}, not "{text}"')
         if panel.get("datasource") != want_ds:
             problems.append(f'panel "{title}": datasource is not ${{datasource}}')
         if not panel.get("targets"):
@@ -257,7 +272,49 @@ def check_dashboard():
     for what, test in wanted.items():
         if not any(test(t, e) for t, e in exprs):
             problems.append(f"no panel shows {what}")
+    # The GPU health row sits right below the node x operand grid and its timeline.
+    panels = dash.get("panels", [])
+    gpu_rows = [r for r in rows if "GPU health" in r.get("title", "")]
+    grid = [p for p in panels if p.get("type") != "row" and any(
+        "gpu_deploy_guard_operand_expected" in t.get("expr", "") for t in p.get("targets", []))]
+    if len(gpu_rows) != 1:
+        problems.append(f"want one GPU health row, found {len(gpu_rows)}")
+    elif grid:
+        bottom = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in grid)
+        if gpu_rows[0]["gridPos"]["y"] != bottom:
+            problems.append(f"GPU health row at y={gpu_rows[0]['gridPos']['y']}, not right below the operand grid (y={bottom})")
+        below = [p for p in panels if p["gridPos"]["y"] > gpu_rows[0]["gridPos"]["y"]]
+        gpu = [p for p in below if any(re.search(r"DCGM_FI_|dcgm|gpu-telemetry", t.get("expr", ""))
+                                       for t in p.get("targets", []))]
+        others = [p for p in below if p not in gpu]
+        if len(gpu) < 4:
+            problems.append(f"the GPU health row holds {len(gpu)} GPU telemetry panels, want at least 4")
+        elif others and max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in gpu) > min(p["gridPos"]["y"] for p in others):
+            problems.append("GPU telemetry panels are not all above the guard's panels that follow the GPU health row")
     return problems, f"dashboard: {len(ids)} panels, schemaVersion {dash.get('schemaVersion')}, data source templated"
+
+
+# DCGM's blank sentinels as Prometheus stores them, and the word a panel
+# must show for each instead of the number.
+SENTINELS = {
+    2.0 ** 63: "not supported",
+    2147483632.0: "blank", 2147483633.0: "not found", 2147483634.0: "not supported", 2147483635.0: "not permissioned",
+    2.0 ** 47: "blank", 2.0 ** 47 + 1: "not found", 2.0 ** 47 + 2: "not supported", 2.0 ** 47 + 3: "not permissioned",
+}
+
+
+def mapped(panel, value):
+    """The text a panel's value mappings give value, as Grafana matches them:
+    value mappings compare JavaScript's string of the number, ranges compare
+    numbers."""
+    js = str(int(value)) if value < 2 ** 53 else None  # JavaScript prints 2^63 as 9223372036854776000
+    for m in panel.get("fieldConfig", {}).get("defaults", {}).get("mappings", []):
+        opts = m.get("options", {})
+        if m.get("type") == "value" and js in opts:
+            return opts[js].get("text")
+        if m.get("type") == "range" and opts.get("from", float("inf")) <= value <= opts.get("to", float("-inf")):
+            return opts.get("result", {}).get("text")
+    return None
 
 
 CHECKS = {
