@@ -11,6 +11,10 @@
     check.py configmap      the dashboard ConfigMap carries the JSON file
     check.py dashboard      the dashboard is Grafana JSON as we mean it:
                             schema, templated data source, ids, panels
+    check.py telemetry-runbooks  every GPU telemetry alert has a section in
+                            docs/troubleshooting.md its runbook links to, a
+                            documented severity, and the labels routing and
+                            inhibition match on
 
 Each prints one line per problem and exits 1 if there is any.
 """
@@ -317,12 +321,33 @@ def mapped(panel, value):
     return None
 
 
+def check_telemetry_runbooks():
+    docs = (ROOT / "docs" / "troubleshooting.md").read_text()
+    headings = set(re.findall(r"^### (\S+)$", docs, re.M))
+    problems = []
+    doc = yaml.safe_load(TELEMETRY_RULES.read_text())
+    alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+    for r in alerts:
+        name = r["alert"]
+        if name not in headings:
+            problems.append(f"{name}: no '### {name}' section in docs/troubleshooting.md")
+        if f"docs/troubleshooting.md#{name.lower()}" not in r.get("annotations", {}).get("runbook", ""):
+            problems.append(f"{name}: runbook does not link to docs/troubleshooting.md#{name.lower()}")
+        labels = r.get("labels", {})
+        if labels.get("severity") not in ("critical", "warning", "info"):
+            problems.append(f"{name}: severity {labels.get('severity')!r} is not critical, warning or info")
+        if labels.get("component") != "gpu-telemetry" or labels.get("team") != "gpu-platform":
+            problems.append(f"{name}: needs component=gpu-telemetry and team=gpu-platform (routing and inhibition match on them)")
+    return problems, f"{len(alerts)} GPU telemetry alerts have runbooks, severities and routing labels"
+
+
 CHECKS = {
     "metric-names": check_metric_names,
     "alert-coverage": check_alert_coverage,
     "crd": check_crd,
     "configmap": check_configmap,
     "dashboard": check_dashboard,
+    "telemetry-runbooks": check_telemetry_runbooks,
 }
 
 if __name__ == "__main__":

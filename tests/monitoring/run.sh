@@ -74,6 +74,7 @@ check "promtool test rules (alerts_test.yaml)" promtool test rules "$here/alerts
 check "promtool check rules (gpu-telemetry)" promtool check rules --lint-fatal "$mon/rules/gpu-telemetry.rules.yaml"
 check "promtool test rules (gpu_telemetry_test.yaml)" promtool test rules "$here/gpu_telemetry_test.yaml"
 check "every alert fires in a test and stays silent in another" "$python" "$here/check.py" alert-coverage
+check "every GPU telemetry alert has a runbook in docs/troubleshooting.md" "$python" "$here/check.py" telemetry-runbooks
 check "the PrometheusRules are rendered from the rule files" "$mon/render-prometheusrule.sh" --check
 check "PrometheusRule specs equal the rule files" "$python" "$here/check.py" crd
 check "grafana-dashboard.json parses" "$python" -m json.tool "$mon/grafana-dashboard.json"
