@@ -160,6 +160,20 @@ check "operatorNamespace=nvidia-gpu-operator reaches every operator-namespace re
   "$py" "$here/same_objects.py" --operator-namespace nvidia-gpu-operator "$work/everything.yaml"
 
 check "values reach the objects they are documented to change" "$py" "$here/values_check.py" "$work"
+# The GPU telemetry rules with every threshold changed must still be valid
+# PromQL (the chart edits expressions). promtool comes with
+# tests/monitoring/run.sh; without it this is skipped, never passed.
+if command -v promtool >/dev/null; then
+  "$py" -c 'import sys, yaml
+objs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+rules = [o for o in objs if o["kind"] == "PrometheusRule" and o["metadata"]["name"].endswith("-gpu-telemetry")]
+yaml.safe_dump(rules[0]["spec"] if len(rules) == 1 else {}, open(sys.argv[2], "w"))' \
+    "$work/gpu-telemetry-tuned.yaml" "$work/gpu-telemetry-tuned.rules.yaml"
+  check "promtool check rules: GPU telemetry rules with tuned values" \
+    promtool check rules --lint-fatal "$work/gpu-telemetry-tuned.rules.yaml"
+else
+  echo "skip promtool check rules: GPU telemetry rules with tuned values (no promtool; tests/monitoring/run.sh installs it)"
+fi
 check "the krew plugin manifest renders for a release" "$py" "$here/krew_check.py" .krew.yaml
 
 echo "== tests/helm: $passed passed, $failed failed ($((SECONDS - start))s)"
