@@ -26,7 +26,7 @@ lint:
 e2e: build
 	GDG_BIN=$(CURDIR)/$(BIN) tests/e2e/run.sh
 
-## monitoring-test: promtool checks and unit tests of every alert, dashboard and CRD sync checks.
+## monitoring-test: promtool checks and unit tests of every alert, amtool checks of the Alertmanager example, dashboard and CRD sync checks.
 monitoring-test:
 	bash tests/monitoring/run.sh
 

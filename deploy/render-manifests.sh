@@ -8,6 +8,7 @@
 #   deploy/overlays/cert-manager/gpu-deploy-guard.yaml   same as release/cert-manager.yaml
 #   deploy/cel/gpu-deploy-guard-cel.yaml     the CEL fallback policy and binding
 #   deploy/monitoring/servicemonitor.yaml    the ServiceMonitor of deploy/monitoring
+#   deploy/monitoring/servicemonitor-dcgm-exporter.yaml   dcgm-exporter's, for the GPU telemetry rules
 #
 # There is no release file for certificates.mode=self-signed: the chart
 # generates the CA and key at install time; a static file would give every
@@ -58,6 +59,10 @@ render() {
       header "--set monitoring.serviceMonitor.enabled=true --show-only templates/monitoring.yaml"
       template --set monitoring.serviceMonitor.enabled=true --show-only templates/monitoring.yaml
       ;;
+    deploy/monitoring/servicemonitor-dcgm-exporter.yaml)
+      header "--set monitoring.gpuTelemetry.serviceMonitor.enabled=true --show-only templates/gpu-telemetry.yaml"
+      template --set monitoring.gpuTelemetry.serviceMonitor.enabled=true --show-only templates/gpu-telemetry.yaml
+      ;;
     *) echo "render-manifests.sh: no rule for $out" >&2; return 1 ;;
   esac
 }
@@ -69,6 +74,7 @@ outputs=(
   deploy/overlays/cert-manager/gpu-deploy-guard.yaml
   deploy/cel/gpu-deploy-guard-cel.yaml
   deploy/monitoring/servicemonitor.yaml
+  deploy/monitoring/servicemonitor-dcgm-exporter.yaml
 )
 
 cd "$root"

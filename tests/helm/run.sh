@@ -85,9 +85,13 @@ declare -A sets=(
   [cert-manager]="--set certificates.mode=cert-manager"
   [cert-manager-clusterissuer]="--set certificates.mode=cert-manager --set certificates.certManager.issuerRef.kind=ClusterIssuer --set certificates.certManager.issuerRef.name=corp-ca"
   [existing-secret]="--set certificates.mode=existingSecret --set certificates.secretName=my-tls --set certificates.existingSecret.caBundle=$(printf 'not a real CA' | base64)"
-  [everything]="--set namespace.create=true --set monitoring.serviceMonitor.enabled=true --set monitoring.serviceMonitor.labels.release=kube-prometheus-stack --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.labels.release=kube-prometheus-stack --set monitoring.dashboard.enabled=true --set monitoring.dashboard.namespace=grafana --set monitoring.dashboard.annotations.grafana_folder=GPU --set celPolicy.enabled=true --set celPolicy.clusterPolicyParam=true --set report=true --set networkPolicy.apiServerCIDRs={10.0.0.0/16} --set networkPolicy.metricsPodSelector.app=prometheus --set image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef --set priorityClass.create=false --set priorityClass.name=system-cluster-critical --set tolerations[0].operator=Exists --set config.exemptions.usernames={alice} --set operatorNamespace=nvidia-gpu-operator --set operatorVersion=v25.3.4"
+  [everything]="--set namespace.create=true --set monitoring.gpuTelemetry.enabled=true --set monitoring.gpuTelemetry.serviceMonitor.enabled=true --set monitoring.alertmanagerConfig.enabled=true --set monitoring.serviceMonitor.enabled=true --set monitoring.serviceMonitor.labels.release=kube-prometheus-stack --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.labels.release=kube-prometheus-stack --set monitoring.dashboard.enabled=true --set monitoring.dashboard.namespace=grafana --set monitoring.dashboard.annotations.grafana_folder=GPU --set celPolicy.enabled=true --set celPolicy.clusterPolicyParam=true --set report=true --set networkPolicy.apiServerCIDRs={10.0.0.0/16} --set networkPolicy.metricsPodSelector.app=prometheus --set image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef --set priorityClass.create=false --set priorityClass.name=system-cluster-critical --set tolerations[0].operator=Exists --set config.exemptions.usernames={alice} --set operatorNamespace=nvidia-gpu-operator --set operatorVersion=v25.3.4"
   [host-network]="--set namespace.create=true --set webhook.hostNetwork=true --set webhook.port=9443 --set admin.port=9444 --set admin.bindAddress=0.0.0.0 --set webhook.servicePort=443 --set networkPolicy.enabled=false --set clusterWatch=false --set podDisruptionBudget.enabled=false --set webhook.statusSubresource=false"
   [gke-private]="--set webhook.port=10250"
+  [gpu-telemetry]="--set monitoring.gpuTelemetry.enabled=true --set monitoring.gpuTelemetry.serviceMonitor.enabled=true --set monitoring.alertmanagerConfig.enabled=true"
+  [gpu-telemetry-tuned]="--set monitoring.gpuTelemetry.enabled=true --set monitoring.gpuTelemetry.dcgmExporterJob=dcgm --set monitoring.gpuTelemetry.team=gpu-infra --set monitoring.gpuTelemetry.scrape.enabled=false --set monitoring.gpuTelemetry.health.xidCritical=48|79 --set monitoring.gpuTelemetry.health.xidIgnored=13 --set monitoring.gpuTelemetry.health.eccDoubleBitErrors=2 --set monitoring.gpuTelemetry.health.retiredPagesPending=3 --set-json monitoring.gpuTelemetry.health.thermalViolationRatio=0.25 --set-json monitoring.gpuTelemetry.health.powerViolationRatio=0.75 --set-json monitoring.gpuTelemetry.health.violationCounterUnitSeconds=1e-6 --set monitoring.gpuTelemetry.health.nvlinkCrcErrors=1000 --set monitoring.gpuTelemetry.serviceMonitor.enabled=true --set monitoring.gpuTelemetry.serviceMonitor.namespace=monitoring --set monitoring.alertmanagerConfig.enabled=true --set monitoring.alertmanagerConfig.secretName=alertmanager-main --set monitoring.alertmanagerConfig.namespace=monitoring"
+  [gpu-telemetry-health-only]="--set monitoring.gpuTelemetry.enabled=true --set monitoring.gpuTelemetry.sentinels.enabled=false --set monitoring.gpuTelemetry.scrape.enabled=false"
+  [gpu-telemetry-no-groups]="--set monitoring.gpuTelemetry.enabled=true --set monitoring.gpuTelemetry.sentinels.enabled=false --set monitoring.gpuTelemetry.scrape.enabled=false --set monitoring.gpuTelemetry.health.enabled=false"
 )
 
 manifests=()
@@ -124,9 +128,13 @@ check "schema: validationActions Block is refused" rejects "celPolicy/validation
 check "schema: operatorNamespace with capitals is refused" rejects "operatorNamespace" --set operatorNamespace=GPU_Operator
 check "schema: operatorVersion latest is refused" rejects "operatorVersion" --set operatorVersion=latest
 check "schema: a malformed image digest is refused" rejects "image/digest" --set image.digest=latest
+check "schema: an XID list that is not numbers is refused" rejects "monitoring/gpuTelemetry/health/xidCritical" --set "monitoring.gpuTelemetry.health.xidCritical=79|.*"
+check "schema: a throttling share above 1 is refused" rejects "monitoring/gpuTelemetry/health/thermalViolationRatio" --set-json monitoring.gpuTelemetry.health.thermalViolationRatio=10
+check "schema: a threshold given as a string is refused" rejects "monitoring/gpuTelemetry/health/nvlinkCrcErrors" --set-string monitoring.gpuTelemetry.health.nvlinkCrcErrors=100
+check "schema: a job name with a quote is refused" rejects "monitoring/gpuTelemetry/dcgmExporterJob" --set 'monitoring.gpuTelemetry.dcgmExporterJob=a"b'
 
 check "deploy/ manifests are rendered from the chart (render-manifests.sh --check)" deploy/render-manifests.sh --check
-check "deploy/monitoring PrometheusRule and dashboard are fresh" bash -c \
+check "deploy/monitoring PrometheusRules and dashboard are fresh" bash -c \
   'deploy/monitoring/render-prometheusrule.sh --check && deploy/monitoring/render-dashboard-configmap.sh --check'
 
 # kustomize output of what remains of deploy/ as kustomizations.
@@ -146,12 +154,26 @@ check "kustomize base = deploy/release/existing-secret.yaml, object for object" 
 check "every rendered object is valid (Kubernetes $K8S_SCHEMA_VERSION schemas, cert-manager/prometheus-operator/wgpolicyk8s CRDs)" \
   "$py" "$here/validate.py" --k8s "$K8S_SCHEMA_VERSION" \
   --require-crd-group cert-manager.io --require-crd-group monitoring.coreos.com --require-crd-group wgpolicyk8s.io \
-  $(printf -- '--crd %s ' "${crds[@]}") "${manifests[@]}" deploy/release/*.yaml
+  $(printf -- '--crd %s ' "${crds[@]}") "${manifests[@]}" deploy/release/*.yaml deploy/monitoring/servicemonitor-dcgm-exporter.yaml
 
 check "operatorNamespace=nvidia-gpu-operator reaches every operator-namespace reference" \
   "$py" "$here/same_objects.py" --operator-namespace nvidia-gpu-operator "$work/everything.yaml"
 
 check "values reach the objects they are documented to change" "$py" "$here/values_check.py" "$work"
+# The GPU telemetry rules with every threshold changed must still be valid
+# PromQL (the chart edits expressions). promtool comes with
+# tests/monitoring/run.sh; without it this is skipped, never passed.
+if command -v promtool >/dev/null; then
+  "$py" -c 'import sys, yaml
+objs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+rules = [o for o in objs if o["kind"] == "PrometheusRule" and o["metadata"]["name"].endswith("-gpu-telemetry")]
+yaml.safe_dump(rules[0]["spec"] if len(rules) == 1 else {}, open(sys.argv[2], "w"))' \
+    "$work/gpu-telemetry-tuned.yaml" "$work/gpu-telemetry-tuned.rules.yaml"
+  check "promtool check rules: GPU telemetry rules with tuned values" \
+    promtool check rules --lint-fatal "$work/gpu-telemetry-tuned.rules.yaml"
+else
+  echo "skip promtool check rules: GPU telemetry rules with tuned values (no promtool; tests/monitoring/run.sh installs it)"
+fi
 check "the krew plugin manifest renders for a release" "$py" "$here/krew_check.py" .krew.yaml
 
 echo "== tests/helm: $passed passed, $failed failed ($((SECONDS - start))s)"

@@ -108,9 +108,13 @@ def operator_namespace(ns, path):
     vap = find("ValidatingAdmissionPolicy")
     if prefix not in " ".join(c["expression"] for c in vap.get("spec", {}).get("matchConditions", [])):
         problems.append(f"ValidatingAdmissionPolicy matchConditions do not name {prefix}")
-    rules = find("PrometheusRule")
-    if f"-n {ns} " not in " ".join(strings(rules)):
-        problems.append(f"PrometheusRule runbooks do not say -n {ns}")
+    for suffix in ("gpu-deploy-guard", "-gpu-telemetry"):
+        rules = find("PrometheusRule", suffix)
+        if f"-n {ns} " not in " ".join(strings(rules)):
+            problems.append(f"PrometheusRule *{suffix} runbooks do not say -n {ns}")
+    sm = find("ServiceMonitor", "-dcgm-exporter")
+    if sm.get("spec", {}).get("namespaceSelector", {}).get("matchNames") != [ns]:
+        problems.append(f"the dcgm-exporter ServiceMonitor does not select namespace {ns}")
     for p in problems:
         print(p)
     return 1 if problems else 0

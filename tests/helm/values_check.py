@@ -8,6 +8,7 @@ DIR holds `helm template` output per value set of tests/helm/run.sh
 """
 
 import base64
+import pathlib
 import sys
 
 import yaml
@@ -44,7 +45,8 @@ def container(objs):
 d = sys.argv[1]
 sets = {n: load(f"{d}/{n}.yaml") for n in [
     "defaults", "audit", "warn", "cert-manager", "cert-manager-clusterissuer", "existing-secret",
-    "everything", "host-network", "gke-private"]}
+    "everything", "host-network", "gke-private", "gpu-telemetry", "gpu-telemetry-tuned",
+    "gpu-telemetry-health-only", "gpu-telemetry-no-groups"]}
 
 # enforcement -> failurePolicy of the enforce webhook and mode in the config.
 for name, policy, mode in [("defaults", "Fail", "enforce"), ("warn", "Ignore", "warn"), ("audit", "Ignore", "audit")]:
@@ -99,13 +101,15 @@ expect("existing-secret: caBundle", base64.b64decode(one(objs, "ValidatingWebhoo
 # everything: monitoring labels and places, CEL param, report, digest, NetworkPolicy, tolerations,
 # operatorVersion.
 objs = sets["everything"]
+# The guard's own ServiceMonitor and PrometheusRule (the GPU telemetry ones are checked below).
+guard = [o for o in objs if o["metadata"]["name"] == "gpu-deploy-guard"]
 for kind in ("ServiceMonitor", "PrometheusRule"):
-    expect(f"everything: {kind} release label", one(objs, kind)["metadata"]["labels"].get("release"), "kube-prometheus-stack")
+    expect(f"everything: {kind} release label", one(guard, kind)["metadata"]["labels"].get("release"), "kube-prometheus-stack")
 dash = one(objs, "ConfigMap", "-dashboard")
 expect("everything: dashboard namespace", dash["metadata"]["namespace"], "grafana")
 expect("everything: dashboard label", dash["metadata"]["labels"].get("grafana_dashboard"), "1")
 expect("everything: dashboard annotations", dash["metadata"].get("annotations"), {"grafana_folder": "GPU"})
-expect("everything: ServiceMonitor port", one(objs, "ServiceMonitor")["spec"]["endpoints"][0]["port"], "metrics")
+expect("everything: ServiceMonitor port", one(guard, "ServiceMonitor")["spec"]["endpoints"][0]["port"], "metrics")
 expect("everything: paramKind", one(objs, "ValidatingAdmissionPolicy")["spec"].get("paramKind"),
        {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy"})
 expect("everything: --report", "--report" in container(objs)["args"], True)
@@ -141,6 +145,59 @@ expect("host-network: nodes only", one(objs, "ValidatingWebhookConfiguration")["
 objs = sets["gke-private"]
 expect("gke-private: container port", container(objs)["ports"][0]["containerPort"], 10250)
 expect("gke-private: service port", one(objs, "Service", "gpu-deploy-guard")["spec"]["ports"][0]["port"], 443)
+
+# GPU telemetry: with default values the chart's PrometheusRule is the plain rule file, the
+# dcgm-exporter ServiceMonitor sets job and node, the Alertmanager Secret carries the example.
+MON = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
+plain_rules = yaml.safe_load((MON / "rules" / "gpu-telemetry.rules.yaml").read_text())
+objs = sets["gpu-telemetry"]
+expect("gpu-telemetry: PrometheusRule spec is the plain rule file", one(objs, "PrometheusRule", "-gpu-telemetry").get("spec"), plain_rules)
+sm = one(objs, "ServiceMonitor", "-dcgm-exporter")
+expect("gpu-telemetry: dcgm-exporter ServiceMonitor namespace", sm["metadata"]["namespace"], "gpu-operator")
+expect("gpu-telemetry: dcgm-exporter ServiceMonitor relabelings", sm["spec"]["endpoints"][0]["relabelings"],
+       [{"action": "replace", "targetLabel": "job", "replacement": "nvidia-dcgm-exporter"},
+        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}])
+am = one(objs, "Secret", "-alertmanager")
+expect("gpu-telemetry: Alertmanager Secret carries alertmanager.yaml",
+       am.get("stringData", {}).get("alertmanager.yaml"), (MON / "alertmanager.yaml").read_text())
+expect("gpu-telemetry: Alertmanager Secret namespace", am["metadata"]["namespace"], "gpu-deploy-guard")
+
+# Tuned: job, team, switches, thresholds and places reach the objects.
+objs = sets["gpu-telemetry-tuned"]
+spec = one(objs, "PrometheusRule", "-gpu-telemetry").get("spec", {"groups": []})
+expect("gpu-telemetry-tuned: groups", [g["name"] for g in spec["groups"]], ["gpu-telemetry-sentinels", "gpu-health"])
+rules = {r.get("alert") or r.get("record") + str(i): r for g in spec["groups"] for i, r in enumerate(g["rules"])}
+exprs = "\n".join(r["expr"] for r in rules.values())
+texts = " ".join(str(v) for r in rules.values() for v in r.get("annotations", {}).values())
+expect("gpu-telemetry-tuned: job nvidia-dcgm-exporter left", "nvidia-dcgm-exporter" in exprs + texts, False)
+expect("gpu-telemetry-tuned: selectors of job dcgm", exprs.count('job="dcgm"') >= 20, True)
+expect("gpu-telemetry-tuned: team labels", sorted({r["labels"]["team"] for r in rules.values() if "alert" in r}), ["gpu-infra"])
+expect("gpu-telemetry-tuned: marker comments kept", exprs.count("# chart: health."), 10)
+for alert, parts in [
+    ("GpuHealthXidCritical", ['{xid=~"48|79"}']),
+    ("GpuHealthXidError", ['{xid=~"48|79"}', '{xid=~"13"}']),
+    ("GpuHealthEccDoubleBitErrors", ["> 2 # chart"]),
+    ("GpuHealthRetiredPagesPending", ["> 3 # chart"]),
+    ("GpuHealthThermalThrottling", ["* 1e-06 # chart", "> 0.25 # chart"]),
+    ("GpuHealthPowerThrottling", ["* 1e-06 # chart", "> 0.75 # chart"]),
+    ("GpuHealthNvlinkCrcErrors", ["> 1000 # chart"]),
+]:
+    expr = rules.get(alert, {}).get("expr", "")
+    for part in parts:
+        expect(f"gpu-telemetry-tuned: {alert} has {part}", part in expr, True)
+expect("gpu-telemetry-tuned: ServiceMonitor namespace", one(objs, "ServiceMonitor", "-dcgm-exporter")["metadata"]["namespace"], "monitoring")
+expect("gpu-telemetry-tuned: ServiceMonitor job", one(objs, "ServiceMonitor", "-dcgm-exporter")["spec"]["endpoints"][0]["relabelings"][0]["replacement"], "dcgm")
+am = [o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] == "alertmanager-main"]
+expect("gpu-telemetry-tuned: Alertmanager Secret name and namespace", [o["metadata"]["namespace"] for o in am], ["monitoring"])
+
+objs = sets["gpu-telemetry-health-only"]
+expect("gpu-telemetry-health-only: groups", [g["name"] for g in one(objs, "PrometheusRule", "-gpu-telemetry").get("spec", {"groups": []})["groups"]], ["gpu-health"])
+expect("gpu-telemetry-no-groups: no PrometheusRule",
+       [o["metadata"]["name"] for o in sets["gpu-telemetry-no-groups"] if o["kind"] == "PrometheusRule"], [])
+objs = sets["everything"]
+sm = one(objs, "ServiceMonitor", "-dcgm-exporter")
+expect("everything: dcgm-exporter ServiceMonitor in operatorNamespace", (sm["metadata"]["namespace"], sm["spec"]["namespaceSelector"]["matchNames"]),
+       ("nvidia-gpu-operator", ["nvidia-gpu-operator"]))
 
 for p in problems:
     print(p)
