@@ -1,6 +1,6 @@
-//! The API: the audit's snapshot of a live cluster (a fixed number of list calls,
-//! however many nodes: one for nodes, one for the operator's pods, one for its
-//! DaemonSets, one for ClusterPolicies, one for the Deployments in its namespace), how a
+//! The API: the audit's snapshot of a live cluster (the nodes, as metadata, and the
+//! operator's pods in pages; one call each for its DaemonSets, the ClusterPolicies and the
+//! Deployments in its namespace), how a
 //! missing CRD or RBAC shows, what the ClusterPolicies, DaemonSets and the operator's
 //! Deployment say, and writing an object with server-side apply.
 
@@ -14,6 +14,7 @@ use super::deployment::{self, DeploymentView, Unread};
 use super::node::NodeView;
 use super::pod::PodView;
 use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
+use crate::core::policy;
 
 /// The field manager of every write, and so the owner of the report's fields.
 pub const FIELD_MANAGER: &str = "gpu-deploy-guard";
@@ -137,23 +138,37 @@ pub fn deployments_unread(error: &KubeError) -> Unread {
     }
 }
 
-/// Lists what the audit needs: five calls, whatever the size of the cluster.
+/// Objects per page of the snapshot's node and pod lists: one page is held whole while it is
+/// read, so the lists' memory stays bounded whatever the size of the fleet.
+pub const SNAPSHOT_PAGE: u32 = 250;
+
+/// Lists every object of `api` in pages of `page`, handing each to `each` as it arrives.
+async fn list_pages<K>(api: &Api<K>, page: u32, mut each: impl FnMut(K)) -> Result<(), KubeError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = ListParams::default().limit(page);
+    loop {
+        let list = api.list(&params).await?;
+        let next = list.metadata.continue_.clone().filter(|c| !c.is_empty());
+        list.items.into_iter().for_each(&mut each);
+        match next {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// Lists what the audit needs. The ClusterPolicies, DaemonSets and Deployments come first:
+/// the facts they give say which node labels the decision reads, and each node keeps only
+/// those ([`policy::reads_label`]) as its page arrives. Nodes are listed as metadata only, and
+/// nodes and pods in pages of [`SNAPSHOT_PAGE`].
 pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, ClusterError> {
     let list = |what: &str| {
         let what = what.to_owned();
         move |source| ClusterError::List { what, source }
     };
     let params = ListParams::default();
-    let nodes = Api::<NodeView>::all(client.clone())
-        .list(&params)
-        .await
-        .map_err(list("nodes"))?
-        .items;
-    let pods = Api::<PodView>::namespaced(client.clone(), namespace)
-        .list(&params)
-        .await
-        .map_err(list(&format!("pods in namespace {namespace}")))?
-        .items;
     let daemonsets = Api::<DaemonSetView>::namespaced(client.clone(), namespace)
         .list(&params)
         .await
@@ -182,6 +197,28 @@ pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, Clus
         deployments.as_ref().map(|list| list.iter().collect());
     (facts.version, facts.version_source) =
         deployment::operator_version(namespace, deployment_refs.as_deref().map_err(|e| *e));
+
+    let mut nodes = Vec::new();
+    list_pages(
+        &Api::<NodeView>::all(client.clone()),
+        SNAPSHOT_PAGE,
+        |mut node| {
+            if let Some(labels) = &mut node.metadata.labels {
+                labels.retain(|k, _| policy::reads_label(k, &facts));
+            }
+            nodes.push(node);
+        },
+    )
+    .await
+    .map_err(list("nodes"))?;
+    let mut pods = Vec::new();
+    list_pages(
+        &Api::<PodView>::namespaced(client.clone(), namespace),
+        SNAPSHOT_PAGE,
+        |pod| pods.push(pod),
+    )
+    .await
+    .map_err(list(&format!("pods in namespace {namespace}")))?;
     Ok(Snapshot { nodes, pods, facts })
 }
 

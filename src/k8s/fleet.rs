@@ -366,3 +366,175 @@ fn touched(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<Sym> {
     nodes.dedup();
     nodes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::audit;
+    use crate::core::facts::operator_defaults;
+    use crate::k8s::read;
+
+    /// Every node fixture: the lab's, the published real ones, the large benchmark node.
+    fn fixture_nodes() -> Vec<NodeView> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut paths: Vec<std::path::PathBuf> =
+            ["tests/fixtures/nodes", "tests/fixtures/real-nodes"]
+                .iter()
+                .flat_map(|dir| std::fs::read_dir(root.join(dir)).unwrap())
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|x| x == "json" || x == "yaml"))
+                .collect();
+        paths.push(root.join("benches/fixtures/large-node.json"));
+        paths.sort();
+        // Named after their files: two published nodes share a name.
+        let nodes: Vec<NodeView> = paths
+            .iter()
+            .map(|p| {
+                let mut node = read::node_file(p).unwrap();
+                let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+                node.metadata.name = Some(stem);
+                node
+            })
+            .collect();
+        assert!(nodes.len() >= 9, "{} fixtures", nodes.len());
+        nodes
+    }
+
+    fn recorded(index: &NodeIndex, nodes: &[NodeView]) -> Vec<NodeView> {
+        nodes
+            .iter()
+            .map(|n| {
+                let mut v = NodeView::default();
+                v.metadata.name = n.metadata.name.clone();
+                v.metadata.labels = Some(index.get(n.name()).unwrap().labels());
+                v
+            })
+            .collect()
+    }
+
+    #[test]
+    fn records_give_the_audit_the_whole_nodes_give() {
+        let nodes = fixture_nodes();
+        let mut facts = operator_defaults();
+        for with_selector in [false, true] {
+            if with_selector {
+                // A DaemonSet selecting a label outside the decision's own set.
+                facts.selectors.insert(
+                    Operand::DcgmExporter,
+                    [("node-role.kubernetes.io/gpu".to_owned(), String::new())].into(),
+                );
+            }
+            let mut index = NodeIndex::new(LabelFilter::new(&facts));
+            for n in &nodes {
+                index.apply(n);
+            }
+            let kept: usize = nodes
+                .iter()
+                .map(|n| index.get(n.name()).unwrap().labels.len())
+                .sum();
+            let all: usize = nodes.iter().map(|n| n.labels().len()).sum();
+            assert!(kept * 3 < all, "records keep {kept} of {all} labels");
+            let pods: &[PodView] = &[];
+            let policy = crate::core::policy::Policy::default();
+            assert_eq!(
+                audit(&recorded(&index, &nodes), pods, &facts, &policy),
+                audit(&nodes, pods, &facts, &policy),
+                "selector: {with_selector}"
+            );
+            assert_eq!(
+                index.filter().keeps("node-role.kubernetes.io/gpu"),
+                with_selector
+            );
+        }
+    }
+
+    #[test]
+    fn a_wider_filter_covers_a_narrower_one_only() {
+        let plain = LabelFilter::new(&operator_defaults());
+        let mut facts = operator_defaults();
+        facts.selectors.insert(
+            Operand::DevicePlugin,
+            [("example.com/pool".to_owned(), "gpu".to_owned())].into(),
+        );
+        let wide = LabelFilter::new(&facts);
+        assert!(wide.covers(&plain));
+        assert!(!plain.covers(&wide));
+        assert!(plain.covers(&plain));
+    }
+
+    #[test]
+    fn heartbeats_change_nothing_and_interned_strings_stay_in_proportion() {
+        let facts = operator_defaults();
+        let mut index = NodeIndex::new(LabelFilter::new(&facts));
+        let mk = |name: &str, version: &str| {
+            let mut n = NodeView::default();
+            n.metadata.name = Some(name.to_owned());
+            n.metadata.labels = Some(
+                [
+                    ("nvidia.com/gpu.deploy.driver".to_owned(), "true".to_owned()),
+                    // Read by the decision and different on every change: the worst case.
+                    (
+                        "nvidia.com/vgpu.host-driver-version".to_owned(),
+                        version.to_owned(),
+                    ),
+                    ("kubernetes.io/hostname".to_owned(), name.to_owned()),
+                ]
+                .into(),
+            );
+            n
+        };
+        assert!(index.apply(&mk("a", "1")));
+        assert!(!index.apply(&mk("a", "1")), "the same labels again");
+        for i in 0..20_000 {
+            index.apply(&mk("a", &i.to_string()));
+        }
+        assert!(
+            index.interned() < 3 * Interner::FLOOR,
+            "{} strings interned for one node",
+            index.interned()
+        );
+        assert_eq!(index.len(), 1);
+        // A re-list names what it changed.
+        index.start_relist();
+        index.relist_apply(&mk("a", "19999"));
+        index.relist_apply(&mk("b", "1"));
+        assert_eq!(index.finish_relist(), vec![Box::from("b")]);
+        index.start_relist();
+        index.relist_apply(&mk("b", "1"));
+        assert_eq!(index.finish_relist(), vec![Box::from("a")]);
+        assert!(index.get("a").is_none());
+    }
+
+    #[test]
+    fn pods_are_indexed_by_node_and_counted() {
+        let mut pods = PodIndex::default();
+        let mk = |name: &str, node: &str, phase: PodPhase| {
+            let mut p = PodView {
+                node: Some(node.to_owned()),
+                phase,
+                daemonset: Some("nvidia-device-plugin-daemonset".to_owned()),
+                owned: true,
+                ..PodView::default()
+            };
+            p.metadata.name = Some(name.to_owned());
+            p
+        };
+        assert_eq!(pods.apply(&mk("p1", "a", PodPhase::Pending)).len(), 1);
+        assert_eq!(pods.running_daemonset_pods(), 0);
+        assert!(pods.apply(&mk("p1", "a", PodPhase::Pending)).is_empty());
+        let moved: Vec<String> = pods
+            .apply(&mk("p1", "b", PodPhase::Running))
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(moved, ["a", "b"]);
+        assert!(pods.on_node("a").is_empty());
+        assert_eq!(pods.on_node("b")[0].name, "p1");
+        assert_eq!(pods.running_daemonset_pods(), 1);
+        assert!(pods.seen().contains(Operand::DevicePlugin));
+        assert_eq!(pods.delete("p1").len(), 1);
+        assert!(pods.seen().is_empty());
+        assert_eq!(pods.running_daemonset_pods(), 0);
+        assert!(pods.is_empty());
+    }
+}
