@@ -5,57 +5,11 @@
 //! Pure, like [`super::audit`], and held to give the same [`AuditReport`]: the tests compare
 //! the two after every step.
 
-use std::collections::BTreeSet;
-
 use super::{AuditReport, Context, NodeAudit};
 use crate::core::facts::ClusterFacts;
 use crate::core::policy::Policy;
+pub use crate::k8s::fleet::Dirty;
 use crate::k8s::fleet::{NodeIndex, PodIndex};
-
-/// Which nodes changed since the last pass.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Dirty {
-    /// Every node (a re-list, a new holder, a change too large to track by name).
-    All,
-    Nodes(BTreeSet<Box<str>>),
-}
-
-impl Default for Dirty {
-    fn default() -> Self {
-        Dirty::Nodes(BTreeSet::new())
-    }
-}
-
-impl Dirty {
-    /// Past this many names a change is tracked as [`Dirty::All`]: re-auditing every node then
-    /// costs about what the names would, and memory stays bounded.
-    pub const MAX_NAMES: usize = 4096;
-
-    pub fn add(&mut self, name: &str) {
-        if let Dirty::Nodes(names) = self {
-            if names.len() >= Self::MAX_NAMES {
-                *self = Dirty::All;
-            } else if !names.contains(name) {
-                names.insert(name.into());
-            }
-        }
-    }
-
-    pub fn merge(&mut self, other: Dirty) {
-        match other {
-            Dirty::All => *self = Dirty::All,
-            Dirty::Nodes(names) => {
-                for name in &names {
-                    self.add(name);
-                }
-            }
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        matches!(self, Dirty::Nodes(names) if names.is_empty())
-    }
-}
 
 /// The last pass's report and what its nodes' audits shared.
 #[derive(Debug, Default)]

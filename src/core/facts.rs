@@ -25,6 +25,9 @@ pub struct ClusterFacts {
     pub source: PolicySource,
     /// The ClusterPolicy's `spec.sandboxWorkloads`: which deploy labels the operator gives a node.
     pub sandbox: Sandbox,
+    /// `spec.driver.useNvidiaDriverCRD`: NVIDIADriver resources deploy the drivers, not the
+    /// ClusterPolicy.
+    pub driver_crd: bool,
     /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras).
     pub version: OperatorVersion,
     /// Where [`version`](Self::version) came from, or why it is assumed.
@@ -43,6 +46,7 @@ impl Default for ClusterFacts {
             daemonsets: None,
             source: PolicySource::NotGiven,
             sandbox: Sandbox::default(),
+            driver_crd: false,
             version: OperatorVersion::newest(),
             version_source: VersionSource::Assumed(NO_VERSION.to_owned()),
         }

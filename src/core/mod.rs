@@ -9,4 +9,5 @@ pub mod facts;
 pub mod operands;
 pub mod operator;
 pub mod policy;
+pub mod policy_change;
 pub mod rules;

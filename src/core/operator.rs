@@ -124,6 +124,16 @@ pub enum SandboxMode {
     Kata,
 }
 
+impl SandboxMode {
+    /// As the ClusterPolicy spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SandboxMode::KubeVirt => "kubevirt",
+            SandboxMode::Kata => "kata",
+        }
+    }
+}
+
 /// The ClusterPolicy's sandbox settings, as far as labelling needs them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Sandbox {

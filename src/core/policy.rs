@@ -143,6 +143,8 @@ pub struct Verdict {
     /// switches when they were assumed, and the GPU Operator version, assumed, given or read
     /// from the operator's Deployment.
     pub cluster_facts: String,
+    /// For a GPU-policy review: the object and the fleet it was decided over.
+    pub policy_change: Option<crate::core::policy_change::PolicyNote>,
 }
 
 impl Verdict {
@@ -172,6 +174,17 @@ impl Verdict {
                 }
             }
             out.push(("operands", changes.join(",")));
+        }
+        if let Some(note) = &self.policy_change {
+            out.push(("policy-change", note.object.clone()));
+            out.push((
+                "nodes",
+                note.nodes
+                    .map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
+            ));
+            if let Some(said) = &note.host_toolkit {
+                out.push(("override", said.clone()));
+            }
         }
         if let Some(why) = &self.exempt {
             out.push(("exempt", why.clone()));
@@ -257,6 +270,26 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         }
     }
 
+    conclude(
+        findings,
+        exemption(review.username, review.groups, &policy.exemptions),
+        policy,
+        before,
+        after,
+        facts.annotation(),
+    )
+}
+
+/// The verdict on these findings (their actions already set): denied when one denies, unless
+/// the requester is exempt or the mode is `audit`, which keep the refusal as a record only.
+pub(crate) fn conclude(
+    mut findings: Vec<Finding>,
+    exempt: Option<String>,
+    policy: &Policy,
+    before: OperandSet,
+    after: OperandSet,
+    cluster_facts: String,
+) -> Verdict {
     let deny_messages: Vec<&str> = findings
         .iter()
         .filter(|f| f.action == Action::Deny)
@@ -264,7 +297,6 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         .collect();
     let deny_message = (!deny_messages.is_empty()).then(|| deny_messages.join(" Also: "));
 
-    let exempt = exemption(review, &policy.exemptions);
     let (decision, message, would_deny) = match (&exempt, deny_message) {
         (Some(_), would) => {
             for f in &mut findings {
@@ -296,7 +328,8 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         after,
         exempt,
         would_deny,
-        cluster_facts: facts.annotation(),
+        cluster_facts,
+        policy_change: None,
     }
 }
 
@@ -380,7 +413,7 @@ fn state_findings(
     findings
 }
 
-fn effective_action(policy: &Policy, operation: Operation, finding: &Finding) -> Action {
+pub(crate) fn effective_action(policy: &Policy, operation: Operation, finding: &Finding) -> Action {
     let configured = policy.action(finding.rule);
     if configured != Action::Deny {
         return configured;
@@ -391,15 +424,16 @@ fn effective_action(policy: &Policy, operation: Operation, finding: &Finding) ->
     if lowered { Action::Warn } else { Action::Deny }
 }
 
-fn exemption(review: &Review<'_>, ex: &Exemptions) -> Option<String> {
-    if ex.usernames.iter().any(|u| u == review.username) {
-        return Some(format!("user {} is exempt", review.username));
+/// Why a requester is exempt (a listed user or group, a service account of a listed
+/// namespace), if it is.
+pub(crate) fn exemption(username: &str, groups: &[String], ex: &Exemptions) -> Option<String> {
+    if ex.usernames.iter().any(|u| u == username) {
+        return Some(format!("user {username} is exempt"));
     }
-    if let Some(g) = review.groups.iter().find(|g| ex.groups.contains(g)) {
+    if let Some(g) = groups.iter().find(|g| ex.groups.contains(g)) {
         return Some(format!("group {g} is exempt"));
     }
-    let sa_namespace = review
-        .username
+    let sa_namespace = username
         .strip_prefix("system:serviceaccount:")
         .and_then(|rest| rest.split_once(':'))
         .map(|(ns, _)| ns);
@@ -407,8 +441,7 @@ fn exemption(review: &Review<'_>, ex: &Exemptions) -> Option<String> {
         && ex.service_account_namespaces.iter().any(|n| n == ns)
     {
         return Some(format!(
-            "service account {} of namespace {ns} is exempt",
-            review.username
+            "service account {username} of namespace {ns} is exempt"
         ));
     }
     None

@@ -25,6 +25,11 @@ pub enum Rule {
     UnknownDeployLabel,
     ValueNotTrue,
     OperatorWillRestore,
+    ToolkitSwitchedOff,
+    DriverRemoved,
+    SandboxRelabel,
+    NvidiaDriverOverlap,
+    ClusterPolicyIgnored,
 }
 
 /// What happens when a rule finds something.
@@ -53,6 +58,18 @@ pub enum Kind {
     State,
     /// Looks at the labels the request itself writes.
     Change,
+    /// Looks at a change of the cluster's GPU policy (a ClusterPolicy or an NVIDIADriver) over
+    /// every node: [`decide_policy`](crate::core::policy_change::decide_policy) evaluates these.
+    Policy,
+}
+
+/// How a rule is evaluated.
+#[derive(Copy, Clone)]
+pub enum Check {
+    /// On one node's labels: adds the rule's findings for one evaluation.
+    Node(fn(&Ctx<'_, '_>, &mut Vec<Finding>)),
+    /// Over the fleet, by the policy-change decision (`core/policy_change.rs`).
+    Fleet,
 }
 
 /// One row of [`RULES`]: everything about one rule.
@@ -68,13 +85,12 @@ pub struct RuleSpec {
     pub pass: &'static str,
     /// What the rule finds.
     pub summary: &'static str,
-    /// Adds the rule's findings for one evaluation.
-    pub check: fn(&Ctx<'_, '_>, &mut Vec<Finding>),
+    pub check: Check,
 }
 
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs` or `rules/change.rs`).
-pub const RULES: [RuleSpec; 8] = [
+pub const RULES: [RuleSpec; 13] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -83,7 +99,7 @@ pub const RULES: [RuleSpec; 8] = [
         severity: "high",
         pass: "the device plugin does not run without the container toolkit",
         summary: "the device plugin would run while the operator-managed container toolkit would not",
-        check: |ctx, out| ctx.device_plugin_without_toolkit(out),
+        check: Check::Node(|ctx, out| ctx.device_plugin_without_toolkit(out)),
     },
     RuleSpec {
         rule: Rule::OperandWithoutToolkit,
@@ -93,7 +109,7 @@ pub const RULES: [RuleSpec; 8] = [
         severity: "medium",
         pass: "no operand waits for a container toolkit that does not run",
         summary: "GFD, DCGM, DCGM exporter or MIG manager would run without the container toolkit",
-        check: |ctx, out| ctx.operand_without_toolkit(out),
+        check: Check::Node(|ctx, out| ctx.operand_without_toolkit(out)),
     },
     RuleSpec {
         rule: Rule::OperandWithoutValidator,
@@ -103,7 +119,7 @@ pub const RULES: [RuleSpec; 8] = [
         severity: "medium",
         pass: "no operand waits for an operator validator that is labelled off",
         summary: "operator-validator is labelled off while operands that wait for toolkit-ready run",
-        check: |ctx, out| ctx.operand_without_validator(out),
+        check: Check::Node(|ctx, out| ctx.operand_without_validator(out)),
     },
     RuleSpec {
         rule: Rule::OperandWithoutSandboxValidator,
@@ -113,7 +129,7 @@ pub const RULES: [RuleSpec; 8] = [
         severity: "medium",
         pass: "no sandbox operand waits for a sandbox validator that is labelled off",
         summary: "sandbox-validator is labelled off while the sandbox or kata device plugin or the vGPU device manager runs",
-        check: |ctx, out| ctx.operand_without_sandbox_validator(out),
+        check: Check::Node(|ctx, out| ctx.operand_without_sandbox_validator(out)),
     },
     RuleSpec {
         rule: Rule::DevicePluginOnNonGpuNode,
@@ -123,7 +139,7 @@ pub const RULES: [RuleSpec; 8] = [
         severity: "low",
         pass: "the device plugin does not run on a node without a GPU label",
         summary: "the device plugin would run on a node with no sign of an NVIDIA GPU",
-        check: |ctx, out| ctx.device_plugin_on_non_gpu_node(out),
+        check: Check::Node(|ctx, out| ctx.device_plugin_on_non_gpu_node(out)),
     },
     RuleSpec {
         rule: Rule::UnknownDeployLabel,
@@ -133,7 +149,7 @@ pub const RULES: [RuleSpec; 8] = [
         severity: "low",
         pass: "no finding",
         summary: "a nvidia.com/gpu.deploy.* key that no operand uses",
-        check: |ctx, out| ctx.unknown_deploy_label(out),
+        check: Check::Node(|ctx, out| ctx.unknown_deploy_label(out)),
     },
     RuleSpec {
         rule: Rule::ValueNotTrue,
@@ -143,7 +159,7 @@ pub const RULES: [RuleSpec; 8] = [
         severity: "low",
         pass: "no finding",
         summary: "a deploy label set to a value a person probably meant as on (only `true` schedules)",
-        check: |ctx, out| ctx.value_not_true(out),
+        check: Check::Node(|ctx, out| ctx.value_not_true(out)),
     },
     RuleSpec {
         rule: Rule::OperatorWillRestore,
@@ -153,7 +169,57 @@ pub const RULES: [RuleSpec; 8] = [
         severity: "low",
         pass: "no finding",
         summary: "the GPU Operator's next labelling pass changes a label this request writes: adds it back, sweeps it, or (operands=false) sweeps them all",
-        check: |ctx, out| ctx.operator_will_restore(out),
+        check: Check::Node(|ctx, out| ctx.operator_will_restore(out)),
+    },
+    RuleSpec {
+        rule: Rule::ToolkitSwitchedOff,
+        id: "toolkit-switched-off",
+        kind: Kind::Policy,
+        default: Action::Deny,
+        severity: "high",
+        pass: "no policy change removes the container toolkit where the device plugin runs",
+        summary: "a ClusterPolicy change stops deploying the container toolkit on nodes where the device plugin keeps running",
+        check: Check::Fleet,
+    },
+    RuleSpec {
+        rule: Rule::DriverRemoved,
+        id: "driver-removed",
+        kind: Kind::Policy,
+        default: Action::Warn,
+        severity: "high",
+        pass: "no policy change removes a driver DaemonSet from a node",
+        summary: "a ClusterPolicy or NVIDIADriver change leaves nodes without a driver DaemonSet",
+        check: Check::Fleet,
+    },
+    RuleSpec {
+        rule: Rule::SandboxRelabel,
+        id: "sandbox-relabel",
+        kind: Kind::Policy,
+        default: Action::Warn,
+        severity: "medium",
+        pass: "no sandboxWorkloads change swaps the operands of a node",
+        summary: "a sandboxWorkloads change makes the operator swap the operands of nodes",
+        check: Check::Fleet,
+    },
+    RuleSpec {
+        rule: Rule::NvidiaDriverOverlap,
+        id: "nvidia-driver-overlap",
+        kind: Kind::Policy,
+        default: Action::Deny,
+        severity: "high",
+        pass: "no two NVIDIADriver resources select the same node",
+        summary: "an NVIDIADriver selects a node another NVIDIADriver selects",
+        check: Check::Fleet,
+    },
+    RuleSpec {
+        rule: Rule::ClusterPolicyIgnored,
+        id: "cluster-policy-ignored",
+        kind: Kind::Policy,
+        default: Action::Warn,
+        severity: "low",
+        pass: "one ClusterPolicy",
+        summary: "a second ClusterPolicy, which the operator ignores",
+        check: Check::Fleet,
     },
 ];
 
@@ -250,7 +316,9 @@ impl Ctx<'_, '_> {
     /// Runs every rule of `kind`, in table order.
     pub(crate) fn run(&self, kind: Kind, out: &mut Vec<Finding>) {
         for spec in RULES.iter().filter(|s| s.kind == kind) {
-            (spec.check)(self, out);
+            if let Check::Node(check) = spec.check {
+                check(self, out);
+            }
         }
     }
 

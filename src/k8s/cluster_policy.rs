@@ -84,10 +84,22 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
             _ => SandboxMode::KubeVirt,
         },
     };
+    let driver_crd = match object.pointer("/spec/driver/useNvidiaDriverCRD") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(ClusterPolicyError::Field {
+                name: name.clone(),
+                field: "spec.driver.useNvidiaDriverCRD".to_owned(),
+                problem: format!("expected true or false, found {other}"),
+            });
+        }
+    };
     Ok(ClusterPolicy {
         name,
         facts: ClusterFacts {
             sandbox,
+            driver_crd,
             ..ClusterFacts::from_switches(disabled)
         },
     })

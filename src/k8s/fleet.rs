@@ -97,6 +97,28 @@ impl NodeRecord {
     }
 }
 
+/// A record's identity: the addresses of its interned strings. Records of one index share
+/// the strings of equal text, so equal records have equal keys.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct RecordKey(Vec<(usize, usize)>);
+
+impl RecordKey {
+    fn of(record: &NodeRecord) -> RecordKey {
+        RecordKey(
+            record
+                .labels
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        Arc::as_ptr(k).cast::<u8>() as usize,
+                        Arc::as_ptr(v).cast::<u8>() as usize,
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
 /// Every node of the cluster as a [`NodeRecord`], by name.
 #[derive(Debug, Default)]
 pub struct NodeIndex {
@@ -139,6 +161,22 @@ impl NodeIndex {
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.records.keys().map(|k| &**k)
+    }
+
+    /// The nodes grouped by identical records: a fleet has few distinct label sets, so a decision
+    /// over every node is made once per group. Groups and their names come sorted.
+    pub fn groups(&self) -> Vec<(&NodeRecord, Vec<&str>)> {
+        let mut by_record: HashMap<RecordKey, (&NodeRecord, Vec<&str>)> = HashMap::new();
+        for (name, record) in &self.records {
+            by_record
+                .entry(RecordKey::of(record))
+                .or_insert_with(|| (record, Vec::new()))
+                .1
+                .push(name);
+        }
+        let mut groups: Vec<(&NodeRecord, Vec<&str>)> = by_record.into_values().collect();
+        groups.sort_by(|a, b| a.1[0].cmp(b.1[0]));
+        groups
     }
 
     /// Interned strings held (for the tests and the benchmark's accounting).
@@ -219,6 +257,88 @@ impl NodeIndex {
         self.records = new;
         self.strings.sweep_if_grown();
         changed
+    }
+}
+
+/// Which nodes changed since the last pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dirty {
+    /// Every node (a re-list, a new holder, a change too large to track by name).
+    All,
+    Nodes(BTreeSet<Box<str>>),
+}
+
+impl Default for Dirty {
+    fn default() -> Self {
+        Dirty::Nodes(BTreeSet::new())
+    }
+}
+
+impl Dirty {
+    /// Past this many names a change is tracked as [`Dirty::All`]: re-auditing every node then
+    /// costs about what the names would, and memory stays bounded.
+    pub const MAX_NAMES: usize = 4096;
+
+    pub fn add(&mut self, name: &str) {
+        if let Dirty::Nodes(names) = self {
+            if names.len() >= Self::MAX_NAMES {
+                *self = Dirty::All;
+            } else if !names.contains(name) {
+                names.insert(name.into());
+            }
+        }
+    }
+
+    pub fn merge(&mut self, other: Dirty) {
+        match other {
+            Dirty::All => *self = Dirty::All,
+            Dirty::Nodes(names) => {
+                for name in &names {
+                    self.add(name);
+                }
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Dirty::Nodes(names) if names.is_empty())
+    }
+}
+
+/// The node records every replica keeps, shared by the node follower (which writes them), the
+/// auditor and the webhook's policy decisions (which read them).
+#[derive(Debug)]
+pub struct Fleet {
+    state: std::sync::Mutex<FleetState>,
+    /// Woken when a node's record changed.
+    pub changed: tokio::sync::Notify,
+}
+
+#[derive(Debug)]
+pub struct FleetState {
+    pub nodes: NodeIndex,
+    /// Nodes changed since the auditor last looked.
+    pub dirty: Dirty,
+    /// The nodes have been listed: the records are the whole fleet.
+    pub synced: bool,
+}
+
+impl Default for Fleet {
+    fn default() -> Self {
+        Fleet {
+            state: std::sync::Mutex::new(FleetState {
+                nodes: NodeIndex::default(),
+                dirty: Dirty::All,
+                synced: false,
+            }),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl Fleet {
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, FleetState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

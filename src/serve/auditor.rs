@@ -17,14 +17,14 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use super::watch::{
-    Fleet, Health, Kind, Status, WatchConfig, health, watch_failed, watch_synced, watcher,
+    Health, Kind, Status, WatchConfig, health, watch_failed, watch_synced, watcher,
 };
 use crate::audit::apply::apply_report;
 use crate::audit::incremental::{Dirty, Incremental};
 use crate::audit::metrics::AuditMetrics;
 use crate::audit::report::{self, PolicyReport};
 use crate::core::facts::ClusterFacts;
-use crate::k8s::fleet::PodIndex;
+use crate::k8s::fleet::{Fleet, PodIndex};
 use crate::k8s::pod::PodView;
 
 /// What the auditor reads and writes.

@@ -22,6 +22,7 @@ use crate::core::facts::{
 };
 use crate::core::operator::OperatorVersion;
 use crate::k8s::deployment::{self, Unread};
+use crate::k8s::fleet::Fleet;
 use crate::k8s::read;
 use crate::metrics::Metrics;
 use crate::webhook::{self, Limits, Webhook};
@@ -253,7 +254,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     apply_given(&mut facts, given.clone());
     let (facts_tx, facts_rx) = tokio::sync::watch::channel(Arc::new(facts));
     let version_rx = facts_rx.clone();
-    let webhook = Webhook::watching(config.policy.clone(), facts_rx, metrics.clone(), limits);
+    let fleet = Arc::new(Fleet::default());
+    let mut webhook = Webhook::watching(config.policy.clone(), facts_rx, metrics.clone(), limits);
+    if !no_cluster_watch {
+        webhook.fleet = Some(fleet.clone());
+    }
     let options = ServeOptions {
         listen: args.listen,
         admin_listen: args.admin_listen,
@@ -295,6 +300,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 report,
                 &audit,
                 facts_tx,
+                fleet,
                 metrics.clone(),
                 &readiness,
             )
@@ -392,6 +398,7 @@ async fn start_cluster_watch(
     report: bool,
     audit: &AuditOptions,
     facts_tx: tokio::sync::watch::Sender<Arc<ClusterFacts>>,
+    fleet: Arc<Fleet>,
     metrics: Arc<Metrics>,
     readiness: &Readiness,
 ) -> Option<ClusterWatch> {
@@ -421,6 +428,7 @@ async fn start_cluster_watch(
         watch,
         facts_tx,
         metrics,
+        fleet,
         leader,
         move || gate.open(),
     ));

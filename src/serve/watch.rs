@@ -36,12 +36,11 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector as reflect};
 use kube::{Client, Resource};
 use serde_json::Value;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::auditor;
 use super::lease::{Election, LeaseConfig};
-use crate::audit::incremental::Dirty;
 use crate::audit::metrics::AuditMetrics;
 use crate::core::facts::{ClusterFacts, PolicySource, VersionSource};
 use crate::core::operator::OperatorVersion;
@@ -51,7 +50,7 @@ use crate::k8s::api::{
 };
 use crate::k8s::daemonset::DaemonSetView;
 use crate::k8s::deployment::{self, DeploymentView, Unread};
-use crate::k8s::fleet::{LabelFilter, NodeIndex};
+use crate::k8s::fleet::{Fleet, LabelFilter};
 use crate::k8s::node::NodeView;
 use crate::metrics::Metrics;
 
@@ -178,35 +177,6 @@ fn unavailable(error: &watcher::Error) -> Option<Unavailable> {
     }
 }
 
-/// The compact nodes every replica keeps, and which of them changed since the auditor last
-/// looked.
-pub(super) struct Fleet {
-    pub(super) state: Mutex<FleetState>,
-    /// Woken when a node's record changed.
-    pub(super) changed: Notify,
-}
-
-pub(super) struct FleetState {
-    pub(super) nodes: NodeIndex,
-    pub(super) dirty: Dirty,
-}
-
-impl Fleet {
-    fn new() -> Fleet {
-        Fleet {
-            state: Mutex::new(FleetState {
-                nodes: NodeIndex::default(),
-                dirty: Dirty::All,
-            }),
-            changed: Notify::new(),
-        }
-    }
-
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, FleetState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
 /// Watches the cluster until the returned future is dropped.
 ///
 /// `facts_tx` receives new [`ClusterFacts`] whenever they change. `on_synced` is called once,
@@ -219,6 +189,7 @@ pub async fn watch_cluster(
     config: WatchConfig,
     facts_tx: watch::Sender<Arc<ClusterFacts>>,
     metrics: Arc<Metrics>,
+    fleet: Arc<Fleet>,
     election: watch::Receiver<bool>,
     on_synced: impl FnOnce() + Send + 'static,
 ) {
@@ -243,7 +214,6 @@ pub async fn watch_cluster(
     let (deployments, deployment_writer) = reflector::store::<DeploymentView>();
     let cfg = watcher::Config::default().any_semantic();
     let paged = cfg.clone().page_size(config.page_size);
-    let fleet = Fleet::new();
 
     let stores = Stores {
         policies,
@@ -557,6 +527,7 @@ async fn follow_nodes(
                     for name in &changed {
                         state.dirty.add(name);
                     }
+                    state.synced = true;
                     drop(state);
                     watch_synced(Kind::Nodes, namespace, status);
                     failing = false;
@@ -676,6 +647,7 @@ mod tests {
             config,
             tx,
             Arc::new(Metrics::new()),
+            Arc::new(Fleet::default()),
             leader,
             || {},
         ));

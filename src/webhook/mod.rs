@@ -30,6 +30,7 @@ use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
 use crate::core::policy::{self, Decision, Operation, Policy, Review, Verdict};
+use crate::k8s::fleet::Fleet;
 use crate::metrics::Metrics;
 
 /// Limits that protect the server from slow or oversized clients.
@@ -78,6 +79,9 @@ pub struct Webhook {
     pub facts: watch::Receiver<Arc<ClusterFacts>>,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
+    /// Every node's decision-relevant labels, kept by the cluster watch: GPU-policy changes are
+    /// decided over them. `None` without a cluster watch.
+    pub fleet: Option<Arc<Fleet>>,
     /// Room for request bodies, in bytes: [`Limits::max_inflight_body_bytes`].
     body_budget: Arc<Semaphore>,
 }
@@ -105,6 +109,7 @@ impl Webhook {
             facts,
             metrics,
             limits,
+            fleet: None,
             body_budget: Arc::new(Semaphore::new(budget)),
         }
     }

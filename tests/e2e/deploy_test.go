@@ -36,8 +36,10 @@ const (
 var baseApplyLines = []string{
 	"namespace/gpu-deploy-guard",
 	"serviceaccount/gpu-deploy-guard",
+	"role.rbac.authorization.k8s.io/gpu-deploy-guard-audit-lease",
 	"role.rbac.authorization.k8s.io/gpu-deploy-guard",
 	"clusterrole.rbac.authorization.k8s.io/gpu-deploy-guard",
+	"rolebinding.rbac.authorization.k8s.io/gpu-deploy-guard-audit-lease",
 	"rolebinding.rbac.authorization.k8s.io/gpu-deploy-guard",
 	"clusterrolebinding.rbac.authorization.k8s.io/gpu-deploy-guard",
 	"configmap/gpu-deploy-guard-config",
@@ -370,7 +372,16 @@ func TestShippedRBACLetsTheWebhookReadAndReportButNotWrite(t *testing.T) {
 		{"get", "pods", "gpu-operator", true},
 		{"list", "pods", "gpu-operator", true},
 		{"watch", "pods", "gpu-operator", true},
+		// The audit's Lease (serve --audit-lease): that one Lease, in the guard's namespace.
+		{"create", "leases.coordination.k8s.io", guardNS, true},
+		{"get", "leases.coordination.k8s.io/gpu-deploy-guard-audit", guardNS, true},
+		{"update", "leases.coordination.k8s.io/gpu-deploy-guard-audit", guardNS, true},
+		{"patch", "leases.coordination.k8s.io/gpu-deploy-guard-audit", guardNS, true},
 
+		{"patch", "leases.coordination.k8s.io/other", guardNS, false},
+		{"get", "leases.coordination.k8s.io/other", guardNS, false},
+		{"create", "leases.coordination.k8s.io", "kube-system", false},
+		{"delete", "leases.coordination.k8s.io/gpu-deploy-guard-audit", guardNS, false},
 		{"patch", "nodes", "-A", false},
 		{"update", "nodes", "-A", false},
 		{"delete", "nodes", "-A", false},

@@ -100,8 +100,11 @@ def operator_namespace(ns, path):
         if prefix not in exprs:
             problems.append(f"webhook {w['name']}: matchConditions do not name {prefix}")
     for kind in ("Role", "RoleBinding"):
-        if find(kind).get("metadata", {}).get("namespace") != ns:
+        if find(kind, "deploy-guard").get("metadata", {}).get("namespace") != ns:
             problems.append(f"{kind} is not in {ns}")
+        # The audit's Lease stays in the release namespace, whatever operatorNamespace says.
+        if find(kind, "-audit-lease").get("metadata", {}).get("namespace") == ns:
+            problems.append(f"{kind} *-audit-lease moved to {ns}")
     config = yaml.safe_load(find("ConfigMap", "-config").get("data", {}).get("config.yaml", "{}"))
     if config.get("operatorNamespace") != ns or ns not in config.get("exemptions", {}).get("serviceAccountNamespaces", []):
         problems.append(f"config.yaml: operatorNamespace/serviceAccountNamespaces do not say {ns}: {config}")

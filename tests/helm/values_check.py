@@ -75,8 +75,20 @@ expect("defaults: kinds", kinds(objs), ["ClusterRole", "ClusterRoleBinding", "Co
                                         "ServiceAccount", "ValidatingWebhookConfiguration"])
 # The Role reads the operator's Deployment (its version) beside the DaemonSets and Pods; the
 # config names no version, so the Deployment's image tag decides.
-expect("defaults: Role resources", sorted(r for rule in one(objs, "Role")["rules"] for r in rule["resources"]),
+expect("defaults: Role resources", sorted(r for rule in one(objs, "Role", "deploy-guard")["rules"] for r in rule["resources"]),
        ["daemonsets", "deployments", "pods"])
+# The audit's Lease: create any (the API cannot name an object before it exists), and
+# read or renew only the one serve --audit-lease names.
+lease_role = one(objs, "Role", "-audit-lease")
+expect("defaults: audit Lease Role rules", lease_role.get("rules"),
+       [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["gpu-deploy-guard-audit"],
+         "verbs": ["get", "update", "patch"]}])
+expect("defaults: --audit-lease names the Lease the Role grants",
+       [a for a in container(objs)["args"] if a.startswith("--audit-lease")], ["--audit-lease=gpu-deploy-guard-audit"])
+expect("defaults: POD_NAME and POD_NAMESPACE from the downward API",
+       [e.get("valueFrom") for e in container(objs)["env"] if e["name"] in ("POD_NAME", "POD_NAMESPACE")],
+       [{"fieldRef": {"fieldPath": "metadata.name"}}, {"fieldRef": {"fieldPath": "metadata.namespace"}}])
 expect("defaults: config operatorVersion",
        "operatorVersion" in yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"]), False)
 

@@ -1,0 +1,605 @@
+//! Changes of the cluster's GPU policy (a ClusterPolicy, an NVIDIADriver) decided over every
+//! node the change reaches, the way [`decide`](super::policy::decide) decides a label change
+//! for one node.
+//!
+//! Pure. The caller gives the facts before and after the change (the switches of the old and
+//! the new object, the rest from the cluster), the NVIDIADriver resources, and the fleet as
+//! groups of nodes with identical decision-relevant labels; a fleet has few distinct label
+//! sets, so the work is per group, not per node. For each group the operator's labelling pass
+//! is applied under the old and the new facts (so that only what the request changes counts),
+//! the DaemonSet controller is simulated on the result, and the transitions are judged:
+//!
+//! - `toolkit-switched-off` (deny): the container toolkit stops being deployed where the device
+//!   plugin keeps running. Its exit removes the `nvidia` runtime while the device plugins go on
+//!   advertising GPUs (`docs/gpu-operator.md` §11). A person whose hosts really bring their own
+//!   toolkit says so in the same request with [`HOST_TOOLKIT_ANNOTATION`].
+//! - `driver-removed` (warn): nodes lose their driver DaemonSet (`driver.enabled` off, the hand
+//!   over to NVIDIADriver resources, an NVIDIADriver deleted or no longer selecting them).
+//! - `sandbox-relabel` (warn): `sandboxWorkloads` swaps the operands of nodes.
+//! - `nvidia-driver-overlap` (deny): an NVIDIADriver would select a node another one selects.
+//! - every state rule of the label decision, transition-aware: a finding the change creates on
+//!   some node is acted on with the rule's action, naming the nodes.
+
+use std::collections::BTreeMap;
+
+use super::facts::ClusterFacts;
+use super::operands::{Labels, Operand, OperandSet};
+use super::operator::labelling_pass;
+use super::policy::{self, Operation, Policy, Verdict};
+use super::rules::{Action, Change, Finding, Rule};
+
+/// The annotation by which a ClusterPolicy change says the hosts bring their own container
+/// toolkit: set (or changed) in the request that turns `spec.toolkit.enabled` off, it lets the
+/// change through and is recorded in the audit annotations.
+pub const HOST_TOOLKIT_ANNOTATION: &str = "gpu-deploy-guard.nvidia.com/toolkit-on-hosts";
+
+/// Nodes named in one message at most; the rest are counted.
+pub const NAMED_NODES: usize = 5;
+
+/// The node label every driver DaemonSet selects besides an NVIDIADriver's own selector.
+pub const DRIVER_DEPLOY_KEY: &str = "nvidia.com/gpu.deploy.driver";
+
+/// Which kind of GPU-policy object a request changes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum PolicyKind {
+    ClusterPolicy,
+    NvidiaDriver,
+}
+
+impl PolicyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::ClusterPolicy => "ClusterPolicy",
+            PolicyKind::NvidiaDriver => "NVIDIADriver",
+        }
+    }
+}
+
+/// An NVIDIADriver resource as the decision reads it: which nodes its driver DaemonSets select.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvidiaDriver {
+    pub name: String,
+    /// `spec.nodeSelector`: every pair must match (empty: every node with the driver label).
+    pub node_selector: Labels,
+}
+
+impl NvidiaDriver {
+    /// Whether its DaemonSets run on a node with these labels.
+    pub fn selects(&self, labels: &Labels) -> bool {
+        labels.get(DRIVER_DEPLOY_KEY).is_some_and(|v| v == "true")
+            && self
+                .node_selector
+                .iter()
+                .all(|(k, v)| labels.get(k).is_some_and(|have| have == v))
+    }
+}
+
+/// What the request changes.
+#[derive(Clone, Copy, Debug)]
+pub enum PolicyChange<'a> {
+    ClusterPolicy {
+        /// The facts under the old and the new object (for CREATE, `before` is the facts the
+        /// cluster has now).
+        before: &'a ClusterFacts,
+        after: &'a ClusterFacts,
+        /// [`HOST_TOOLKIT_ANNOTATION`], when this request sets or changes it.
+        host_toolkit: Option<&'a str>,
+        /// Other ClusterPolicy objects that exist (the operator follows one and ignores the rest).
+        others: &'a [String],
+        /// The NVIDIADriver resources, for the hand-over `driver.useNvidiaDriverCRD` makes.
+        drivers: &'a [NvidiaDriver],
+    },
+    NvidiaDriver {
+        facts: &'a ClusterFacts,
+        /// This resource before (None for CREATE) and after (None for DELETE).
+        before: Option<&'a NvidiaDriver>,
+        after: Option<&'a NvidiaDriver>,
+        /// Every other NVIDIADriver resource.
+        others: &'a [NvidiaDriver],
+    },
+}
+
+/// One request to judge.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyReview<'a> {
+    pub kind: PolicyKind,
+    pub name: &'a str,
+    pub operation: Operation,
+    pub username: &'a str,
+    pub groups: &'a [String],
+    pub dry_run: bool,
+    pub change: PolicyChange<'a>,
+}
+
+/// Nodes with identical decision-relevant labels.
+#[derive(Clone, Debug)]
+pub struct NodeGroup<'a> {
+    pub labels: Labels,
+    /// Sorted.
+    pub nodes: Vec<&'a str>,
+}
+
+/// The fleet the decision is made over.
+#[derive(Clone, Copy, Debug)]
+pub enum Fleet<'a> {
+    Known(&'a [NodeGroup<'a>]),
+    /// The nodes are not read (yet): the decision falls back to the policy alone, and says why.
+    Unknown(&'a str),
+}
+
+/// What runs on one group of nodes, before and after the change.
+struct Outcome<'g, 'a> {
+    group: &'g NodeGroup<'a>,
+    before_labels: Labels,
+    after_labels: Labels,
+    before: OperandSet,
+    after: OperandSet,
+    driver_before: bool,
+    driver_after: bool,
+}
+
+/// Decides one GPU-policy change over the fleet.
+pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Policy) -> Verdict {
+    let mut findings = Vec::new();
+    let facts = match review.change {
+        PolicyChange::ClusterPolicy { after, .. } => after,
+        PolicyChange::NvidiaDriver { facts, .. } => facts,
+    };
+    if review.operation != Operation::Delete || review.kind == PolicyKind::NvidiaDriver {
+        match fleet {
+            Fleet::Known(groups) => {
+                let outcomes: Vec<Outcome<'_, '_>> =
+                    groups.iter().map(|g| outcome(review, g)).collect();
+                judge(review, &outcomes, policy, &mut findings);
+            }
+            Fleet::Unknown(why) => judge_blind(review, why, &mut findings),
+        }
+    }
+    findings.retain(|f| policy.action(f.rule) != Action::Off);
+    for f in &mut findings {
+        // A policy object a person creates changes what runs at once: judged like an UPDATE
+        // (a Node's CREATE is the kubelet registering it, and is lowered).
+        f.action = policy::effective_action(policy, Operation::Update, f);
+    }
+    let override_note = match review.change {
+        PolicyChange::ClusterPolicy {
+            host_toolkit: Some(why),
+            ..
+        } => {
+            // The person said the hosts bring the toolkit: the refusal becomes a record.
+            let mut said = None;
+            for f in &mut findings {
+                if f.rule == Rule::ToolkitSwitchedOff && f.action == Action::Deny {
+                    f.action = Action::Audit;
+                    said = Some(format!(
+                        "{HOST_TOOLKIT_ANNOTATION}={}",
+                        super::echo::echo(why)
+                    ));
+                }
+            }
+            said
+        }
+        _ => None,
+    };
+    let mut verdict = policy::conclude(
+        findings,
+        policy::exemption(review.username, review.groups, &policy.exemptions),
+        policy,
+        OperandSet::EMPTY,
+        OperandSet::EMPTY,
+        facts.annotation(),
+    );
+    verdict.policy_change = Some(PolicyNote {
+        object: format!("{}/{}", review.kind.as_str(), review.name),
+        nodes: match fleet {
+            Fleet::Known(groups) => Some(groups.iter().map(|g| g.nodes.len()).sum()),
+            Fleet::Unknown(_) => None,
+        },
+        host_toolkit: override_note,
+    });
+    verdict
+}
+
+/// What the audit annotations say of a policy review.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyNote {
+    /// `ClusterPolicy/<name>` or `NVIDIADriver/<name>`.
+    pub object: String,
+    /// Nodes the decision was made over; None when they were not known.
+    pub nodes: Option<usize>,
+    /// The host-toolkit statement that let a toolkit switch-off through.
+    pub host_toolkit: Option<String>,
+}
+
+fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outcome<'g, 'a> {
+    let labels = &group.labels;
+    match review.change {
+        PolicyChange::ClusterPolicy {
+            before,
+            after,
+            drivers,
+            ..
+        } => {
+            let before_labels = labelling_pass(labels, before.version.era, &before.sandbox).labels;
+            let after_labels = labelling_pass(labels, after.version.era, &after.sandbox).labels;
+            let b = policy::simulate(&before_labels, before);
+            let a = policy::simulate(&after_labels, after);
+            let driver = |facts: &ClusterFacts, ops: OperandSet, labels: &Labels| {
+                if facts.driver_crd {
+                    drivers.iter().any(|d| d.selects(labels))
+                } else {
+                    ops.contains(Operand::Driver)
+                }
+            };
+            Outcome {
+                group,
+                driver_before: driver(before, b, &before_labels),
+                driver_after: driver(after, a, &after_labels),
+                before_labels,
+                after_labels,
+                before: b,
+                after: a,
+            }
+        }
+        PolicyChange::NvidiaDriver {
+            facts,
+            before,
+            after,
+            others,
+        } => {
+            let pass = labelling_pass(labels, facts.version.era, &facts.sandbox).labels;
+            let ops = policy::simulate(&pass, facts);
+            let by_others = others.iter().any(|d| d.selects(&pass));
+            Outcome {
+                group,
+                driver_before: by_others || before.is_some_and(|d| d.selects(&pass)),
+                driver_after: by_others || after.is_some_and(|d| d.selects(&pass)),
+                before_labels: pass.clone(),
+                after_labels: pass,
+                before: ops,
+                after: ops,
+            }
+        }
+    }
+}
+
+/// "a, b, c, d, e and 7 more"
+fn name_nodes<'a>(nodes: impl IntoIterator<Item = &'a str>) -> (usize, String) {
+    let mut all: Vec<&str> = nodes.into_iter().collect();
+    all.sort_unstable();
+    let shown: Vec<String> = all
+        .iter()
+        .take(NAMED_NODES)
+        .map(|n| super::echo::echo(n).into_owned())
+        .collect();
+    let text = match all.len().saturating_sub(NAMED_NODES) {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
+    };
+    (all.len(), text)
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "node" } else { "nodes" }
+}
+
+/// "loses" for one node, "lose" for several.
+fn lose(n: usize) -> &'static str {
+    if n == 1 { "loses" } else { "lose" }
+}
+
+fn finding(rule: Rule, message: String, warning: String) -> Finding {
+    Finding {
+        rule,
+        action: Action::Warn,
+        change: Change::New,
+        message,
+        warning,
+    }
+}
+
+fn judge(
+    review: &PolicyReview<'_>,
+    outcomes: &[Outcome<'_, '_>],
+    policy: &Policy,
+    out: &mut Vec<Finding>,
+) {
+    let object = format!(
+        "{} {}",
+        review.kind.as_str(),
+        super::echo::echo(review.name)
+    );
+    if let PolicyChange::ClusterPolicy {
+        before,
+        after,
+        others,
+        ..
+    } = review.change
+    {
+        if review.operation == Operation::Create
+            && let Some(first) = others.first()
+        {
+            let msg = format!(
+                "{object}: ClusterPolicy {} already exists; the GPU Operator follows one ClusterPolicy and marks the others ignored.",
+                super::echo::echo(first)
+            );
+            out.push(finding(Rule::ClusterPolicyIgnored, msg.clone(), msg));
+            return;
+        }
+        toolkit_switched_off(&object, before, after, outcomes, out);
+        if before.sandbox != after.sandbox {
+            sandbox_relabel(&object, before, after, outcomes, out);
+        }
+    }
+    driver_removed(review, &object, outcomes, out);
+    if let PolicyChange::NvidiaDriver {
+        after: Some(this),
+        others,
+        ..
+    } = review.change
+    {
+        overlap(&object, this, others, outcomes, out);
+    }
+    state_transitions(review, &object, outcomes, policy, out);
+}
+
+fn toolkit_switched_off(
+    object: &str,
+    before: &ClusterFacts,
+    after: &ClusterFacts,
+    outcomes: &[Outcome<'_, '_>],
+    out: &mut Vec<Finding>,
+) {
+    if !before.toolkit_managed || after.toolkit_managed {
+        return;
+    }
+    let hit = outcomes.iter().filter(|o| {
+        o.before.contains(Operand::ContainerToolkit)
+            && o.after.contains(Operand::DevicePlugin)
+            && !o.after.contains(Operand::ContainerToolkit)
+    });
+    let (count, names) = name_nodes(hit.flat_map(|o| o.group.nodes.iter().copied()));
+    if count == 0 {
+        return;
+    }
+    out.push(finding(
+        Rule::ToolkitSwitchedOff,
+        toolkit_message(object, &format!("on {count} {} ({names})", plural(count))),
+        format!(
+            "{object}: toolkit off while the device plugin runs on {count} {}",
+            plural(count)
+        ),
+    ));
+}
+
+fn toolkit_message(object: &str, where_: &str) -> String {
+    format!(
+        "{object}: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running {where_}: \
+         the toolkit's exit removes the nvidia runtime from the container runtime's configuration, the device plugins keep advertising GPUs, \
+         and GPU pods scheduled there fail to start; turn spec.devicePlugin.enabled off in the same change, or, if every host brings its own \
+         container toolkit, say so in the same request with the annotation {HOST_TOOLKIT_ANNOTATION}=<why> (recorded in the audit log)."
+    )
+}
+
+fn sandbox_relabel(
+    object: &str,
+    before: &ClusterFacts,
+    after: &ClusterFacts,
+    outcomes: &[Outcome<'_, '_>],
+    out: &mut Vec<Finding>,
+) {
+    // Nodes grouped by what changes on them.
+    let mut by_change: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for o in outcomes {
+        let mut changes = Vec::new();
+        for op in Operand::all() {
+            match (o.before.contains(op), o.after.contains(op)) {
+                (false, true) => changes.push(format!("+{op}")),
+                (true, false) => changes.push(format!("-{op}")),
+                _ => {}
+            }
+        }
+        if !changes.is_empty() {
+            by_change
+                .entry(changes.join(" "))
+                .or_default()
+                .extend(o.group.nodes.iter().copied());
+        }
+    }
+    let what = sandbox_words(before, after);
+    for (changes, nodes) in by_change {
+        let (count, names) = name_nodes(nodes);
+        out.push(finding(
+            Rule::SandboxRelabel,
+            format!(
+                "{object}: {what} makes the GPU Operator relabel {count} {} on its next pass ({names}): {changes}.",
+                plural(count)
+            ),
+            format!(
+                "{object}: {what}: {changes} on {count} {}",
+                plural(count)
+            ),
+        ));
+    }
+}
+
+fn sandbox_words(before: &ClusterFacts, after: &ClusterFacts) -> String {
+    let (b, a) = (&before.sandbox, &after.sandbox);
+    let mut parts = Vec::new();
+    if b.enabled != a.enabled {
+        parts.push(format!(
+            "sandboxWorkloads.enabled {} -> {}",
+            b.enabled, a.enabled
+        ));
+    }
+    if b.default_workload != a.default_workload {
+        let w = |w: Option<super::operator::Workload>| {
+            w.map_or("none".to_owned(), |w| w.name().to_owned())
+        };
+        parts.push(format!(
+            "sandboxWorkloads.defaultWorkload {} -> {}",
+            w(b.default_workload),
+            w(a.default_workload)
+        ));
+    }
+    if b.mode != a.mode {
+        parts.push(format!(
+            "sandboxWorkloads.mode {} -> {}",
+            b.mode.name(),
+            a.mode.name()
+        ));
+    }
+    parts.join(", ")
+}
+
+fn driver_removed(
+    review: &PolicyReview<'_>,
+    object: &str,
+    outcomes: &[Outcome<'_, '_>],
+    out: &mut Vec<Finding>,
+) {
+    let lost = outcomes
+        .iter()
+        .filter(|o| o.driver_before && !o.driver_after)
+        .flat_map(|o| o.group.nodes.iter().copied());
+    let (count, names) = name_nodes(lost);
+    if count == 0 {
+        return;
+    }
+    let how = match review.change {
+        PolicyChange::ClusterPolicy { before, after, .. } => {
+            if !before.driver_crd && after.driver_crd {
+                "driver.useNvidiaDriverCRD hands the driver to NVIDIADriver resources, and none selects them"
+            } else {
+                "spec.driver.enabled true -> false deletes the driver DaemonSet"
+            }
+        }
+        PolicyChange::NvidiaDriver { after: None, .. } => {
+            "deleting it removes its driver DaemonSets, and no other NVIDIADriver selects them"
+        }
+        PolicyChange::NvidiaDriver { .. } => {
+            "its nodeSelector no longer selects them, and no other NVIDIADriver does"
+        }
+    };
+    out.push(finding(
+        Rule::DriverRemoved,
+        format!(
+            "{object}: {how}: {count} {} {} the driver DaemonSet ({names}); the driver container unloads the kernel modules as it exits, \
+             so nodes without a driver installed on the host lose their GPUs.",
+            plural(count),
+            lose(count)
+        ),
+        format!(
+            "{object}: {count} {} {} the driver DaemonSet ({names})",
+            plural(count),
+            lose(count)
+        ),
+    ));
+}
+
+fn overlap(
+    object: &str,
+    this: &NvidiaDriver,
+    others: &[NvidiaDriver],
+    outcomes: &[Outcome<'_, '_>],
+    out: &mut Vec<Finding>,
+) {
+    for other in others {
+        let shared = outcomes
+            .iter()
+            .filter(|o| this.selects(&o.after_labels) && other.selects(&o.after_labels))
+            .flat_map(|o| o.group.nodes.iter().copied());
+        let (count, names) = name_nodes(shared);
+        if count == 0 {
+            continue;
+        }
+        out.push(finding(
+            Rule::NvidiaDriverOverlap,
+            format!(
+                "{object}: its nodeSelector selects {count} {} that NVIDIADriver {} selects too ({names}); the GPU Operator runs one driver per node \
+                 and reports the conflict only when it reconciles: make the two nodeSelectors select different nodes.",
+                plural(count),
+                super::echo::echo(&other.name)
+            ),
+            format!(
+                "{object} and NVIDIADriver {} both select {names}",
+                super::echo::echo(&other.name)
+            ),
+        ));
+    }
+}
+
+/// Every state rule, before and after, on every group: a finding only the new state has is
+/// one the request creates.
+fn state_transitions(
+    review: &PolicyReview<'_>,
+    object: &str,
+    outcomes: &[Outcome<'_, '_>],
+    policy: &Policy,
+    out: &mut Vec<Finding>,
+) {
+    let (before_facts, after_facts) = match review.change {
+        PolicyChange::ClusterPolicy { before, after, .. } => (before, after),
+        PolicyChange::NvidiaDriver { .. } => return,
+    };
+    let mut by_rule: BTreeMap<Rule, (Vec<&str>, String)> = BTreeMap::new();
+    for o in outcomes {
+        let sample = o.group.nodes.first().copied().unwrap_or_default();
+        let had: Vec<Rule> = policy::assess(sample, &o.before_labels, before_facts, policy)
+            .into_iter()
+            .map(|f| f.rule)
+            .collect();
+        for f in policy::assess(sample, &o.after_labels, after_facts, policy) {
+            if had.contains(&f.rule) {
+                continue;
+            }
+            let entry = by_rule
+                .entry(f.rule)
+                .or_insert_with(|| (Vec::new(), f.message.clone()));
+            entry.0.extend(o.group.nodes.iter().copied());
+        }
+    }
+    for (rule, (nodes, first)) in by_rule {
+        let (count, names) = name_nodes(nodes);
+        out.push(finding(
+            rule,
+            format!(
+                "{object}: after this change, {count} {} fail {} ({names}); for example: {first}",
+                plural(count),
+                rule.id()
+            ),
+            format!(
+                "{object}: {} on {count} {} ({names})",
+                rule.id(),
+                plural(count)
+            ),
+        ));
+    }
+}
+
+/// Without the nodes, what the policy alone says: the toolkit switched off while the device
+/// plugin stays enabled is refused (it runs wherever its label is), the rest is not judged.
+fn judge_blind(review: &PolicyReview<'_>, why: &str, out: &mut Vec<Finding>) {
+    if let PolicyChange::ClusterPolicy { before, after, .. } = review.change
+        && before.toolkit_managed
+        && !after.toolkit_managed
+        && !after.off().contains(Operand::DevicePlugin)
+    {
+        let object = format!(
+            "{} {}",
+            review.kind.as_str(),
+            super::echo::echo(review.name)
+        );
+        out.push(finding(
+            Rule::ToolkitSwitchedOff,
+            toolkit_message(
+                &object,
+                &format!("wherever its deploy label is (the nodes are not known: {why})"),
+            ),
+            format!("{object}: toolkit off while the device plugin stays enabled"),
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,510 @@
+use super::*;
+use crate::core::facts::operator_defaults;
+use crate::core::operator::{Sandbox, SandboxMode, Workload};
+use crate::core::policy::Decision;
+
+const NFD: (&str, &str) = ("feature.node.kubernetes.io/pci-10de.present", "true");
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let key = if k.contains('/') {
+                (*k).to_owned()
+            } else {
+                format!("nvidia.com/gpu.deploy.{k}")
+            };
+            (key, (*v).to_owned())
+        })
+        .collect()
+}
+
+/// A GPU node as the operator leaves it in the container workload.
+fn gpu_labels() -> Labels {
+    labels(&[
+        NFD,
+        ("nvidia.com/gpu.present", "true"),
+        ("driver", "true"),
+        ("container-toolkit", "true"),
+        ("device-plugin", "true"),
+        ("gpu-feature-discovery", "true"),
+        ("dcgm", "true"),
+        ("dcgm-exporter", "true"),
+        ("operator-validator", "true"),
+        ("node-status-exporter", "true"),
+    ])
+}
+
+fn group<'a>(labels: Labels, nodes: &[&'a str]) -> NodeGroup<'a> {
+    NodeGroup {
+        labels,
+        nodes: nodes.to_vec(),
+    }
+}
+
+fn switched(f: impl FnOnce(&mut ClusterFacts)) -> ClusterFacts {
+    let mut facts = operator_defaults();
+    f(&mut facts);
+    facts
+}
+
+fn cp_review<'a>(
+    before: &'a ClusterFacts,
+    after: &'a ClusterFacts,
+    host_toolkit: Option<&'a str>,
+) -> PolicyReview<'a> {
+    PolicyReview {
+        kind: PolicyKind::ClusterPolicy,
+        name: "cluster-policy",
+        operation: Operation::Update,
+        username: "alice",
+        groups: &[],
+        dry_run: false,
+        change: PolicyChange::ClusterPolicy {
+            before,
+            after,
+            host_toolkit,
+            others: &[],
+            drivers: &[],
+        },
+    }
+}
+
+fn toolkit_off(f: &mut ClusterFacts) {
+    f.toolkit_managed = false;
+    f.disabled.insert(Operand::ContainerToolkit);
+}
+
+fn fleet_of(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("gpu-{i:03}")).collect()
+}
+
+#[test]
+fn the_toolkit_switched_off_under_running_device_plugins_is_denied_naming_the_nodes() {
+    let before = operator_defaults();
+    let after = switched(toolkit_off);
+    let names = fleet_of(12);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let groups = [group(gpu_labels(), &refs), group(labels(&[]), &["cpu-0"])];
+    let v = decide_policy(
+        &cp_review(&before, &after, None),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Denied);
+    let msg = v.message.clone().unwrap();
+    assert!(
+        msg.starts_with(
+            "ClusterPolicy cluster-policy: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running on 12 nodes (gpu-000, gpu-001, gpu-002, gpu-003, gpu-004 and 7 more)"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(HOST_TOOLKIT_ANNOTATION),
+        "the refusal says how: {msg}"
+    );
+    assert!(!msg.contains("cpu-0"));
+    let notes = v.audit_annotations();
+    assert!(notes.contains(&("policy-change", "ClusterPolicy/cluster-policy".to_owned())));
+    assert!(notes.contains(&("nodes", "13".to_owned())));
+}
+
+#[test]
+fn the_host_toolkit_annotation_lets_it_through_and_is_recorded() {
+    let before = operator_defaults();
+    let after = switched(toolkit_off);
+    let groups = [group(gpu_labels(), &["gpu-0"])];
+    let v = decide_policy(
+        &cp_review(&before, &after, Some("toolkit baked into the node image")),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Allowed);
+    let notes = v.audit_annotations();
+    assert!(
+        notes.contains(&(
+            "override",
+            format!("{HOST_TOOLKIT_ANNOTATION}=toolkit baked into the node image")
+        )),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|(k, v)| *k == "findings" && v.contains("toolkit-switched-off=audit")),
+        "{notes:?}"
+    );
+}
+
+#[test]
+fn toolkit_and_device_plugin_off_together_or_nowhere_running_is_allowed() {
+    let before = operator_defaults();
+    let both = switched(|f| {
+        toolkit_off(f);
+        f.disabled.insert(Operand::DevicePlugin);
+    });
+    let groups = [group(gpu_labels(), &["gpu-0"])];
+    let v = decide_policy(
+        &cp_review(&before, &both, None),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Allowed, "{:?}", v.message);
+    // Only CPU nodes: nothing runs the device plugin, nothing to refuse.
+    let after = switched(toolkit_off);
+    let cpu = [group(labels(&[]), &["cpu-0"])];
+    let v = decide_policy(
+        &cp_review(&before, &after, None),
+        Fleet::Known(&cpu),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Allowed, "{:?}", v.message);
+    // Already off: an unrelated edit of a policy that has the toolkit off passes.
+    let v = decide_policy(
+        &cp_review(&after, &after, None),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Allowed);
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+}
+
+#[test]
+fn without_the_nodes_the_policy_alone_decides_and_says_so() {
+    let before = operator_defaults();
+    let after = switched(toolkit_off);
+    let v = decide_policy(
+        &cp_review(&before, &after, None),
+        Fleet::Unknown("the nodes are not listed yet"),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Denied);
+    assert!(
+        v.message
+            .clone()
+            .unwrap()
+            .contains("the nodes are not known: the nodes are not listed yet")
+    );
+    assert!(
+        v.audit_annotations()
+            .contains(&("nodes", "unknown".to_owned()))
+    );
+}
+
+#[test]
+fn the_driver_switched_off_warns_with_the_nodes() {
+    let before = operator_defaults();
+    let after = switched(|f| {
+        f.disabled.insert(Operand::Driver);
+    });
+    let groups = [group(gpu_labels(), &["gpu-1", "gpu-0"])];
+    let v = decide_policy(
+        &cp_review(&before, &after, None),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(
+        v.warnings,
+        ["ClusterPolicy cluster-policy: 2 nodes lose the driver DaemonSet (gpu-0, gpu-1)"]
+    );
+    assert!(
+        v.findings[0]
+            .message
+            .contains("spec.driver.enabled true -> false")
+    );
+}
+
+#[test]
+fn handing_the_driver_to_nvidiadrivers_warns_for_the_nodes_none_selects() {
+    let before = operator_defaults();
+    let after = switched(|f| f.driver_crd = true);
+    let a100 = {
+        let mut l = gpu_labels();
+        l.insert("nvidia.com/gpu.product".into(), "A100".into());
+        l
+    };
+    let drivers = [NvidiaDriver {
+        name: "a100".into(),
+        node_selector: [("nvidia.com/gpu.product".to_owned(), "A100".to_owned())].into(),
+    }];
+    let groups = [group(a100, &["a-0"]), group(gpu_labels(), &["h-0"])];
+    let review = PolicyReview {
+        change: PolicyChange::ClusterPolicy {
+            before: &before,
+            after: &after,
+            host_toolkit: None,
+            others: &[],
+            drivers: &drivers,
+        },
+        ..cp_review(&before, &after, None)
+    };
+    let v = decide_policy(&review, Fleet::Known(&groups), &Policy::default());
+    assert_eq!(v.findings.len(), 1, "{:?}", v.findings);
+    assert_eq!(v.findings[0].rule, Rule::DriverRemoved);
+    assert!(
+        v.findings[0].message.contains("driver.useNvidiaDriverCRD")
+            && v.findings[0].message.contains("(h-0)"),
+        "{}",
+        v.findings[0].message
+    );
+}
+
+#[test]
+fn sandbox_workloads_on_warns_what_each_kind_of_node_gets() {
+    let before = operator_defaults();
+    let after = switched(|f| {
+        f.sandbox = Sandbox {
+            enabled: true,
+            default_workload: None,
+            mode: SandboxMode::KubeVirt,
+        };
+        f.disabled = crate::core::facts::switched_off(|field, default| {
+            Ok::<_, std::convert::Infallible>(if field == crate::core::facts::SANDBOX_WORKLOADS {
+                true
+            } else {
+                default
+            })
+        })
+        .unwrap();
+    });
+    let mut vm = gpu_labels();
+    vm.insert(
+        "nvidia.com/gpu.workload.config".into(),
+        Workload::VmPassthrough.name().into(),
+    );
+    let groups = [group(gpu_labels(), &["c-0"]), group(vm, &["vm-0", "vm-1"])];
+    let v = decide_policy(
+        &cp_review(&before, &after, None),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    let relabel: Vec<&Finding> = v
+        .findings
+        .iter()
+        .filter(|f| f.rule == Rule::SandboxRelabel)
+        .collect();
+    assert_eq!(relabel.len(), 1, "{:?}", v.findings);
+    let m = &relabel[0].message;
+    assert!(m.contains("sandboxWorkloads.enabled false -> true"), "{m}");
+    assert!(m.contains("2 nodes") && m.contains("(vm-0, vm-1)"), "{m}");
+    assert!(
+        m.contains("-device-plugin") && m.contains("+sandbox-validator"),
+        "{m}"
+    );
+    assert!(
+        !m.contains("c-0"),
+        "container nodes keep their operands: {m}"
+    );
+    assert_eq!(v.decision, Decision::Allowed);
+}
+
+fn driver(name: &str, selector: &[(&str, &str)]) -> NvidiaDriver {
+    NvidiaDriver {
+        name: name.into(),
+        node_selector: selector
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    }
+}
+
+fn nd_review<'a>(
+    facts: &'a ClusterFacts,
+    operation: Operation,
+    before: Option<&'a NvidiaDriver>,
+    after: Option<&'a NvidiaDriver>,
+    others: &'a [NvidiaDriver],
+) -> PolicyReview<'a> {
+    PolicyReview {
+        kind: PolicyKind::NvidiaDriver,
+        name: after.or(before).map_or("", |d| d.name.as_str()),
+        operation,
+        username: "alice",
+        groups: &[],
+        dry_run: false,
+        change: PolicyChange::NvidiaDriver {
+            facts,
+            before,
+            after,
+            others,
+        },
+    }
+}
+
+#[test]
+fn overlapping_nvidiadrivers_are_denied_naming_both_and_a_node() {
+    let facts = switched(|f| f.driver_crd = true);
+    let pool = |p: &str| {
+        let mut l = gpu_labels();
+        l.insert("example.com/pool".into(), p.into());
+        l
+    };
+    let groups = [
+        group(pool("a"), &["a-0", "a-1"]),
+        group(pool("b"), &["b-0"]),
+    ];
+    let existing = [driver("pool-a", &[("example.com/pool", "a")])];
+    let everything = driver("everything", &[]);
+    let v = decide_policy(
+        &nd_review(
+            &facts,
+            Operation::Create,
+            None,
+            Some(&everything),
+            &existing,
+        ),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Denied);
+    let m = v.message.unwrap();
+    assert!(
+        m.starts_with("NVIDIADriver everything: its nodeSelector selects 2 nodes that NVIDIADriver pool-a selects too (a-0, a-1)"),
+        "{m}"
+    );
+    // Disjoint selectors pass.
+    let b = driver("pool-b", &[("example.com/pool", "b")]);
+    let v = decide_policy(
+        &nd_review(&facts, Operation::Create, None, Some(&b), &existing),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Allowed, "{:?}", v.message);
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+}
+
+#[test]
+fn an_nvidiadriver_deleted_or_narrowed_warns_for_the_nodes_left_without_a_driver() {
+    let facts = switched(|f| f.driver_crd = true);
+    let pool = |p: &str| {
+        let mut l = gpu_labels();
+        l.insert("example.com/pool".into(), p.into());
+        l
+    };
+    let groups = [group(pool("a"), &["a-0"]), group(pool("b"), &["b-0"])];
+    let all = driver("all", &[]);
+    let v = decide_policy(
+        &nd_review(&facts, Operation::Delete, Some(&all), None, &[]),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(
+        v.warnings,
+        ["NVIDIADriver all: 2 nodes lose the driver DaemonSet (a-0, b-0)"]
+    );
+    let narrowed = driver("all", &[("example.com/pool", "a")]);
+    let v = decide_policy(
+        &nd_review(&facts, Operation::Update, Some(&all), Some(&narrowed), &[]),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert_eq!(
+        v.warnings,
+        ["NVIDIADriver all: 1 node loses the driver DaemonSet (b-0)"]
+    );
+    assert!(v.findings[0].message.contains("no longer selects them"));
+    // Another NVIDIADriver still selects pool b: nothing is lost.
+    let others = [driver("b", &[("example.com/pool", "b")])];
+    let v = decide_policy(
+        &nd_review(
+            &facts,
+            Operation::Update,
+            Some(&all),
+            Some(&narrowed),
+            &others,
+        ),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert!(v.warnings.is_empty(), "{:?}", v.warnings);
+}
+
+#[test]
+fn the_operator_s_service_accounts_are_exempt_and_warn_mode_lowers() {
+    let before = operator_defaults();
+    let after = switched(toolkit_off);
+    let groups = [group(gpu_labels(), &["gpu-0"])];
+    let mut review = cp_review(&before, &after, None);
+    review.username = "system:serviceaccount:gpu-operator:gpu-operator";
+    let v = decide_policy(&review, Fleet::Known(&groups), &Policy::default());
+    assert_eq!(v.decision, Decision::Exempt);
+    assert!(v.would_deny.is_some());
+    let policy = Policy {
+        mode: policy::Mode::Warn,
+        ..Policy::default()
+    };
+    let v = decide_policy(
+        &cp_review(&before, &after, None),
+        Fleet::Known(&groups),
+        &policy,
+    );
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(v.warnings.len(), 1, "{:?}", v.warnings);
+}
+
+#[test]
+fn a_second_cluster_policy_warns_that_the_operator_ignores_it() {
+    let facts = operator_defaults();
+    let others = ["cluster-policy".to_owned()];
+    let review = PolicyReview {
+        name: "another",
+        operation: Operation::Create,
+        change: PolicyChange::ClusterPolicy {
+            before: &facts,
+            after: &facts,
+            host_toolkit: None,
+            others: &others,
+            drivers: &[],
+        },
+        ..cp_review(&facts, &facts, None)
+    };
+    let v = decide_policy(&review, Fleet::Known(&[]), &Policy::default());
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(v.findings[0].rule, Rule::ClusterPolicyIgnored);
+}
+
+#[test]
+fn a_switch_off_that_leaves_operands_waiting_is_a_new_state_finding() {
+    // The validator switched off: operands that wait for toolkit-ready hang (operand-without-validator).
+    let before = operator_defaults();
+    let after = switched(|f| {
+        f.disabled.insert(Operand::OperatorValidator);
+    });
+    let groups = [group(gpu_labels(), &["gpu-0"])];
+    let v = decide_policy(
+        &cp_review(&before, &after, None),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    let ids: Vec<&str> = v.findings.iter().map(|f| f.rule.id()).collect();
+    // Whatever the state rules conclude, a finding present before is never repeated.
+    let same = decide_policy(
+        &cp_review(&after, &after, None),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert!(same.findings.is_empty(), "{:?}", same.findings);
+    assert!(ids.iter().all(|id| Rule::from_id(id).is_some()), "{ids:?}");
+}
+
+#[test]
+fn fifteen_thousand_nodes_in_few_groups_are_named_and_counted() {
+    let before = operator_defaults();
+    let after = switched(toolkit_off);
+    let names = fleet_of(15_000);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let groups = [group(gpu_labels(), &refs)];
+    let v = decide_policy(
+        &cp_review(&before, &after, None),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    let m = v.message.unwrap();
+    assert!(
+        m.contains("on 15000 nodes (gpu-000, gpu-001, gpu-002, gpu-003, gpu-004 and 14995 more)"),
+        "{m}"
+    );
+    assert!(m.len() < 1000, "{} bytes", m.len());
+}
