@@ -24,6 +24,20 @@ struct FindingLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyReviewLabels {
+    kind: &'static str,
+    decision: &'static str,
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyFindingLabels {
+    kind: &'static str,
+    rule: &'static str,
+    action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
 }
@@ -47,6 +61,9 @@ pub struct Metrics {
     findings: Family<FindingLabels, Counter>,
     bad_requests: Family<ReasonLabels, Counter>,
     latency: Histogram,
+    policy_reviews: Family<PolicyReviewLabels, Counter>,
+    policy_findings: Family<PolicyFindingLabels, Counter>,
+    policy_latency: Histogram,
     cert_expiry: Gauge<i64>,
     cert_reloads: Family<ResultLabels, Counter>,
     handshakes: Family<ResultLabels, Counter>,
@@ -93,6 +110,27 @@ impl Metrics {
             "admission_review_duration_seconds",
             "Time to read, decide and answer one admission review",
             latency.clone(),
+        );
+        let policy_reviews = Family::<PolicyReviewLabels, Counter>::default();
+        registry.register(
+            "policy_reviews",
+            "Reviews of GPU-policy changes (ClusterPolicy, NVIDIADriver) answered, by kind, decision and operation",
+            policy_reviews.clone(),
+        );
+        let policy_findings = Family::<PolicyFindingLabels, Counter>::default();
+        registry.register(
+            "policy_findings",
+            "Rule findings in reviews of GPU-policy changes, by kind, rule and action taken",
+            policy_findings.clone(),
+        );
+        // 50 µs .. ~0.8 s: decided over every node, in groups of identical labels.
+        let policy_latency = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(0.000_05, 2.0, 15),
+        );
+        registry.register(
+            "policy_review_duration_seconds",
+            "Time to read, decide over the fleet and answer one GPU-policy review",
+            policy_latency.clone(),
         );
         let cert_expiry = Gauge::<i64>::default();
         registry.register(
@@ -157,6 +195,9 @@ impl Metrics {
             findings,
             bad_requests,
             latency,
+            policy_reviews,
+            policy_findings,
+            policy_latency,
             cert_expiry,
             cert_reloads,
             handshakes,
@@ -192,6 +233,30 @@ impl Metrics {
                 .inc();
         }
         self.latency.observe(seconds);
+    }
+
+    /// Records one answered GPU-policy review (`kind`: ClusterPolicy or NVIDIADriver).
+    pub fn observe_policy_review(
+        &self,
+        kind: &'static str,
+        decision: &'static str,
+        operation: &'static str,
+        findings: impl IntoIterator<Item = (&'static str, &'static str)>,
+        seconds: f64,
+    ) {
+        self.policy_reviews
+            .get_or_create(&PolicyReviewLabels {
+                kind,
+                decision,
+                operation,
+            })
+            .inc();
+        for (rule, action) in findings {
+            self.policy_findings
+                .get_or_create(&PolicyFindingLabels { kind, rule, action })
+                .inc();
+        }
+        self.policy_latency.observe(seconds);
     }
 
     /// Records a request that was refused before any decision (HTTP 4xx).

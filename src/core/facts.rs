@@ -28,6 +28,8 @@ pub struct ClusterFacts {
     /// `spec.driver.useNvidiaDriverCRD`: NVIDIADriver resources deploy the drivers, not the
     /// ClusterPolicy.
     pub driver_crd: bool,
+    /// The NVIDIADriver resources, when they were listed.
+    pub nvidia_drivers: Option<Vec<crate::core::policy_change::NvidiaDriver>>,
     /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras).
     pub version: OperatorVersion,
     /// Where [`version`](Self::version) came from, or why it is assumed.
@@ -47,6 +49,7 @@ impl Default for ClusterFacts {
             source: PolicySource::NotGiven,
             sandbox: Sandbox::default(),
             driver_crd: false,
+            nvidia_drivers: None,
             version: OperatorVersion::newest(),
             version_source: VersionSource::Assumed(NO_VERSION.to_owned()),
         }

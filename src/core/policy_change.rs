@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 use super::facts::ClusterFacts;
 use super::operands::{Labels, Operand, OperandSet};
-use super::operator::labelling_pass;
+use super::operator::{Era, labelling_pass};
 use super::policy::{self, Operation, Policy, Verdict};
 use super::rules::{Action, Change, Finding, Rule};
 
@@ -36,8 +36,11 @@ pub const HOST_TOOLKIT_ANNOTATION: &str = "gpu-deploy-guard.nvidia.com/toolkit-o
 /// Nodes named in one message at most; the rest are counted.
 pub const NAMED_NODES: usize = 5;
 
-/// The node label every driver DaemonSet selects besides an NVIDIADriver's own selector.
+/// The node label every `gpu` and `vgpu` driver DaemonSet selects besides its pool.
 pub const DRIVER_DEPLOY_KEY: &str = "nvidia.com/gpu.deploy.driver";
+/// The node label a `vgpu-host-manager` NVIDIADriver's DaemonSets select instead.
+pub const VGPU_MANAGER_DEPLOY_KEY: &str = "nvidia.com/gpu.deploy.vgpu-manager";
+const GPU_PRESENT: &str = "nvidia.com/gpu.present";
 
 /// Which kind of GPU-policy object a request changes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -55,22 +58,48 @@ impl PolicyKind {
     }
 }
 
-/// An NVIDIADriver resource as the decision reads it: which nodes its driver DaemonSets select.
+/// An NVIDIADriver resource as the decision reads it: which nodes it claims and where its
+/// driver DaemonSets run (`docs/gpu-operator.md` §11.4).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NvidiaDriver {
     pub name: String,
-    /// `spec.nodeSelector`: every pair must match (empty: every node with the driver label).
-    pub node_selector: Labels,
+    /// `spec.nodeSelector`; absent means `nvidia.com/gpu.present: "true"`, while an empty one
+    /// claims every node (`GetNodeSelector`).
+    pub node_selector: Option<Labels>,
+    /// `spec.driverType` is `vgpu-host-manager`: its DaemonSets select the vGPU manager's
+    /// deploy label, not the driver's.
+    pub vgpu_host_manager: bool,
 }
 
 impl NvidiaDriver {
-    /// Whether its DaemonSets run on a node with these labels.
+    fn matches(selector: &Labels, labels: &Labels) -> bool {
+        selector
+            .iter()
+            .all(|(k, v)| labels.get(k).is_some_and(|have| have == v))
+    }
+
+    /// The nodes it claims, as the operator's overlap check reads them.
+    pub fn claims(&self, labels: &Labels) -> bool {
+        match &self.node_selector {
+            Some(selector) => Self::matches(selector, labels),
+            None => labels.get(GPU_PRESENT).is_some_and(|v| v == "true"),
+        }
+    }
+
+    /// Whether its driver DaemonSets run on a node with these labels: the deploy label, a GPU,
+    /// and its node selector.
     pub fn selects(&self, labels: &Labels) -> bool {
-        labels.get(DRIVER_DEPLOY_KEY).is_some_and(|v| v == "true")
+        let key = if self.vgpu_host_manager {
+            VGPU_MANAGER_DEPLOY_KEY
+        } else {
+            DRIVER_DEPLOY_KEY
+        };
+        labels.get(key).is_some_and(|v| v == "true")
+            && labels.get(GPU_PRESENT).is_some_and(|v| v == "true")
             && self
                 .node_selector
-                .iter()
-                .all(|(k, v)| labels.get(k).is_some_and(|have| have == v))
+                .as_ref()
+                .is_none_or(|selector| Self::matches(selector, labels))
     }
 }
 
@@ -224,9 +253,16 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             let after_labels = labelling_pass(labels, after.version.era, &after.sandbox).labels;
             let b = policy::simulate(&before_labels, before);
             let a = policy::simulate(&after_labels, after);
+            // From v26.7 the hand-over to NVIDIADriver resources leaves the ClusterPolicy's
+            // driver pods running, orphaned, until the NVIDIADriver upgrade replaces them.
+            let orphaned = |labels: &Labels| {
+                before.version.era >= Era::V26_7
+                    && !before.driver_crd
+                    && policy::simulate(labels, before).contains(Operand::Driver)
+            };
             let driver = |facts: &ClusterFacts, ops: OperandSet, labels: &Labels| {
                 if facts.driver_crd {
-                    drivers.iter().any(|d| d.selects(labels))
+                    drivers.iter().any(|d| d.selects(labels)) || orphaned(labels)
                 } else {
                     ops.contains(Operand::Driver)
                 }
@@ -250,10 +286,14 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             let pass = labelling_pass(labels, facts.version.era, &facts.sandbox).labels;
             let ops = policy::simulate(&pass, facts);
             let by_others = others.iter().any(|d| d.selects(&pass));
+            let before_here = before.is_some_and(|d| d.selects(&pass));
+            // Before v26.3 a pool the new selector drops keeps its DaemonSet running
+            // (`docs/gpu-operator.md` §11.4); a deleted resource's DaemonSets always go.
+            let kept = after.is_some() && before_here && facts.version.era < Era::V26_3;
             Outcome {
                 group,
-                driver_before: by_others || before.is_some_and(|d| d.selects(&pass)),
-                driver_after: by_others || after.is_some_and(|d| d.selects(&pass)),
+                driver_before: by_others || before_here,
+                driver_after: by_others || kept || after.is_some_and(|d| d.selects(&pass)),
                 before_labels: pass.clone(),
                 after_labels: pass,
                 before: ops,
@@ -375,8 +415,8 @@ fn toolkit_switched_off(
 fn toolkit_message(object: &str, where_: &str) -> String {
     format!(
         "{object}: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running {where_}: \
-         the toolkit's exit removes the nvidia runtime from the container runtime's configuration, the device plugins keep advertising GPUs, \
-         and GPU pods scheduled there fail to start; turn spec.devicePlugin.enabled off in the same change, or, if every host brings its own \
+         on containerd nodes the toolkit's exit removes the nvidia runtime (and with CDI on, the device plugin's rollout stalls on it), \
+         the running device plugins keep advertising GPUs, and GPU pods scheduled there fail to start; turn spec.devicePlugin.enabled off in the same change, or, if every host brings its own \
          container toolkit, say so in the same request with the annotation {HOST_TOOLKIT_ANNOTATION}=<why> (recorded in the audit log)."
     )
 }
@@ -471,7 +511,7 @@ fn driver_removed(
             if !before.driver_crd && after.driver_crd {
                 "driver.useNvidiaDriverCRD hands the driver to NVIDIADriver resources, and none selects them"
             } else {
-                "spec.driver.enabled true -> false deletes the driver DaemonSet"
+                "spec.driver.enabled true -> false deletes nvidia-driver-daemonset"
             }
         }
         PolicyChange::NvidiaDriver { after: None, .. } => {
@@ -507,7 +547,7 @@ fn overlap(
     for other in others {
         let shared = outcomes
             .iter()
-            .filter(|o| this.selects(&o.after_labels) && other.selects(&o.after_labels))
+            .filter(|o| this.claims(&o.after_labels) && other.claims(&o.after_labels))
             .flat_map(|o| o.group.nodes.iter().copied());
         let (count, names) = name_nodes(shared);
         if count == 0 {

@@ -50,6 +50,7 @@ pub mod fleet;
 pub mod list;
 mod meta;
 pub mod node;
+pub mod nvidia_driver;
 pub mod pod;
 pub mod read;
 pub mod split;

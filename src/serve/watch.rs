@@ -45,6 +45,7 @@ use crate::audit::metrics::AuditMetrics;
 use crate::core::facts::{ClusterFacts, PolicySource, VersionSource};
 use crate::core::operator::OperatorVersion;
 use crate::core::policy::Policy;
+use crate::core::policy_change::NvidiaDriver;
 use crate::k8s::api::{
     cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,
 };
@@ -52,6 +53,7 @@ use crate::k8s::daemonset::DaemonSetView;
 use crate::k8s::deployment::{self, DeploymentView, Unread};
 use crate::k8s::fleet::{Fleet, LabelFilter};
 use crate::k8s::node::NodeView;
+use crate::k8s::nvidia_driver;
 use crate::metrics::Metrics;
 
 /// Objects per list page by default: a Node's metadata is ~10 KB and a Pod ~5–10 KB, so a page
@@ -125,6 +127,7 @@ impl Health {
 #[derive(Default)]
 pub(super) struct Status {
     policies: Health,
+    drivers: Health,
     daemonsets: Health,
     pub(super) pods: Health,
     pub(super) nodes: Health,
@@ -134,6 +137,7 @@ pub(super) struct Status {
 #[derive(Copy, Clone)]
 pub(super) enum Kind {
     ClusterPolicies,
+    NvidiaDrivers,
     DaemonSets,
     Pods,
     Nodes,
@@ -144,6 +148,7 @@ impl Kind {
     fn health(self, status: &mut Status) -> &mut Health {
         match self {
             Kind::ClusterPolicies => &mut status.policies,
+            Kind::NvidiaDrivers => &mut status.drivers,
             Kind::DaemonSets => &mut status.daemonsets,
             Kind::Pods => &mut status.pods,
             Kind::Nodes => &mut status.nodes,
@@ -154,6 +159,7 @@ impl Kind {
     fn describe(self, namespace: &str) -> String {
         match self {
             Kind::ClusterPolicies => "clusterpolicies.nvidia.com".to_owned(),
+            Kind::NvidiaDrivers => "nvidiadrivers.nvidia.com".to_owned(),
             Kind::DaemonSets => format!("daemonsets in namespace {namespace}"),
             Kind::Pods => format!("pods in namespace {namespace}"),
             Kind::Nodes => "nodes".to_owned(),
@@ -210,6 +216,9 @@ pub async fn watch_cluster(
     let policy_ar = cluster_policy_resource();
     let policy_writer = Writer::<DynamicObject>::new(policy_ar.clone());
     let policies = policy_writer.as_reader();
+    let driver_ar = nvidia_driver::resource();
+    let driver_writer = Writer::<DynamicObject>::new(driver_ar.clone());
+    let drivers = driver_writer.as_reader();
     let (daemonsets, ds_writer) = reflector::store::<DaemonSetView>();
     let (deployments, deployment_writer) = reflector::store::<DeploymentView>();
     let cfg = watcher::Config::default().any_semantic();
@@ -217,6 +226,7 @@ pub async fn watch_cluster(
 
     let stores = Stores {
         policies,
+        drivers,
         daemonsets,
         deployments,
     };
@@ -225,6 +235,14 @@ pub async fn watch_cluster(
             watcher(Api::all_with(client.clone(), &policy_ar), cfg.clone()),
             policy_writer,
             Kind::ClusterPolicies,
+            &namespace,
+            &status,
+            &dirty_tx,
+        ),
+        follow(
+            watcher(Api::all_with(client.clone(), &driver_ar), cfg.clone()),
+            driver_writer,
+            Kind::NvidiaDrivers,
             &namespace,
             &status,
             &dirty_tx,
@@ -299,6 +317,7 @@ where
 
 struct Stores {
     policies: Store<DynamicObject>,
+    drivers: Store<DynamicObject>,
     daemonsets: Store<DaemonSetView>,
     deployments: Store<DeploymentView>,
 }
@@ -423,15 +442,19 @@ impl Publisher<'_> {
             while dirty.try_recv().is_ok() {}
 
             let policies_health = health(status, Kind::ClusterPolicies);
+            let drivers_health = health(status, Kind::NvidiaDrivers);
             let ds_health = health(status, Kind::DaemonSets);
             let deployments_health = health(status, Kind::Deployments);
-            let facts = current_facts(
+            let mut facts = current_facts(
                 stores,
                 &policies_health,
                 &ds_health,
                 &deployments_health,
                 config,
             );
+            if drivers_health == Health::Synced {
+                facts.nvidia_drivers = Some(nvidia_drivers(&stores.drivers));
+            }
             let facts_changed = facts_tx.send_if_modified(|current| {
                 if **current == facts {
                     return false;
@@ -460,8 +483,10 @@ impl Publisher<'_> {
                 }
                 logged_version = Some(version);
             }
-            let settled =
-                policies_health.settled() && ds_health.settled() && deployments_health.settled();
+            let settled = policies_health.settled()
+                && drivers_health.settled()
+                && ds_health.settled()
+                && deployments_health.settled();
             if on_synced.is_some() && (settled || Instant::now() >= deadline) {
                 if !settled {
                     tracing::warn!(
@@ -606,6 +631,27 @@ fn current_facts(
     facts
 }
 
+/// The NVIDIADriver resources the store holds, by name; one that cannot be read (the CRD's
+/// schema makes that rare) is left out with a warning naming it.
+fn nvidia_drivers(store: &Store<DynamicObject>) -> Vec<NvidiaDriver> {
+    let mut out: Vec<NvidiaDriver> = store
+        .state()
+        .iter()
+        .filter_map(|o| {
+            let value = serde_json::to_value(o.as_ref()).unwrap_or_default();
+            match nvidia_driver::from_object(&value) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    tracing::warn!(error = %e, "NVIDIADriver left out of GPU-policy decisions");
+                    None
+                }
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
 fn log_source(facts: &ClusterFacts) {
     let source = &facts.source;
     if source.is_unavailable() {
@@ -684,6 +730,7 @@ mod tests {
     fn empty_stores() -> Stores {
         Stores {
             policies: Writer::<DynamicObject>::new(cluster_policy_resource()).as_reader(),
+            drivers: Writer::<DynamicObject>::new(nvidia_driver::resource()).as_reader(),
             daemonsets: reflector::store::<DaemonSetView>().0,
             deployments: reflector::store::<DeploymentView>().0,
         }

@@ -19,6 +19,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower_http::timeout::TimeoutLayer;
 
 pub mod label_syntax;
+mod policy_review;
 pub mod response;
 pub mod review;
 pub mod scan;
@@ -120,6 +121,7 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
     let request_timeout = webhook.limits.request_timeout;
     Router::new()
         .route("/validate", post(validate))
+        .route("/validate/gpu-policy", post(policy_review::validate_policy))
         .fallback(not_found)
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
@@ -131,7 +133,7 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
 async fn not_found() -> Response {
     (
         StatusCode::NOT_FOUND,
-        "not found: the webhook answers POST /validate\n",
+        "not found: the webhook answers POST /validate (Nodes) and POST /validate/gpu-policy (ClusterPolicy, NVIDIADriver)\n",
     )
         .into_response()
 }
@@ -167,6 +169,10 @@ pub enum BadRequest {
     NoRequest,
     #[error("only Nodes (core/v1) are reviewed, got {0}: check the webhook's rules")]
     NotANode(String),
+    #[error(
+        "only ClusterPolicy and NVIDIADriver (nvidia.com) are reviewed at /validate/gpu-policy, got {0}: check the webhook's rules"
+    )]
+    NotAPolicy(String),
     #[error("{operation} request has no `{field}`")]
     MissingObject {
         operation: &'static str,
@@ -204,6 +210,7 @@ impl BadRequest {
             BadRequest::Kind(_) => "kind",
             BadRequest::NoRequest => "no-request",
             BadRequest::NotANode(_) => "not-a-node",
+            BadRequest::NotAPolicy(_) => "not-a-policy",
             BadRequest::MissingObject { .. } => "missing-object",
             BadRequest::Busy(_) => "busy",
             BadRequest::NameTooLong { .. } => "name-too-long",

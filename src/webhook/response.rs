@@ -63,6 +63,11 @@ fn as_map<S: Serializer>(pairs: &[(&'static str, String)], s: S) -> Result<S::Ok
 
 /// The AdmissionReview answering `req` with `verdict`.
 pub fn respond(req: &RequestView<'_>, verdict: &Verdict) -> ReviewResponse {
+    respond_to(req.uid.clone(), verdict)
+}
+
+/// The AdmissionReview answering the request `uid` with `verdict`.
+pub fn respond_to(uid: String, verdict: &Verdict) -> ReviewResponse {
     let status = match &verdict.message {
         Some(message) => Status {
             status: None,
@@ -76,7 +81,7 @@ pub fn respond(req: &RequestView<'_>, verdict: &Verdict) -> ReviewResponse {
         api_version: API_VERSION,
         kind: KIND,
         response: AdmissionResponse {
-            uid: req.uid.clone(),
+            uid,
             allowed: verdict.message.is_none(),
             status,
             audit_annotations: verdict

@@ -217,8 +217,15 @@ fn the_driver_switched_off_warns_with_the_nodes() {
 
 #[test]
 fn handing_the_driver_to_nvidiadrivers_warns_for_the_nodes_none_selects() {
-    let before = operator_defaults();
-    let after = switched(|f| f.driver_crd = true);
+    // v25.3 to v26.3 delete the ClusterPolicy's driver pods at once (v26.7 orphans them).
+    let era = |f: &mut ClusterFacts| {
+        f.version = crate::core::operator::OperatorVersion::parse("v25.3.4").unwrap()
+    };
+    let before = switched(era);
+    let after = switched(|f| {
+        era(f);
+        f.driver_crd = true;
+    });
     let a100 = {
         let mut l = gpu_labels();
         l.insert("nvidia.com/gpu.product".into(), "A100".into());
@@ -226,7 +233,8 @@ fn handing_the_driver_to_nvidiadrivers_warns_for_the_nodes_none_selects() {
     };
     let drivers = [NvidiaDriver {
         name: "a100".into(),
-        node_selector: [("nvidia.com/gpu.product".to_owned(), "A100".to_owned())].into(),
+        node_selector: Some([("nvidia.com/gpu.product".to_owned(), "A100".to_owned())].into()),
+        vgpu_host_manager: false,
     }];
     let groups = [group(a100, &["a-0"]), group(gpu_labels(), &["h-0"])];
     let review = PolicyReview {
@@ -302,10 +310,13 @@ fn sandbox_workloads_on_warns_what_each_kind_of_node_gets() {
 fn driver(name: &str, selector: &[(&str, &str)]) -> NvidiaDriver {
     NvidiaDriver {
         name: name.into(),
-        node_selector: selector
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
+        node_selector: Some(
+            selector
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ),
+        vgpu_host_manager: false,
     }
 }
 
@@ -363,6 +374,18 @@ fn overlapping_nvidiadrivers_are_denied_naming_both_and_a_node() {
         m.starts_with("NVIDIADriver everything: its nodeSelector selects 2 nodes that NVIDIADriver pool-a selects too (a-0, a-1)"),
         "{m}"
     );
+    // An NVIDIADriver without a nodeSelector claims every GPU node: it overlaps pool-a too.
+    let default = NvidiaDriver {
+        name: "default".into(),
+        node_selector: None,
+        vgpu_host_manager: false,
+    };
+    let v = decide_policy(
+        &nd_review(&facts, Operation::Create, None, Some(&default), &existing),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Denied);
     // Disjoint selectors pass.
     let b = driver("pool-b", &[("example.com/pool", "b")]);
     let v = decide_policy(
@@ -405,6 +428,17 @@ fn an_nvidiadriver_deleted_or_narrowed_warns_for_the_nodes_left_without_a_driver
         ["NVIDIADriver all: 1 node loses the driver DaemonSet (b-0)"]
     );
     assert!(v.findings[0].message.contains("no longer selects them"));
+    // Before v26.3 the dropped pool's DaemonSet keeps running: nothing is lost.
+    let old = switched(|f| {
+        f.driver_crd = true;
+        f.version = crate::core::operator::OperatorVersion::parse("v25.10.1").unwrap();
+    });
+    let v = decide_policy(
+        &nd_review(&old, Operation::Update, Some(&all), Some(&narrowed), &[]),
+        Fleet::Known(&groups),
+        &Policy::default(),
+    );
+    assert!(v.warnings.is_empty(), "{:?}", v.warnings);
     // Another NVIDIADriver still selects pool b: nothing is lost.
     let others = [driver("b", &[("example.com/pool", "b")])];
     let v = decide_policy(

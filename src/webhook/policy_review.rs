@@ -1,0 +1,365 @@
+//! `POST /validate/gpu-policy`: AdmissionReviews of ClusterPolicy and NVIDIADriver changes,
+//! decided over every node the guard knows ([`decide_policy`]).
+//!
+//! Not the hot path of node labels: a policy object is read with serde, whole. The answer is
+//! the same AdmissionReview the node webhook gives.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
+use axum::response::Response;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::review::UserInfo;
+use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, json_response, read_body, refuse};
+use crate::core::echo::{bounded_display, echo};
+use crate::core::facts::{ClusterFacts, PolicySource};
+use crate::core::policy::{Decision, Operation, Verdict};
+use crate::core::policy_change::{
+    Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, NvidiaDriver, PolicyChange, PolicyKind,
+    PolicyReview, decide_policy,
+};
+use crate::k8s::{cluster_policy, nvidia_driver};
+use std::sync::Arc;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewBody {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    request: Option<Request>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Request {
+    uid: String,
+    kind: Gvk,
+    #[serde(default)]
+    name: String,
+    operation: Operation,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    user_info: UserInfo,
+    #[serde(default)]
+    object: Option<Value>,
+    #[serde(default)]
+    old_object: Option<Value>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+#[derive(Deserialize)]
+struct Gvk {
+    #[serde(default)]
+    group: String,
+    #[serde(default)]
+    kind: String,
+}
+
+pub(super) async fn validate_policy(
+    State(hook): State<Arc<Webhook>>,
+    version: Version,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let (bytes, _room) = match read_body(&hook, &headers, body).await {
+        Ok(read) => read,
+        Err(bad) => {
+            let mut response = refuse(&hook, bad, None);
+            if version < Version::HTTP_2 {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            return response;
+        }
+    };
+    let request = match parse(&bytes) {
+        Ok(r) => r,
+        Err((bad, uid)) => return refuse(&hook, bad, uid),
+    };
+    let kind = match (request.kind.group.as_str(), request.kind.kind.as_str()) {
+        ("nvidia.com", "ClusterPolicy") => PolicyKind::ClusterPolicy,
+        ("nvidia.com", "NVIDIADriver") => PolicyKind::NvidiaDriver,
+        (group, kind) => {
+            return refuse(
+                &hook,
+                BadRequest::NotAPolicy(format!("{group}/{kind}")),
+                Some(request.uid.clone()),
+            );
+        }
+    };
+    let facts = hook.facts.borrow().clone();
+    let verdict = match review(&hook, &request, kind, &facts) {
+        Ok(v) => v,
+        Err(bad) => return refuse(&hook, bad, Some(request.uid.clone())),
+    };
+    let response = super::response::respond_to(request.uid.clone(), &verdict);
+    hook.metrics.observe_policy_review(
+        kind.as_str(),
+        verdict.decision.as_str(),
+        request.operation.as_str(),
+        verdict
+            .findings
+            .iter()
+            .map(|f| (f.rule.id(), f.action.as_str())),
+        started.elapsed().as_secs_f64(),
+    );
+    log(&request, kind, &verdict);
+    json_response(StatusCode::OK, &response)
+}
+
+fn parse(bytes: &[u8]) -> Result<Request, (BadRequest, Option<String>)> {
+    if bytes.is_empty() {
+        return Err((BadRequest::Empty, None));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let body: ReviewBody = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let bad = if inner.is_eof() {
+            BadRequest::Truncated(bounded_display(&inner, super::MAX_ERROR_BYTES))
+        } else if inner.is_syntax() {
+            BadRequest::NotJson(bounded_display(&inner, super::MAX_ERROR_BYTES))
+        } else {
+            BadRequest::Invalid {
+                path,
+                message: bounded_display(&inner, super::MAX_ERROR_BYTES),
+            }
+        };
+        (bad, None)
+    })?;
+    if body.kind != "AdmissionReview" {
+        return Err((
+            BadRequest::Kind(bounded_display(&body.kind, super::MAX_ERROR_BYTES)),
+            None,
+        ));
+    }
+    if body.api_version != "admission.k8s.io/v1" {
+        return Err((
+            BadRequest::Version(bounded_display(&body.api_version, super::MAX_ERROR_BYTES)),
+            None,
+        ));
+    }
+    let request = body.request.ok_or((BadRequest::NoRequest, None))?;
+    if request.uid.chars().count() > MAX_UID_CHARS {
+        return Err((BadRequest::UidTooLong(request.uid.chars().count()), None));
+    }
+    let chars = request.name.chars().count();
+    if chars > MAX_NAME_CHARS {
+        return Err((
+            BadRequest::NameTooLong {
+                field: "request.name",
+                chars,
+            },
+            Some(request.uid.clone()),
+        ));
+    }
+    Ok(request)
+}
+
+/// The facts of the cluster with the switches `object` (a ClusterPolicy) gives.
+fn with_policy(cluster: &ClusterFacts, object: &Value) -> Result<ClusterFacts, BadRequest> {
+    let p = cluster_policy::from_object(object).map_err(|e| BadRequest::Invalid {
+        path: "request.object".to_owned(),
+        message: bounded_display(&e, super::MAX_ERROR_BYTES),
+    })?;
+    Ok(ClusterFacts {
+        selectors: cluster.selectors.clone(),
+        daemonsets: cluster.daemonsets,
+        nvidia_drivers: cluster.nvidia_drivers.clone(),
+        version: cluster.version.clone(),
+        version_source: cluster.version_source.clone(),
+        source: PolicySource::Found(p.name),
+        ..p.facts
+    })
+}
+
+fn annotation<'v>(object: Option<&'v Value>, key: &str) -> Option<&'v str> {
+    object?.pointer("/metadata/annotations")?.get(key)?.as_str()
+}
+
+fn missing(operation: Operation, field: &'static str) -> BadRequest {
+    BadRequest::MissingObject {
+        operation: operation.as_str(),
+        field,
+    }
+}
+
+fn review(
+    hook: &Webhook,
+    request: &Request,
+    kind: PolicyKind,
+    facts: &ClusterFacts,
+) -> Result<Verdict, BadRequest> {
+    let op = request.operation;
+    let object = request.object.as_ref();
+    let old = request.old_object.as_ref();
+    if request.sub_resource.as_deref() == Some("status") {
+        // The operator writes its status; nothing a person changes there reaches a node.
+        return Ok(status_verdict(facts));
+    }
+    let name = request.name.as_str();
+    let base = PolicyReview {
+        kind,
+        name,
+        operation: op,
+        username: request.user_info.username.as_deref().unwrap_or_default(),
+        groups: request.user_info.groups.as_deref().unwrap_or_default(),
+        dry_run: request.dry_run,
+        change: PolicyChange::NvidiaDriver {
+            facts,
+            before: None,
+            after: None,
+            others: &[],
+        },
+    };
+    let all_drivers = facts.nvidia_drivers.clone().unwrap_or_default();
+    match kind {
+        PolicyKind::ClusterPolicy => {
+            let after_obj = match op {
+                Operation::Create | Operation::Update => {
+                    object.ok_or_else(|| missing(op, "object"))?
+                }
+                _ => return Ok(status_verdict(facts)),
+            };
+            let after = with_policy(facts, after_obj)?;
+            let before = match op {
+                Operation::Update => {
+                    with_policy(facts, old.ok_or_else(|| missing(op, "oldObject"))?)?
+                }
+                _ => facts.clone(),
+            };
+            let host_toolkit = annotation(object, HOST_TOOLKIT_ANNOTATION)
+                .filter(|v| !v.trim().is_empty())
+                .filter(|v| annotation(old, HOST_TOOLKIT_ANNOTATION) != Some(*v));
+            let others: Vec<String> = match (&facts.source, op) {
+                (PolicySource::Found(n), Operation::Create) if n != name => vec![n.clone()],
+                _ => Vec::new(),
+            };
+            let review = PolicyReview {
+                change: PolicyChange::ClusterPolicy {
+                    before: &before,
+                    after: &after,
+                    host_toolkit,
+                    others: &others,
+                    drivers: &all_drivers,
+                },
+                ..base
+            };
+            Ok(decide_over_fleet(hook, &review))
+        }
+        PolicyKind::NvidiaDriver => {
+            let read = |v: Option<&Value>| -> Result<Option<NvidiaDriver>, BadRequest> {
+                v.map(|v| {
+                    nvidia_driver::from_object(v).map_err(|message| BadRequest::Invalid {
+                        path: "request.object".to_owned(),
+                        message: bounded_display(&message, super::MAX_ERROR_BYTES),
+                    })
+                })
+                .transpose()
+            };
+            let (before, after) = match op {
+                Operation::Create => (
+                    None,
+                    Some(read(object)?.ok_or_else(|| missing(op, "object"))?),
+                ),
+                Operation::Update => (
+                    Some(read(old)?.ok_or_else(|| missing(op, "oldObject"))?),
+                    Some(read(object)?.ok_or_else(|| missing(op, "object"))?),
+                ),
+                Operation::Delete => (read(old)?, None),
+                Operation::Connect => return Ok(status_verdict(facts)),
+            };
+            let this = after.as_ref().or(before.as_ref()).map(|d| d.name.clone());
+            let others: Vec<NvidiaDriver> = all_drivers
+                .into_iter()
+                .filter(|d| Some(&d.name) != this.as_ref() && d.name != name)
+                .collect();
+            let review = PolicyReview {
+                change: PolicyChange::NvidiaDriver {
+                    facts,
+                    before: before.as_ref(),
+                    after: after.as_ref(),
+                    others: &others,
+                },
+                ..base
+            };
+            Ok(decide_over_fleet(hook, &review))
+        }
+    }
+}
+
+/// Decides over the fleet's node records, grouped; without them, on the policy alone.
+fn decide_over_fleet(hook: &Webhook, review: &PolicyReview<'_>) -> Verdict {
+    let Some(fleet) = &hook.fleet else {
+        return decide_policy(
+            review,
+            Fleet::Unknown("serve runs without a cluster watch"),
+            &hook.policy,
+        );
+    };
+    let state = fleet.lock();
+    if !state.synced {
+        drop(state);
+        return decide_policy(
+            review,
+            Fleet::Unknown("the nodes are not listed yet"),
+            &hook.policy,
+        );
+    }
+    let groups: Vec<NodeGroup<'_>> = state
+        .nodes
+        .groups()
+        .into_iter()
+        .map(|(record, nodes)| NodeGroup {
+            labels: record.labels(),
+            nodes,
+        })
+        .collect();
+    decide_policy(review, Fleet::Known(&groups), &hook.policy)
+}
+
+/// Allowed, deciding nothing: the status subresource, DELETE of a ClusterPolicy (the
+/// operator's uninstall), CONNECT.
+fn status_verdict(facts: &ClusterFacts) -> Verdict {
+    Verdict {
+        decision: Decision::Allowed,
+        message: None,
+        findings: Vec::new(),
+        warnings: Vec::new(),
+        before: Default::default(),
+        after: Default::default(),
+        exempt: None,
+        would_deny: None,
+        cluster_facts: facts.annotation(),
+        policy_change: None,
+    }
+}
+
+fn log(req: &Request, kind: PolicyKind, verdict: &Verdict) {
+    let user = &*echo(req.user_info.username.as_deref().unwrap_or_default());
+    let findings: Vec<String> = verdict
+        .findings
+        .iter()
+        .map(|f| format!("{}={}", f.rule, f.action.as_str()))
+        .collect();
+    let nodes = verdict.policy_change.as_ref().and_then(|n| n.nodes);
+    let (uid, name) = (&*echo(&req.uid), &*echo(&req.name));
+    match verdict.decision {
+        Decision::Denied => {
+            tracing::info!(uid, kind = kind.as_str(), name, user, operation = req.operation.as_str(), ?nodes, findings = %findings.join(","), decision = "denied", "policy review")
+        }
+        _ => {
+            tracing::debug!(uid, kind = kind.as_str(), name, user, operation = req.operation.as_str(), ?nodes, findings = %findings.join(","), decision = verdict.decision.as_str(), "policy review")
+        }
+    }
+}
