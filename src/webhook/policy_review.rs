@@ -232,11 +232,13 @@ fn review(
                 _ => return Ok(status_verdict(facts)),
             };
             let after = with_policy(facts, after_obj)?;
+            // A first ClusterPolicy starts the operator's work: nothing of it ran before, so
+            // nothing is taken away. A second one is ignored by the operator (said below).
             let before = match op {
                 Operation::Update => {
                     with_policy(facts, old.ok_or_else(|| missing(op, "oldObject"))?)?
                 }
-                _ => facts.clone(),
+                _ => after.clone(),
             };
             let host_toolkit = annotation(object, HOST_TOOLKIT_ANNOTATION)
                 .filter(|v| !v.trim().is_empty())

@@ -58,7 +58,10 @@ func TestHelmCELPolicyWithClusterPolicyParamHonoursToolkitEnabled(t *testing.T) 
 	framework.WaitFor(t, 30*time.Second, "toolkit.enabled=true: the CEL policy refuses device-plugin=true on lab-node-2", func() (bool, string) {
 		return refused(dryRunLabNode2())
 	})
-	applyClusterPolicy(t, `{"toolkit":{"enabled":false}}`)
+	// The hosts bring the toolkit, and the request says so: the policy webhook lets it through.
+	if got := tryClusterPolicy(`{"toolkit":{"enabled":false}}`, `{"gpu-deploy-guard.nvidia.com/toolkit-on-hosts":"the lab's hosts"}`); got.code != 0 {
+		t.Fatalf("kubectl apply ClusterPolicy toolkit.enabled=false with toolkit-on-hosts: %s", got)
+	}
 	waitKubectl(t, "toolkit.enabled=false: kubectl label node lab-node-2 device-plugin=true --dry-run=server", allowed, dryRunLabNode2)
 	applyClusterPolicy(t, `{"toolkit":{"enabled":true}}`)
 	framework.WaitFor(t, 30*time.Second, "toolkit.enabled=true again: refused", func() (bool, string) {

@@ -43,11 +43,17 @@ func installWatchedCRDs(t *testing.T) {
 // given spec (JSON).
 func applyClusterPolicy(t *testing.T, spec string) {
 	t.Helper()
-	manifest := fmt.Sprintf(`{"apiVersion":"nvidia.com/v1","kind":"ClusterPolicy","metadata":{"name":%q},"spec":%s}`,
-		clusterPolicyName, spec)
-	if got := kubectlWithInput(manifest, "apply", "-f", "-"); got.code != 0 {
+	if got := tryClusterPolicy(spec, "{}"); got.code != 0 {
 		t.Fatalf("kubectl apply ClusterPolicy %s: %s", spec, got)
 	}
+}
+
+// tryClusterPolicy applies ClusterPolicy cluster-policy with the given spec
+// and metadata.annotations (JSON) and returns what kubectl said.
+func tryClusterPolicy(spec, annotations string) result {
+	manifest := fmt.Sprintf(`{"apiVersion":"nvidia.com/v1","kind":"ClusterPolicy","metadata":{"name":%q,"annotations":%s},"spec":%s}`,
+		clusterPolicyName, annotations, spec)
+	return kubectlWithInput(manifest, "apply", "-f", "-")
 }
 
 // startWatchingGuard starts a second `gpu-deploy-guard serve`, with its own
@@ -666,8 +672,17 @@ func TestClusterPolicyWithHostToolkitAllowsDevicePluginAlone(t *testing.T) {
 	waitDecision(t, "toolkit.enabled=true: refused", result{"", labNode2Refusal, 1})
 
 	// Host toolkit again, then the ClusterPolicy deleted: the defaults
-	// (toolkit managed) apply, refused.
-	applyClusterPolicy(t, `{"toolkit":{"enabled":false}}`)
+	// (toolkit managed) apply, refused. Switching the managed toolkit off
+	// while device plugins run is refused by the policy webhook unless the
+	// same request says the hosts bring their own toolkit.
+	got := tryClusterPolicy(`{"toolkit":{"enabled":false}}`, "{}")
+	if got.code != 1 || !strings.Contains(got.stderr, `denied the request: ClusterPolicy cluster-policy: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running on 2 nodes (lab-node-0, lab-node-1)`) ||
+		!strings.Contains(got.stderr, "gpu-deploy-guard.nvidia.com/toolkit-on-hosts") {
+		t.Errorf("toolkit switched off without saying the hosts bring it: want refused naming the nodes and the annotation, got %s", got)
+	}
+	if got := tryClusterPolicy(`{"toolkit":{"enabled":false}}`, `{"gpu-deploy-guard.nvidia.com/toolkit-on-hosts":"the lab's hosts"}`); got.code != 0 {
+		t.Fatalf("toolkit switched off with toolkit-on-hosts: want allowed, got %s", got)
+	}
 	waitDecision(t, "toolkit.enabled=false again: allowed", result{"node/lab-node-2 labeled (server dry run)\n",
 		"Warning: lab-node-2: device-plugin runs on a node with no NVIDIA GPU label\n", 0})
 	cp.MustKubectl(t, "delete", "clusterpolicy", clusterPolicyName)

@@ -192,12 +192,13 @@ func Loopback(shipped *admissionregistrationv1.ValidatingWebhookConfiguration, u
 		switch {
 		case svc == nil:
 			return nil, fmt.Errorf("webhook %s: clientConfig has no service reference", w.Name)
-		case svc.Path == nil || *svc.Path != "/validate":
-			return nil, fmt.Errorf("webhook %s: service path is %v, not /validate", w.Name, svc.Path)
+		case svc.Path == nil || !strings.HasPrefix(*svc.Path, "/validate"):
+			return nil, fmt.Errorf("webhook %s: service path is %v, not /validate or below it", w.Name, svc.Path)
 		case w.ClientConfig.URL != nil:
 			return nil, fmt.Errorf("webhook %s: clientConfig already has a url", w.Name)
 		}
-		u := url
+		// /validate (Nodes) or /validate/gpu-policy (ClusterPolicy, NVIDIADriver).
+		u := url + strings.TrimPrefix(*svc.Path, "/validate")
 		w.ClientConfig = admissionregistrationv1.WebhookClientConfig{URL: &u, CABundle: append([]byte(nil), caBundle...)}
 	}
 	return out, nil
@@ -236,9 +237,10 @@ func (cp *ControlPlane) RegisterGuard(repoRoot string, g *Guard) error {
 	}
 	for i, w := range stored.Webhooks {
 		cc := w.ClientConfig
-		if w.Name != vwc.Webhooks[i].Name || cc.Service != nil || cc.URL == nil || *cc.URL != g.URL() || !bytes.Equal(cc.CABundle, g.CABundle) {
+		want := *vwc.Webhooks[i].ClientConfig.URL
+		if w.Name != vwc.Webhooks[i].Name || cc.Service != nil || cc.URL == nil || *cc.URL != want || !bytes.Equal(cc.CABundle, g.CABundle) {
 			return fmt.Errorf("stored webhook %d (%s) has clientConfig url=%v service=%v caBundle %d bytes; want url %s only, caBundle %d bytes",
-				i, w.Name, cc.URL, cc.Service, len(cc.CABundle), g.URL(), len(g.CABundle))
+				i, w.Name, cc.URL, cc.Service, len(cc.CABundle), want, len(g.CABundle))
 		}
 	}
 	return cp.waitGuardConsulted(g)
