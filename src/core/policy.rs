@@ -217,11 +217,16 @@ pub fn reads_label_whatever_the_facts(key: &str) -> bool {
 
 /// The label keys of the facts' custom operand nodeSelectors that [`reads_label`] reads beyond
 /// [`reads_label_whatever_the_facts`]: a keeper of compact node records must keep these too.
+///
+/// The NVIDIADriver resources' nodeSelectors count too: GPU-policy changes are decided with
+/// them over the records.
 pub fn selector_keys(facts: &ClusterFacts) -> std::collections::BTreeSet<String> {
+    let drivers = facts.nvidia_drivers.iter().flatten();
     facts
         .selectors
         .values()
         .flat_map(|sel| sel.keys())
+        .chain(drivers.flat_map(|d| d.node_selector.iter().flat_map(|s| s.keys())))
         .filter(|k| !reads_label_whatever_the_facts(k))
         .cloned()
         .collect()

@@ -149,9 +149,14 @@ pub struct NodeGroup<'a> {
 }
 
 /// The fleet the decision is made over.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub enum Fleet<'a> {
-    Known(&'a [NodeGroup<'a>]),
+    /// The nodes, grouped; `keeps` says which label keys the groups hold (the records keep
+    /// only what decisions read, so a selector may name a key they lack).
+    Known {
+        groups: &'a [NodeGroup<'a>],
+        keeps: &'a dyn Fn(&str) -> bool,
+    },
     /// The nodes are not read (yet): the decision falls back to the policy alone, and says why.
     Unknown(&'a str),
 }
@@ -176,10 +181,11 @@ pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Polic
     };
     if review.operation != Operation::Delete || review.kind == PolicyKind::NvidiaDriver {
         match fleet {
-            Fleet::Known(groups) => {
+            Fleet::Known { groups, keeps } => {
                 let outcomes: Vec<Outcome<'_, '_>> =
                     groups.iter().map(|g| outcome(review, g)).collect();
                 judge(review, &outcomes, policy, &mut findings);
+                unkept_selector_keys(review, keeps, &mut findings);
             }
             Fleet::Unknown(why) => judge_blind(review, why, &mut findings),
         }
@@ -221,7 +227,7 @@ pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Polic
     verdict.policy_change = Some(PolicyNote {
         object: format!("{}/{}", review.kind.as_str(), review.name),
         nodes: match fleet {
-            Fleet::Known(groups) => Some(groups.iter().map(|g| g.nodes.len()).sum()),
+            Fleet::Known { groups, .. } => Some(groups.iter().map(|g| g.nodes.len()).sum()),
             Fleet::Unknown(_) => None,
         },
         host_toolkit: override_note,
@@ -615,6 +621,47 @@ fn state_transitions(
             ),
         ));
     }
+}
+
+/// An NVIDIADriver whose nodeSelector names a label the node records do not hold yet (they
+/// keep what decisions read, and the keys of the NVIDIADrivers that exist): its nodes cannot be
+/// told, so overlap and lost drivers are not judged for them, and the warning says so. Once
+/// the resource exists, the records keep that key too.
+fn unkept_selector_keys(
+    review: &PolicyReview<'_>,
+    keeps: &dyn Fn(&str) -> bool,
+    out: &mut Vec<Finding>,
+) {
+    let PolicyChange::NvidiaDriver {
+        after: Some(this), ..
+    } = review.change
+    else {
+        return;
+    };
+    let unkept: Vec<&str> = this
+        .node_selector
+        .iter()
+        .flat_map(|s| s.keys())
+        .map(String::as_str)
+        .filter(|k| !keeps(k))
+        .collect();
+    if unkept.is_empty() {
+        return;
+    }
+    let object = format!("NVIDIADriver {}", super::echo::echo(review.name));
+    let keys = super::echo::echo(&unkept.join(", ")).into_owned();
+    let mut f = finding(
+        Rule::NvidiaDriverOverlap,
+        format!(
+            "{object}: its nodeSelector reads {keys}, which the guard has not read from the nodes yet: \
+             which nodes it selects, and so overlaps with other NVIDIADrivers, were not checked for this request; \
+             the guard reads that label from now on."
+        ),
+        format!("{object}: overlap not checked: the guard does not read {keys} yet"),
+    );
+    // Not a violation found, a check not made: never a refusal.
+    f.change = Change::Existing;
+    out.push(f);
 }
 
 /// Without the nodes, what the policy alone says: the toolkit switched off while the device

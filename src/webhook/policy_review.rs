@@ -327,7 +327,16 @@ fn decide_over_fleet(hook: &Webhook, review: &PolicyReview<'_>) -> Verdict {
             nodes,
         })
         .collect();
-    decide_policy(review, Fleet::Known(&groups), &hook.policy)
+    let filter = state.nodes.filter();
+    let keeps = |key: &str| filter.keeps(key);
+    decide_policy(
+        review,
+        Fleet::Known {
+            groups: &groups,
+            keeps: &keeps,
+        },
+        &hook.policy,
+    )
 }
 
 /// Allowed, deciding nothing: the status subresource, DELETE of a ClusterPolicy (the

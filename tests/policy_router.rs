@@ -1,0 +1,342 @@
+//! `POST /validate/gpu-policy` through `oneshot`: ClusterPolicy and NVIDIADriver
+//! AdmissionReviews decided over a fleet of node records, and the bad inputs.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use gpu_deploy_guard::core::facts::ClusterFacts;
+use gpu_deploy_guard::core::policy::Policy;
+use gpu_deploy_guard::k8s::fleet::{Dirty, Fleet, LabelFilter, NodeIndex};
+use gpu_deploy_guard::k8s::node::NodeView;
+use gpu_deploy_guard::metrics::Metrics;
+use gpu_deploy_guard::webhook::{Limits, Webhook, router};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+fn gpu_node(name: &str) -> NodeView {
+    let mut n = NodeView::default();
+    n.metadata.name = Some(name.to_owned());
+    let mut labels: std::collections::BTreeMap<String, String> = [
+        "driver",
+        "container-toolkit",
+        "device-plugin",
+        "gpu-feature-discovery",
+        "dcgm-exporter",
+    ]
+    .iter()
+    .map(|op| (format!("nvidia.com/gpu.deploy.{op}"), "true".to_owned()))
+    .collect();
+    labels.insert(
+        "feature.node.kubernetes.io/pci-10de.present".into(),
+        "true".into(),
+    );
+    labels.insert("nvidia.com/gpu.present".into(), "true".into());
+    labels.insert("kubernetes.io/hostname".into(), name.into());
+    n.metadata.labels = Some(labels);
+    n
+}
+
+struct Harness {
+    metrics: Arc<Metrics>,
+    app: axum::Router,
+}
+
+/// A webhook whose fleet holds `nodes`, listed (`synced`) or not.
+fn harness(nodes: &[NodeView], synced: bool) -> Harness {
+    harness_with(nodes, synced, ClusterFacts::default())
+}
+
+fn harness_with(nodes: &[NodeView], synced: bool, facts: ClusterFacts) -> Harness {
+    let metrics = Arc::new(Metrics::new());
+    let mut hook = Webhook::new(
+        Policy::default(),
+        facts.clone(),
+        metrics.clone(),
+        Limits::default(),
+    );
+    let fleet = Arc::new(Fleet::default());
+    {
+        let mut state = fleet.lock();
+        state.nodes = NodeIndex::new(LabelFilter::new(&facts));
+        for n in nodes {
+            state.nodes.apply(n);
+        }
+        state.synced = synced;
+        state.dirty = Dirty::All;
+    }
+    hook.fleet = Some(fleet);
+    Harness {
+        metrics,
+        app: router(Arc::new(hook)),
+    }
+}
+
+fn cluster_policy(toolkit: bool, device_plugin: bool, annotations: Value) -> Value {
+    json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy", "annotations": annotations},
+        "spec": {"toolkit": {"enabled": toolkit}, "devicePlugin": {"enabled": device_plugin}}})
+}
+
+fn review(kind: &str, operation: &str, object: Value, old: Value) -> Value {
+    let group_version = if kind == "ClusterPolicy" {
+        "v1"
+    } else {
+        "v1alpha1"
+    };
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-1", "kind": {"group": "nvidia.com", "version": group_version, "kind": kind},
+        "resource": {"group": "nvidia.com", "version": group_version, "resource": "x"},
+        "name": object.pointer("/metadata/name").or(old.pointer("/metadata/name")).cloned().unwrap_or(json!("")),
+        "operation": operation, "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+        "object": object, "oldObject": old}})
+}
+
+async fn post(h: &Harness, body: &Value) -> (StatusCode, Value) {
+    let req = Request::post("/validate/gpu-policy")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(serde_json::to_vec(body).unwrap()))
+        .unwrap();
+    let resp = h.app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn turning_the_toolkit_off_is_refused_naming_the_nodes_and_counted_as_a_policy_review() {
+    let h = harness(&[gpu_node("gpu-b"), gpu_node("gpu-a")], true);
+    let body = review(
+        "ClusterPolicy",
+        "UPDATE",
+        cluster_policy(false, true, json!({})),
+        cluster_policy(true, true, json!({})),
+    );
+    let (status, answer) = post(&h, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    let r = &answer["response"];
+    assert_eq!(r["uid"], "u-1");
+    assert_eq!(r["allowed"], false);
+    let msg = r["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("ClusterPolicy cluster-policy: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running on 2 nodes (gpu-a, gpu-b)"),
+        "{msg}"
+    );
+    assert_eq!(r["status"]["code"], 403);
+    assert_eq!(
+        r["auditAnnotations"]["policy-change"],
+        "ClusterPolicy/cluster-policy"
+    );
+    assert_eq!(r["auditAnnotations"]["nodes"], "2");
+    let text = h.metrics.encode();
+    assert!(
+        text.contains(r#"gpu_deploy_guard_policy_reviews_total{kind="ClusterPolicy",decision="denied",operation="UPDATE"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"gpu_deploy_guard_policy_findings_total{kind="ClusterPolicy",rule="toolkit-switched-off",action="deny"} 1"#),
+        "{text}"
+    );
+    assert!(
+        !text.contains("gpu_deploy_guard_admission_reviews_total{"),
+        "a policy review is not a node review: {text}"
+    );
+}
+
+#[tokio::test]
+async fn the_host_toolkit_annotation_in_the_same_request_lets_it_through_once() {
+    let h = harness(&[gpu_node("gpu-a")], true);
+    let said = json!({"gpu-deploy-guard.nvidia.com/toolkit-on-hosts": "baked into the image"});
+    let (_, answer) = post(
+        &h,
+        &review(
+            "ClusterPolicy",
+            "UPDATE",
+            cluster_policy(false, true, said.clone()),
+            cluster_policy(true, true, json!({})),
+        ),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(
+        answer["response"]["auditAnnotations"]["override"],
+        "gpu-deploy-guard.nvidia.com/toolkit-on-hosts=baked into the image"
+    );
+    // Left on the object from an earlier request, it says nothing about this one.
+    let (_, answer) = post(
+        &h,
+        &review(
+            "ClusterPolicy",
+            "UPDATE",
+            cluster_policy(false, true, said.clone()),
+            cluster_policy(true, true, said),
+        ),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+}
+
+#[tokio::test]
+async fn before_the_nodes_are_listed_the_policy_alone_decides_and_says_so() {
+    let h = harness(&[], false);
+    let (_, answer) = post(
+        &h,
+        &review(
+            "ClusterPolicy",
+            "UPDATE",
+            cluster_policy(false, true, json!({})),
+            cluster_policy(true, true, json!({})),
+        ),
+    )
+    .await;
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], false);
+    assert!(
+        r["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the nodes are not known: the nodes are not listed yet"),
+        "{r}"
+    );
+    assert_eq!(r["auditAnnotations"]["nodes"], "unknown");
+}
+
+#[tokio::test]
+async fn consistent_and_unrelated_changes_pass_and_status_is_not_judged() {
+    let h = harness(&[gpu_node("gpu-a")], true);
+    for (object, old) in [
+        (
+            cluster_policy(false, false, json!({})),
+            cluster_policy(true, true, json!({})),
+        ),
+        (
+            cluster_policy(true, true, json!({"team": "gpu"})),
+            cluster_policy(true, true, json!({})),
+        ),
+    ] {
+        let (_, answer) = post(&h, &review("ClusterPolicy", "UPDATE", object, old)).await;
+        assert_eq!(answer["response"]["allowed"], true, "{answer}");
+        assert!(answer["response"]["warnings"].is_null(), "{answer}");
+    }
+    let mut status = review(
+        "ClusterPolicy",
+        "UPDATE",
+        cluster_policy(false, true, json!({})),
+        cluster_policy(true, true, json!({})),
+    );
+    status["request"]["subResource"] = json!("status");
+    let (_, answer) = post(&h, &status).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+#[tokio::test]
+async fn nvidiadrivers_that_overlap_are_refused_and_a_delete_warns() {
+    let h = harness(&[gpu_node("gpu-a")], true);
+    let driver = |name: &str, selector: Value| {
+        json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+            "metadata": {"name": name}, "spec": {"driverType": "gpu", "nodeSelector": selector}})
+    };
+    // No other NVIDIADriver is known to this webhook: a delete leaves gpu-a without a driver.
+    let (_, answer) = post(
+        &h,
+        &review(
+            "NVIDIADriver",
+            "DELETE",
+            Value::Null,
+            driver("all", json!({})),
+        ),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(
+        answer["response"]["warnings"],
+        json!(["NVIDIADriver all: 1 node loses the driver DaemonSet (gpu-a)"])
+    );
+    // With an NVIDIADriver selecting every node, a second one for gpu-a overlaps.
+    let facts = ClusterFacts {
+        nvidia_drivers: Some(vec![gpu_deploy_guard::core::policy_change::NvidiaDriver {
+            name: "all".into(),
+            node_selector: Some(Default::default()),
+            vgpu_host_manager: false,
+        }]),
+        ..ClusterFacts::default()
+    };
+    let h = harness_with(&[gpu_node("gpu-a")], true, facts);
+    let (_, answer) = post(
+        &h,
+        &review(
+            "NVIDIADriver",
+            "CREATE",
+            driver("gpu-a-only", json!({"nvidia.com/gpu.present": "true"})),
+            Value::Null,
+        ),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("NVIDIADriver gpu-a-only: its nodeSelector selects 1 node that NVIDIADriver all selects too (gpu-a)"),
+        "{answer}"
+    );
+    // A selector on a label no record holds: allowed, with a warning that it was not checked.
+    let (_, answer) = post(
+        &h,
+        &review(
+            "NVIDIADriver",
+            "CREATE",
+            driver("by-host", json!({"kubernetes.io/hostname": "gpu-a"})),
+            Value::Null,
+        ),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(
+        answer["response"]["warnings"],
+        json!([
+            "NVIDIADriver by-host: overlap not checked: the guard does not read kubernetes.io/hostname yet"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn bad_policy_reviews_are_named() {
+    let h = harness(&[], true);
+    let mut node = review("ClusterPolicy", "UPDATE", json!({}), json!({}));
+    node["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Node"});
+    let (status, answer) = post(&h, &node).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("only ClusterPolicy and NVIDIADriver (nvidia.com) are reviewed at /validate/gpu-policy, got /Node"),
+        "{answer}"
+    );
+    let bad_switch = review(
+        "ClusterPolicy",
+        "UPDATE",
+        json!({"metadata": {"name": "p"}, "spec": {"toolkit": {"enabled": "no"}}}),
+        cluster_policy(true, true, json!({})),
+    );
+    let (status, answer) = post(&h, &bad_switch).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let msg = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("spec.toolkit.enabled: expected true or false"),
+        "{msg}"
+    );
+    let missing_old = review(
+        "ClusterPolicy",
+        "UPDATE",
+        cluster_policy(true, true, json!({})),
+        Value::Null,
+    );
+    let (status, _) = post(&h, &missing_old).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
