@@ -162,12 +162,21 @@ pub enum Fleet<'a> {
 }
 
 /// What runs on one group of nodes, before and after the change.
+///
+/// Before is what runs now: the nodes' labels under the old facts. After is what runs once the
+/// change is applied: the same labels under the new facts, relabelled by the operator's pass
+/// when the change alters the pass itself (`sandboxWorkloads`). What the pass would change
+/// anyway is not the request's doing, and is left out.
 struct Outcome<'g, 'a> {
     group: &'g NodeGroup<'a>,
     before_labels: Labels,
     after_labels: Labels,
     before: OperandSet,
     after: OperandSet,
+    /// The operands after the pass under the old and the new sandbox settings (equal when the
+    /// change leaves them alone): what a `sandboxWorkloads` change swaps.
+    relabel_before: OperandSet,
+    relabel_after: OperandSet,
     driver_before: bool,
     driver_after: bool,
 }
@@ -255,9 +264,19 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             drivers,
             ..
         } => {
-            let before_labels = labelling_pass(labels, before.version.era, &before.sandbox).labels;
-            let after_labels = labelling_pass(labels, after.version.era, &after.sandbox).labels;
-            let b = policy::simulate(&before_labels, before);
+            let (relabel_before, relabel_after, after_labels) = if before.sandbox == after.sandbox {
+                let now = policy::simulate(labels, after);
+                (now, now, labels.clone())
+            } else {
+                let old = labelling_pass(labels, before.version.era, &before.sandbox).labels;
+                let new = labelling_pass(labels, after.version.era, &after.sandbox).labels;
+                (
+                    policy::simulate(&old, before),
+                    policy::simulate(&new, after),
+                    new,
+                )
+            };
+            let b = policy::simulate(labels, before);
             let a = policy::simulate(&after_labels, after);
             // From v26.7 the hand-over to NVIDIADriver resources leaves the ClusterPolicy's
             // driver pods running, orphaned, until the NVIDIADriver upgrade replaces them.
@@ -275,12 +294,14 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             };
             Outcome {
                 group,
-                driver_before: driver(before, b, &before_labels),
+                driver_before: driver(before, b, labels),
                 driver_after: driver(after, a, &after_labels),
-                before_labels,
+                before_labels: labels.clone(),
                 after_labels,
                 before: b,
                 after: a,
+                relabel_before,
+                relabel_after,
             }
         }
         PolicyChange::NvidiaDriver {
@@ -289,21 +310,22 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             after,
             others,
         } => {
-            let pass = labelling_pass(labels, facts.version.era, &facts.sandbox).labels;
-            let ops = policy::simulate(&pass, facts);
-            let by_others = others.iter().any(|d| d.selects(&pass));
-            let before_here = before.is_some_and(|d| d.selects(&pass));
+            let ops = policy::simulate(labels, facts);
+            let by_others = others.iter().any(|d| d.selects(labels));
+            let before_here = before.is_some_and(|d| d.selects(labels));
             // Before v26.3 a pool the new selector drops keeps its DaemonSet running
             // (`docs/gpu-operator.md` §11.4); a deleted resource's DaemonSets always go.
             let kept = after.is_some() && before_here && facts.version.era < Era::V26_3;
             Outcome {
                 group,
                 driver_before: by_others || before_here,
-                driver_after: by_others || kept || after.is_some_and(|d| d.selects(&pass)),
-                before_labels: pass.clone(),
-                after_labels: pass,
+                driver_after: by_others || kept || after.is_some_and(|d| d.selects(labels)),
+                before_labels: labels.clone(),
+                after_labels: labels.clone(),
                 before: ops,
                 after: ops,
+                relabel_before: ops,
+                relabel_after: ops,
             }
         }
     }
@@ -439,7 +461,7 @@ fn sandbox_relabel(
     for o in outcomes {
         let mut changes = Vec::new();
         for op in Operand::all() {
-            match (o.before.contains(op), o.after.contains(op)) {
+            match (o.relabel_before.contains(op), o.relabel_after.contains(op)) {
                 (false, true) => changes.push(format!("+{op}")),
                 (true, false) => changes.push(format!("-{op}")),
                 _ => {}

@@ -173,7 +173,8 @@ func expectCommonObjects(t *testing.T) {
 	expectGet(t, "restricted", `{.metadata.labels.pod-security\.kubernetes\.io/enforce}`, "namespace", guardNS)
 	expectGet(t,
 		"enforce.gpu-deploy-guard.io Fail UPDATE nodes,nodes/status gpu-deploy-guard/gpu-deploy-guard:443/validate\n"+
-			"observe.gpu-deploy-guard.io Ignore CREATE,UPDATE nodes gpu-deploy-guard/gpu-deploy-guard:443/validate\n",
+			"observe.gpu-deploy-guard.io Ignore CREATE,UPDATE nodes gpu-deploy-guard/gpu-deploy-guard:443/validate\n"+
+			"policy.gpu-deploy-guard.io Fail CREATE,UPDATE clusterpolicies gpu-deploy-guard/gpu-deploy-guard:443/validate/gpu-policy\n",
 		`{range .webhooks[*]}{.name} {.failurePolicy} {.rules[0].operations[0]}{range .rules[0].operations[1:]},{@}{end} `+
 			`{.rules[0].resources[0]}{range .rules[0].resources[1:]},{@}{end} `+
 			`{.clientConfig.service.namespace}/{.clientConfig.service.name}:{.clientConfig.service.port}{.clientConfig.service.path}{"\n"}{end}`,
@@ -347,7 +348,7 @@ func TestShippedRBACLetsTheWebhookReadAndReportButNotWrite(t *testing.T) {
 		}
 	})
 	cp.MustKubectl(t, "apply", "-f", watchedCRDs)
-	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com", "clusterpolicyreports.wgpolicyk8s.io")
+	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "clusterpolicyreports.wgpolicyk8s.io")
 	got := installKustomization(t, filepath.Join(repoRoot(t), "deploy", "base"))
 	expectResult(t, "kubectl apply -k deploy/base", got, 0, applyOutput(baseApplyLines, "created"), "")
 
@@ -361,6 +362,9 @@ func TestShippedRBACLetsTheWebhookReadAndReportButNotWrite(t *testing.T) {
 		{"get", "clusterpolicies.nvidia.com", "-A", true},
 		{"list", "clusterpolicies.nvidia.com", "-A", true},
 		{"watch", "clusterpolicies.nvidia.com", "-A", true},
+		{"get", "nvidiadrivers.nvidia.com", "-A", true},
+		{"list", "nvidiadrivers.nvidia.com", "-A", true},
+		{"watch", "nvidiadrivers.nvidia.com", "-A", true},
 		{"create", "clusterpolicyreports.wgpolicyk8s.io", "-A", true},
 		{"patch", "clusterpolicyreports.wgpolicyk8s.io", "-A", true},
 		{"get", "daemonsets.apps", "gpu-operator", true},
@@ -398,6 +402,7 @@ func TestShippedRBACLetsTheWebhookReadAndReportButNotWrite(t *testing.T) {
 		{"list", "deployments.apps", "kube-system", false},
 		{"patch", "deployments.apps", "gpu-operator", false},
 		{"patch", "clusterpolicies.nvidia.com", "-A", false},
+		{"patch", "nvidiadrivers.nvidia.com", "-A", false},
 		{"list", "clusterpolicyreports.wgpolicyk8s.io", "-A", false},
 		{"delete", "clusterpolicyreports.wgpolicyk8s.io", "-A", false},
 	}

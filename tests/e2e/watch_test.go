@@ -36,7 +36,7 @@ func installWatchedCRDs(t *testing.T) {
 		}
 	})
 	cp.MustKubectl(t, "apply", "-f", watchedCRDs)
-	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com", "clusterpolicyreports.wgpolicyk8s.io")
+	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "clusterpolicyreports.wgpolicyk8s.io")
 }
 
 // applyClusterPolicy creates or updates ClusterPolicy cluster-policy with the

@@ -641,3 +641,23 @@ fn fifteen_thousand_nodes_in_few_groups_are_named_and_counted() {
     );
     assert!(m.len() < 1000, "{} bytes", m.len());
 }
+
+#[test]
+fn what_runs_now_counts_not_what_a_pass_would_sweep_anyway() {
+    // A node the operator's pass would strip (gpu.present without an NFD label) still runs
+    // what its labels say until then: switching the toolkit off under it is refused.
+    let mut labels = gpu_labels();
+    labels.remove(NFD.0);
+    let before = operator_defaults();
+    let after = switched(toolkit_off);
+    let groups = [group(labels, &["lab-node-0"])];
+    let v = decide_policy(
+        &cp_review(&before, &after, None),
+        Fleet::Known {
+            groups: &groups,
+            keeps: &|_| true,
+        },
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
+}
