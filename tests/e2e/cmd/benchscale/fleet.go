@@ -169,9 +169,10 @@ func ptr[T any](v T) *T { return &v }
 
 // fillStats says how long growing the fleet took.
 type fillStats struct {
-	Nodes, Pods int     // created in this step
-	Seconds     float64 // wall time
-	Errors      int64
+	Nodes   int     `json:"nodes"` // created in this step
+	Pods    int     `json:"pods"`
+	Seconds float64 `json:"seconds"` // wall time
+	Errors  int64   `json:"errors"`
 }
 
 // grow creates nodes f.nodes .. n-1 with their operand pods (created, then

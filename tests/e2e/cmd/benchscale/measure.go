@@ -138,11 +138,11 @@ func waitQuiet(pids []int, min, max time.Duration, maxCores float64) (time.Durat
 
 // heartbeatStats is what the heartbeat load did.
 type heartbeatStats struct {
-	Rate    float64 // asked for, per second
-	Sent    int64   // patches answered 200
-	Failed  int64
-	Seconds float64
-	Late    int64 // patches started more than a second behind schedule
+	Rate    float64 `json:"rate"` // asked for, per second
+	Sent    int64   `json:"sent"` // patches answered 200
+	Failed  int64   `json:"failed"`
+	Seconds float64 `json:"seconds"`
+	Late    int64   `json:"late"` // patches started more than a second behind schedule
 }
 
 // heartbeats patches nodes/status of the fleet's nodes at rate per second
@@ -213,11 +213,11 @@ func heartbeats(ctx context.Context, cs *kubernetes.Clientset, nodes int, rate f
 
 // auditRun is one `gpu-deploy-guard audit` of the cluster.
 type auditRun struct {
-	Seconds   float64
-	MaxRSSKiB int64 // wait4's ru_maxrss
-	ExitCode  int
-	Lines     int // of its standard output
-	Stderr    string
+	Seconds   float64 `json:"seconds"`
+	MaxRSSKiB int64   `json:"max_rss_kib"` // wait4's ru_maxrss
+	ExitCode  int     `json:"exit_code"`
+	Lines     int     `json:"stdout_lines"`
+	Stderr    string  `json:"stderr"`
 }
 
 func runAudit(bin, kubeconfig, config string, timeout time.Duration) (auditRun, error) {
