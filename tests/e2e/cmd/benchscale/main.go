@@ -25,9 +25,12 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -67,6 +70,19 @@ type options struct {
 	hbWorkers     int
 	apiInflight   int
 	apiMutInflght int
+	env           envList
+}
+
+// envList is a repeatable -env KEY=VALUE flag.
+type envList []string
+
+func (e *envList) String() string { return strings.Join(*e, " ") }
+func (e *envList) Set(v string) error {
+	if !strings.Contains(v, "=") {
+		return fmt.Errorf("%q is not KEY=VALUE", v)
+	}
+	*e = append(*e, v)
+	return nil
 }
 
 func main() {
@@ -92,6 +108,7 @@ func main() {
 	flag.IntVar(&o.apiInflight, "max-requests-inflight", 1600, "kube-apiserver --max-requests-inflight")
 	flag.IntVar(&o.apiMutInflght, "max-mutating-requests-inflight", 800, "kube-apiserver --max-mutating-requests-inflight")
 	flag.StringVar(&o.note, "note", "", "machine note recorded with the results")
+	flag.Var(&o.env, "env", "KEY=VALUE added to serve's environment (repeatable), e.g. what a newer chart passes")
 	flag.Parse()
 	for _, s := range strings.Split(*nodes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -144,9 +161,13 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	version := "no binary"
+	version, digest := "no binary", ""
 	if bin != "" {
 		if version, err = productVersion(bin); err != nil {
+			return err
+		}
+		// --version names the commit, not whether the tree was clean.
+		if digest, err = sha256File(bin); err != nil {
 			return err
 		}
 	}
@@ -213,7 +234,7 @@ func run(o options) error {
 	f := &fleet{cs: cs, template: template, dsets: s.dsets, workers: o.workers, logf: logf}
 
 	res := results{
-		Date: time.Now().UTC().Format(time.RFC3339), Binary: bin, Version: version, Note: o.note,
+		Date: time.Now().UTC().Format(time.RFC3339), Binary: bin, Version: version, SHA256: digest, Note: o.note,
 		Replicas: o.replicas, Fixture: o.fixture, FixtureBytes: fixtureBytes, Kubeconfig: s.identity,
 		QuietSeconds: o.quiet.Seconds(), HeartbeatSeconds: o.heartbeat.Seconds(), HeartbeatPeriod: o.hbPeriod.Seconds(),
 		LeaderMetric: o.leaderMetric, EtcdQuota: o.etcdQuota, Machine: machine(),
@@ -238,6 +259,19 @@ func run(o options) error {
 	}
 	logf("results in %s/results.json and results.tsv", out)
 	return nil
+}
+
+func sha256File(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func productVersion(bin string) (string, error) {
@@ -358,7 +392,7 @@ func startReplicas(cp *framework.ControlPlane, o options, s *setup, bin string, 
 				Bin: bin, Dir: filepath.Join(cp.Dir, name), LogDir: cp.LogDir, ConfigFile: s.config,
 				Name: name, ReadyTimeout: o.readyTimeout,
 				// The chart: RUST_LOG from log.level, --log-format from log.format.
-				Env:       []string{"KUBECONFIG=" + s.kubeconfig, "RUST_LOG=info"},
+				Env:       append([]string{"KUBECONFIG=" + s.kubeconfig, "RUST_LOG=info"}, o.env...),
 				ExtraArgs: []string{"--log-format=json"},
 			})
 			guards[i], errs[i] = g, err

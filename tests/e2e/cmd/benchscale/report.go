@@ -15,6 +15,7 @@ type results struct {
 	Date             string      `json:"date"`
 	Binary           string      `json:"binary"`
 	Version          string      `json:"version"`
+	SHA256           string      `json:"binary_sha256"`
 	Note             string      `json:"note"`
 	Machine          string      `json:"machine"`
 	Replicas         int         `json:"replicas"`
@@ -80,7 +81,7 @@ func table(res results, r runResult) string {
 	fmt.Fprintf(&b, "fill: +%d nodes, +%d pods in %.0f s; etcd db %.0f MiB, kube-apiserver RSS %.0f MiB (peak %.0f), etcd RSS %.0f MiB\n",
 		r.Fill.Nodes, r.Fill.Pods, r.Fill.Seconds, r.ControlPlane.EtcdDBBytes/(1<<20),
 		r.ControlPlane.APIServerRSSMiB, r.ControlPlane.APIServerPeakMiB, r.ControlPlane.EtcdRSSMiB)
-	fmt.Fprintf(&b, "serve as %s\n", res.Kubeconfig)
+	fmt.Fprintf(&b, "binary %s (sha256 %.12s); serve as %s\n", res.Binary, res.SHA256, res.Kubeconfig)
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(label string, f func(rr replicaResult) string) {
 		fmt.Fprintf(w, "%s\t", label)
