@@ -320,14 +320,17 @@ func setUp(ctx context.Context, cp *framework.ControlPlane, cs *kubernetes.Clien
 	if s.config, err = cp.WriteShippedGuardConfig(root, guardDir); err != nil {
 		return nil, err
 	}
+	// The guard's namespace, service account and RBAC exist either way
+	// (a Lease of the guard's lives in that namespace).
+	saKubeconfig, err := serviceAccountKubeconfig(cp, root)
+	if err != nil {
+		return nil, err
+	}
 	if admin {
 		s.kubeconfig, s.identity = cp.KubeconfigPath, "admin (system:masters)"
 		return s, nil
 	}
-	s.kubeconfig, err = serviceAccountKubeconfig(cp, root)
-	if err != nil {
-		return nil, err
-	}
+	s.kubeconfig = saKubeconfig
 	s.identity = "system:serviceaccount:gpu-deploy-guard:gpu-deploy-guard (deploy/base RBAC, rendered from the chart)"
 	return s, nil
 }
