@@ -126,8 +126,8 @@ func table(res results, r runResult) string {
 	if r.Audit.ExitCode != 0 && r.Audit.Stderr != "" {
 		fmt.Fprintf(&b, "audit stderr: %s\n", r.Audit.Stderr)
 	}
-	fmt.Fprintf(&b, "lists while serve started: from the watch cache %v, from etcd %v\n",
-		r.ControlPlane.ListsFromCache, r.ControlPlane.ListsFromEtcd)
+	fmt.Fprintf(&b, "lists while serve started: from the watch cache %v (consistent reads %v), from etcd %v; watch cache capacity %v\n",
+		r.ControlPlane.ListsFromCache, r.ControlPlane.ConsistentFromCache, r.ControlPlane.ListsFromEtcd, r.ControlPlane.WatchCacheCapacities)
 	fmt.Fprintf(&b, "load average: %s at start, %s after the quiet window, %s after the heartbeats (CPU figures are noisy on a shared machine)\n",
 		r.ControlPlane.LoadAverageAtStart, r.ControlPlane.LoadAverageQuietEnd, r.ControlPlane.LoadAverageHBEnd)
 	return b.String()

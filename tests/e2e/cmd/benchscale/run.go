@@ -48,13 +48,14 @@ type controlPlaneResult struct {
 	APIServerCPUHB       float64            `json:"apiserver_cpu_heartbeat_cores"`
 	EtcdRSSMiB           float64            `json:"etcd_rss_mib"`
 	EtcdDBBytes          float64            `json:"etcd_db_bytes"`
-	Objects              map[string]float64 `json:"objects"`                  // apiserver_resource_objects
-	ListsFromCache       map[string]float64 `json:"lists_from_watch_cache"`   // apiserver_cache_list_total delta while serve started, by resource
-	ListsFromEtcd        map[string]float64 `json:"lists_from_etcd"`          // etcd list requests in the same window
-	LoadAverageAtStart   string             `json:"loadavg_at_start"`         // /proc/loadavg when the replicas started
-	LoadAverageQuietEnd  string             `json:"loadavg_after_quiet"`      // and after the quiet window
-	LoadAverageHBEnd     string             `json:"loadavg_after_heartbeats"` // and after the heartbeats
-	WatchCacheCapacities map[string]float64 `json:"watch_cache_capacity"`     // apiserver_watch_cache_capacity
+	Objects              map[string]float64 `json:"objects"`                           // apiserver_resource_objects
+	ListsFromCache       map[string]float64 `json:"lists_from_watch_cache"`            // apiserver_cache_list_total delta while serve started, by resource
+	ListsFromEtcd        map[string]float64 `json:"lists_from_etcd"`                   // etcd list requests in the same window
+	ConsistentFromCache  map[string]float64 `json:"consistent_reads_from_watch_cache"` // apiserver_watch_cache_consistent_read_total{success="true",fallback="false"}, same window
+	LoadAverageAtStart   string             `json:"loadavg_at_start"`                  // /proc/loadavg when the replicas started
+	LoadAverageQuietEnd  string             `json:"loadavg_after_quiet"`               // and after the quiet window
+	LoadAverageHBEnd     string             `json:"loadavg_after_heartbeats"`          // and after the heartbeats
+	WatchCacheCapacities map[string]float64 `json:"watch_cache_capacity"`              // apiserver_watch_cache_capacity
 }
 
 type runResult struct {
@@ -211,11 +212,13 @@ func measure(ctx context.Context, o options, cp *framework.ControlPlane, cs *kub
 	cpr.WatchCacheCapacities = map[string]float64{}
 	cpr.ListsFromCache = map[string]float64{}
 	cpr.ListsFromEtcd = map[string]float64{}
+	cpr.ConsistentFromCache = map[string]float64{}
 	for _, res := range []string{"nodes", "pods", "daemonsets"} {
 		cpr.Objects[res] = final.objects[res]
 		cpr.WatchCacheCapacities[res] = final.watchCache[res]
 		cpr.ListsFromCache[res] = after.cacheLists[res] - before.cacheLists[res]
 		cpr.ListsFromEtcd[res] = after.etcdLists[res] - before.etcdLists[res]
+		cpr.ConsistentFromCache[res] = after.consistentFromCache[res] - before.consistentFromCache[res]
 	}
 	return r, nil
 }
@@ -241,7 +244,7 @@ func logLevels(path string) (errs, warns int) {
 // apiServerMetrics is what the benchmark reads from the API server's
 // /metrics, by resource.
 type apiServerMetrics struct {
-	objects, cacheLists, etcdLists, watchCache map[string]float64
+	objects, cacheLists, etcdLists, watchCache, consistentFromCache map[string]float64
 }
 
 func resourceOf(s framework.Sample) string {
@@ -257,13 +260,14 @@ func resourceOf(s framework.Sample) string {
 }
 
 func apiMetrics(ctx context.Context, cs *kubernetes.Clientset) (apiServerMetrics, error) {
-	m := apiServerMetrics{map[string]float64{}, map[string]float64{}, map[string]float64{}, map[string]float64{}}
+	m := apiServerMetrics{map[string]float64{}, map[string]float64{}, map[string]float64{}, map[string]float64{}, map[string]float64{}}
 	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").SetHeader("Accept", "text/plain").DoRaw(ctx)
 	if err != nil {
 		return m, err
 	}
 	for _, s := range parseSome(string(raw), "apiserver_resource_objects", "apiserver_storage_objects",
-		"apiserver_cache_list_total", "etcd_request_duration_seconds_count", "apiserver_watch_cache_capacity") {
+		"apiserver_cache_list_total", "etcd_request_duration_seconds_count", "watch_cache_capacity",
+		"apiserver_watch_cache_capacity", "apiserver_watch_cache_consistent_read_total") {
 		res := resourceOf(s)
 		if res == "" {
 			continue
@@ -274,11 +278,17 @@ func apiMetrics(ctx context.Context, cs *kubernetes.Clientset) (apiServerMetrics
 		case "apiserver_cache_list_total":
 			m.cacheLists[res] += s.Value
 		case "etcd_request_duration_seconds_count":
-			if strings.HasPrefix(s.Labels["operation"], "list") {
+			// listWithCount is a LIST read from etcd (listOnlyKeys, the
+			// object counter's, is not).
+			if op := s.Labels["operation"]; op == "listWithCount" || op == "list" {
 				m.etcdLists[res] += s.Value
 			}
-		case "apiserver_watch_cache_capacity":
+		case "watch_cache_capacity", "apiserver_watch_cache_capacity":
 			m.watchCache[res] = s.Value
+		case "apiserver_watch_cache_consistent_read_total":
+			if s.Labels["success"] == "true" && s.Labels["fallback"] == "false" {
+				m.consistentFromCache[res] += s.Value
+			}
 		}
 	}
 	return m, nil
