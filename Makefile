@@ -119,7 +119,7 @@ soak: build
 ## operand pods: peak and settled RSS, time to ready, CPU at rest and under N/300 status heartbeats/s,
 ## /metrics size, audit wall time and peak RSS. One table per N; target/bench-scale/results.{json,tsv}.
 ## SCALE_BIN measures another build (then nothing is built); SCALE_ARGS go to the command
-## (tests/e2e/cmd/benchscale, -help). About 6 minutes per N plus the fill. Not part of `make test`.
+## (tests/e2e/cmd/benchscale, -help). About 12 minutes for the three sizes. Not part of `make test`.
 SCALE_NODES ?= 1000,5000,10000
 SCALE_REPLICAS ?= 2
 SCALE_BIN ?= $(BIN)
