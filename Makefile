@@ -4,7 +4,7 @@
 CARGO ?= cargo
 BIN := target/release/gpu-deploy-guard
 
-.PHONY: all build test unit lint e2e monitoring-test helm-test image-test render-manifests cel-test playground playground-down bench bench-smoke fuzz fuzz-smoke soak clean
+.PHONY: all build test unit lint e2e monitoring-test helm-test image-test render-manifests cel-test playground playground-down bench bench-smoke bench-scale fuzz fuzz-smoke soak clean
 
 all: build
 
@@ -113,6 +113,20 @@ SOAK_RATE ?= 200
 soak: build
 	cd tests/e2e && GOFLAGS="-mod=readonly -buildvcs=false" go build -o $(CURDIR)/target/soak ./cmd/soak
 	target/soak -bin $(BIN) -fixtures tests/fixtures/reviews -duration $(SOAK_DURATION) -rate $(SOAK_RATE)
+
+## bench-scale: `serve` (SCALE_REPLICAS, default 2, with the chart's args and RBAC) and `audit` against the
+## e2e control plane filled with SCALE_NODES large nodes (default 1000,5000,10000), each with 5 Running
+## operand pods: peak and settled RSS, time to ready, CPU at rest and under N/300 status heartbeats/s,
+## /metrics size, audit wall time and peak RSS. One table per N; target/bench-scale/results.{json,tsv}.
+## SCALE_BIN measures another build (then nothing is built); SCALE_ARGS go to the command
+## (tests/e2e/cmd/benchscale, -help). About 12 minutes for the three sizes. Not part of `make test`.
+SCALE_NODES ?= 1000,5000,10000
+SCALE_REPLICAS ?= 2
+SCALE_BIN ?= $(BIN)
+SCALE_ARGS ?=
+bench-scale: $(if $(filter $(BIN),$(SCALE_BIN)),build)
+	cd tests/e2e && GOFLAGS="-mod=readonly -buildvcs=false" go build -o $(CURDIR)/target/benchscale ./cmd/benchscale
+	target/benchscale -bin $(SCALE_BIN) -nodes $(SCALE_NODES) -replicas $(SCALE_REPLICAS) $(SCALE_ARGS)
 
 clean:
 	$(CARGO) clean

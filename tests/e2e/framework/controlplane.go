@@ -68,7 +68,13 @@ type Config struct {
 	Controllers []string // default DefaultControllers
 	// DisableFakeKubelet turns off the pod binder/reaper that stands in for
 	// kube-scheduler and kubelets (see fakeKubelet).
-	DisableFakeKubelet         bool
+	DisableFakeKubelet bool
+	// NoControllerManager starts etcd and kube-apiserver only: no
+	// controllers create, bind or delete anything (a benchmark that
+	// creates every object itself). The admin kubeconfig is still written.
+	// Implies DisableFakeKubelet.
+	NoControllerManager        bool
+	ExtraEtcdArgs              []string
 	ExtraAPIServerArgs         []string
 	ExtraControllerManagerArgs []string
 
@@ -193,6 +199,17 @@ func Start(cfg Config) (cp *ControlPlane, err error) {
 		return cp, err
 	}
 
+	if err := writeKubeconfig(cp.KubeconfigPathFor("admin"), cp.APIServerURL, "e2e-admin", cp.CA.CertPEM, pki.adminCertPEM, pki.adminKeyPEM); err != nil {
+		return cp, err
+	}
+	cp.KubeconfigPath = cp.KubeconfigPathFor("admin")
+	if cfg.NoControllerManager {
+		cp.Timings.Total = time.Since(t0)
+		cfg.Logf("no kube-controller-manager (NoControllerManager); control plane up in %s (certs %s)",
+			cp.Timings.Total.Round(time.Millisecond), cp.Timings.Certs.Round(time.Millisecond))
+		return cp, nil
+	}
+
 	phase = time.Now()
 	if err := cp.startControllerManager(pki); err != nil {
 		return cp, fmt.Errorf("kube-controller-manager: %w", err)
@@ -279,7 +296,7 @@ func (cp *ControlPlane) startEtcd() error {
 		_ = os.RemoveAll(dataDir)
 		clientURL := "http://127.0.0.1:" + strconv.Itoa(clientPort)
 		peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
-		p, err := startProcess("etcd", filepath.Join(cp.cfg.BinDir, "etcd"), []string{
+		args := []string{
 			"--name=e2e",
 			"--data-dir=" + dataDir,
 			"--listen-client-urls=" + clientURL,
@@ -290,7 +307,9 @@ func (cp *ControlPlane) startEtcd() error {
 			"--initial-cluster-state=new",
 			"--unsafe-no-fsync=true", // throwaway data; fsync only slows tests down
 			"--log-outputs=stderr",
-		}, cp.LogDir)
+		}
+		args = append(args, cp.cfg.ExtraEtcdArgs...)
+		p, err := startProcess("etcd", filepath.Join(cp.cfg.BinDir, "etcd"), args, cp.LogDir)
 		if err != nil {
 			return nil, err
 		}
@@ -385,10 +404,6 @@ func (cp *ControlPlane) checkAdmissionPlugins() error {
 }
 
 func (cp *ControlPlane) startControllerManager(pki *pkiFiles) error {
-	if err := writeKubeconfig(cp.KubeconfigPathFor("admin"), cp.APIServerURL, "e2e-admin", cp.CA.CertPEM, pki.adminCertPEM, pki.adminKeyPEM); err != nil {
-		return err
-	}
-	cp.KubeconfigPath = cp.KubeconfigPathFor("admin")
 	kcmKubeconfig := cp.KubeconfigPathFor("kube-controller-manager")
 	if err := writeKubeconfig(kcmKubeconfig, cp.APIServerURL, "system:kube-controller-manager", cp.CA.CertPEM, pki.kcmCertPEM, pki.kcmKeyPEM); err != nil {
 		return err

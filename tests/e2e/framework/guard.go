@@ -41,6 +41,11 @@ type Guard struct {
 	// ExtraArgs to its `serve` arguments (e.g. --report).
 	Env       []string
 	ExtraArgs []string
+	// ReadyTimeout bounds the wait for /readyz in Start (default 45s).
+	ReadyTimeout time.Duration
+	// ReadyAfter is how long the last Start took from starting the process
+	// to /readyz answering 200 (and the TLS handshake succeeding).
+	ReadyAfter time.Duration
 
 	logDir string
 	proc   *process
@@ -61,6 +66,9 @@ type GuardConfig struct {
 	// HTTP/1.1 to any other address (and to a Service), so a local
 	// non-loopback address gives the protocol a real cluster sees.
 	IP string
+	// ReadyTimeout bounds the wait for /readyz; default 45s. A cluster
+	// watch over a large fleet may need longer for its first sync.
+	ReadyTimeout time.Duration
 }
 
 // StartGuard makes certificates with `gpu-deploy-guard certs`, picks two free
@@ -69,7 +77,7 @@ type GuardConfig struct {
 // verifies against CABundle for the guard's IP.
 func StartGuard(cfg GuardConfig) (*Guard, error) {
 	g := &Guard{Bin: cfg.Bin, Dir: cfg.Dir, ConfigFile: cfg.ConfigFile, logDir: cfg.LogDir,
-		Name: cfg.Name, Env: cfg.Env, ExtraArgs: cfg.ExtraArgs, IP: cfg.IP,
+		Name: cfg.Name, Env: cfg.Env, ExtraArgs: cfg.ExtraArgs, IP: cfg.IP, ReadyTimeout: cfg.ReadyTimeout,
 		admin: &http.Client{Timeout: 5 * time.Second}}
 	if g.Name == "" {
 		g.Name = "gpu-deploy-guard"
@@ -156,6 +164,7 @@ func (g *Guard) Start() error {
 		args = append(args, "--config", g.ConfigFile)
 	}
 	args = append(args, g.ExtraArgs...)
+	started := time.Now()
 	p, err := startProcessEnv(g.Name, g.Bin, args, g.Env, g.logDir)
 	if err != nil {
 		return err
@@ -167,7 +176,11 @@ func (g *Guard) Start() error {
 	}
 	// With the cluster watch on, /readyz waits for the first sync, which
 	// serve bounds at 30s; allow that plus its debounce.
-	err = waitHealthy(p, 45*time.Second, func() (bool, string) {
+	timeout := g.ReadyTimeout
+	if timeout <= 0 {
+		timeout = 45 * time.Second
+	}
+	err = waitHealthy(p, timeout, func() (bool, string) {
 		if ok, status := httpOK(g.admin, g.AdminURL()+"/readyz", ""); !ok {
 			return false, status
 		}
@@ -180,6 +193,7 @@ func (g *Guard) Start() error {
 		conn.Close()
 		return true, ""
 	})
+	g.ReadyAfter = time.Since(started)
 	if err != nil {
 		g.proc.stop(5 * time.Second)
 	}
