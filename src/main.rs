@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use gpu_deploy_guard::cli::kubectl_plugin::{self, PluginCli};
-use gpu_deploy_guard::cli::{audit, certs, check, completion};
+use gpu_deploy_guard::cli::{audit, certs, check, check_policy, completion};
 use gpu_deploy_guard::serve;
 
 /// Keeps NVIDIA GPU Operator deploy labels (nvidia.com/gpu.deploy.*) from breaking a node's GPU stack.
@@ -24,6 +24,9 @@ enum Command {
     Serve(Box<serve::cmd::ServeArgs>),
     /// Decide offline what the webhook would answer for a change to a Node.
     Check(check::CheckArgs),
+    /// Decide offline what the webhook would answer for a ClusterPolicy or NVIDIADriver change,
+    /// over a node list.
+    CheckPolicy(check_policy::CheckPolicyArgs),
     /// Write a CA and a serving certificate for the webhook, and print the caBundle.
     Certs(certs::CertsArgs),
     /// Check that every operand a node's labels call for runs there (a cluster or files).
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => report(serve::cmd::run(*args)),
         Command::Check(args) => check::run(args),
+        Command::CheckPolicy(args) => check_policy::run(args),
         Command::Certs(args) => report(certs::run(args)),
         Command::Audit(args) => audit::run(args),
         Command::Completion(args) => {

@@ -5,6 +5,7 @@
 pub mod audit;
 pub mod certs;
 pub mod check;
+pub mod check_policy;
 pub mod completion;
 pub mod kubectl_plugin;
 pub mod version;

@@ -19,7 +19,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower_http::timeout::TimeoutLayer;
 
 pub mod label_syntax;
-mod policy_review;
+pub mod policy_review;
 pub mod response;
 pub mod review;
 pub mod scan;

@@ -200,21 +200,58 @@ fn review(
     kind: PolicyKind,
     facts: &ClusterFacts,
 ) -> Result<Verdict, BadRequest> {
-    let op = request.operation;
-    let object = request.object.as_ref();
-    let old = request.old_object.as_ref();
     if request.sub_resource.as_deref() == Some("status") {
         // The operator writes its status; nothing a person changes there reaches a node.
         return Ok(status_verdict(facts));
     }
-    let name = request.name.as_str();
+    let change = ObjectChange {
+        kind,
+        operation: request.operation,
+        name: &request.name,
+        object: request.object.as_ref(),
+        old: request.old_object.as_ref(),
+        username: request.user_info.username.as_deref().unwrap_or_default(),
+        groups: request.user_info.groups.as_deref().unwrap_or_default(),
+        dry_run: request.dry_run,
+    };
+    decide_objects(&change, facts, hook.fleet.as_deref(), &hook.policy)
+}
+
+/// A change of one GPU-policy object, as objects: what the webhook, `check-policy` and the
+/// kubectl plugin decide.
+#[derive(Clone, Copy, Debug)]
+pub struct ObjectChange<'a> {
+    pub kind: PolicyKind,
+    pub operation: Operation,
+    pub name: &'a str,
+    /// The object after the change (CREATE, UPDATE) and before it (UPDATE, DELETE).
+    pub object: Option<&'a Value>,
+    pub old: Option<&'a Value>,
+    pub username: &'a str,
+    pub groups: &'a [String],
+    pub dry_run: bool,
+}
+
+/// Decides `change` with the cluster's `facts` over `fleet`'s node records (None: the policy
+/// alone decides, and says the nodes are unknown).
+pub fn decide_objects(
+    change: &ObjectChange<'_>,
+    facts: &ClusterFacts,
+    fleet: Option<&crate::k8s::fleet::Fleet>,
+    policy: &crate::core::policy::Policy,
+) -> Result<Verdict, BadRequest> {
+    let op = change.operation;
+    let object = change.object;
+    let old = change.old;
+    let kind = change.kind;
+    let name = change.name;
     let base = PolicyReview {
         kind,
         name,
         operation: op,
-        username: request.user_info.username.as_deref().unwrap_or_default(),
-        groups: request.user_info.groups.as_deref().unwrap_or_default(),
-        dry_run: request.dry_run,
+        username: change.username,
+        groups: change.groups,
+        dry_run: change.dry_run,
         change: PolicyChange::NvidiaDriver {
             facts,
             before: None,
@@ -257,7 +294,7 @@ fn review(
                 },
                 ..base
             };
-            Ok(decide_over_fleet(hook, &review))
+            Ok(decide_over_fleet(fleet, policy, &review))
         }
         PolicyKind::NvidiaDriver => {
             let read = |v: Option<&Value>| -> Result<Option<NvidiaDriver>, BadRequest> {
@@ -295,18 +332,22 @@ fn review(
                 },
                 ..base
             };
-            Ok(decide_over_fleet(hook, &review))
+            Ok(decide_over_fleet(fleet, policy, &review))
         }
     }
 }
 
 /// Decides over the fleet's node records, grouped; without them, on the policy alone.
-fn decide_over_fleet(hook: &Webhook, review: &PolicyReview<'_>) -> Verdict {
-    let Some(fleet) = &hook.fleet else {
+fn decide_over_fleet(
+    fleet: Option<&crate::k8s::fleet::Fleet>,
+    policy: &crate::core::policy::Policy,
+    review: &PolicyReview<'_>,
+) -> Verdict {
+    let Some(fleet) = fleet else {
         return decide_policy(
             review,
-            Fleet::Unknown("serve runs without a cluster watch"),
-            &hook.policy,
+            Fleet::Unknown("the nodes are not read (no cluster watch, no node list)"),
+            policy,
         );
     };
     let state = fleet.lock();
@@ -315,7 +356,7 @@ fn decide_over_fleet(hook: &Webhook, review: &PolicyReview<'_>) -> Verdict {
         return decide_policy(
             review,
             Fleet::Unknown("the nodes are not listed yet"),
-            &hook.policy,
+            policy,
         );
     }
     let groups: Vec<NodeGroup<'_>> = state
@@ -335,7 +376,7 @@ fn decide_over_fleet(hook: &Webhook, review: &PolicyReview<'_>) -> Verdict {
             groups: &groups,
             keeps: &keeps,
         },
-        &hook.policy,
+        policy,
     )
 }
 

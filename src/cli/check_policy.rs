@@ -1,0 +1,309 @@
+//! `gpu-deploy-guard check-policy`: the webhook's decision on a ClusterPolicy or NVIDIADriver
+//! change, offline: the old and the new object and a node list in, the decision over those
+//! nodes out. The kubectl plugin's `policy` command prints the same report for a change
+//! against the live cluster.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::ValueEnum;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
+use crate::core::config::Config;
+use crate::core::facts::{ClusterFacts, assumed_version, operator_defaults};
+use crate::core::policy::{Decision, Operation, Verdict};
+use crate::core::policy_change::{NvidiaDriver, PolicyKind};
+use crate::k8s::fleet::{Fleet, LabelFilter, NodeIndex};
+use crate::k8s::node::NodeView;
+use crate::k8s::{list, nvidia_driver, read};
+use crate::webhook::policy_review::{ObjectChange, decide_objects};
+
+#[derive(clap::Args)]
+pub struct CheckPolicyArgs {
+    /// The object after the change: a ClusterPolicy or an NVIDIADriver (YAML or JSON, `-` for
+    /// standard input). Without it, the change deletes --old.
+    #[arg(long, value_name = "FILE")]
+    new: Option<PathBuf>,
+    /// The object before the change. Without it, the change creates --new.
+    #[arg(long, value_name = "FILE")]
+    old: Option<PathBuf>,
+    /// The nodes the change reaches: `kubectl get nodes -o json` (a NodeList, or one Node).
+    #[arg(long, value_name = "FILE")]
+    nodes: PathBuf,
+    /// The cluster's other NVIDIADriver resources (`kubectl get nvidiadrivers -o json`).
+    #[arg(long, value_name = "FILE")]
+    nvidia_drivers: Option<PathBuf>,
+    /// The cluster's ClusterPolicy, for an NVIDIADriver change (whether it hands the driver to
+    /// NVIDIADriver resources). Default: the operator's defaults.
+    #[arg(long, value_name = "FILE")]
+    cluster_policy: Option<PathBuf>,
+    /// The webhook's YAML configuration (rules, mode, exemptions); default: the built-in one.
+    #[arg(long, env = "GDG_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    operator_version: OperatorVersionArg,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+    output: Format,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckPolicyError {
+    #[error("give --new (the object after the change), --old (before it), or both")]
+    NoObject,
+    #[error("cannot read {path}: {error}")]
+    Read { path: String, error: String },
+    #[error("{path}: {problem}")]
+    Object { path: String, problem: String },
+    #[error("--old is a {old} and --new a {new}: both must be the same object")]
+    Mismatch { old: String, new: String },
+    #[error(transparent)]
+    Nodes(#[from] list::FileError),
+    #[error(transparent)]
+    Config(#[from] crate::core::config::ConfigError),
+    #[error(transparent)]
+    ClusterPolicy(#[from] crate::k8s::cluster_policy::ClusterPolicyError),
+    #[error("{0}")]
+    Review(String),
+}
+
+pub fn run(args: CheckPolicyArgs) -> ExitCode {
+    match check(&args) {
+        Ok((text, code)) => {
+            print!("{text}");
+            ExitCode::from(code)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn object(path: &Path) -> Result<(PolicyKind, Value), CheckPolicyError> {
+    let shown = read::display(path);
+    let text = read::text(path).map_err(|e| CheckPolicyError::Read {
+        path: shown.clone(),
+        error: e.to_string(),
+    })?;
+    let value = read::json_or_yaml(&text).map_err(|problem| CheckPolicyError::Object {
+        path: shown.clone(),
+        problem: format!("neither JSON nor YAML: {problem}"),
+    })?;
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let kind = match (api_version, kind) {
+        ("nvidia.com/v1", "ClusterPolicy") => PolicyKind::ClusterPolicy,
+        (v, "NVIDIADriver") if v.starts_with("nvidia.com/") => PolicyKind::NvidiaDriver,
+        _ => {
+            return Err(CheckPolicyError::Object {
+                path: shown,
+                problem: format!(
+                    "expected a nvidia.com/v1 ClusterPolicy or a nvidia.com NVIDIADriver, found {:?} {:?}",
+                    api_version, kind
+                ),
+            });
+        }
+    };
+    Ok((kind, value))
+}
+
+fn drivers(path: &Path) -> Result<Vec<NvidiaDriver>, CheckPolicyError> {
+    let shown = read::display(path);
+    let text = read::text(path).map_err(|e| CheckPolicyError::Read {
+        path: shown.clone(),
+        error: e.to_string(),
+    })?;
+    let value = read::json_or_yaml(&text).map_err(|problem| CheckPolicyError::Object {
+        path: shown.clone(),
+        problem: format!("neither JSON nor YAML: {problem}"),
+    })?;
+    let items: Vec<Value> = match value.get("items").and_then(Value::as_array) {
+        Some(items) => items.clone(),
+        None => vec![value],
+    };
+    items
+        .iter()
+        .map(|o| {
+            nvidia_driver::from_object(o).map_err(|problem| CheckPolicyError::Object {
+                path: shown.clone(),
+                problem,
+            })
+        })
+        .collect()
+}
+
+/// The report and the exit code: 0 allowed, 1 denied.
+pub fn check(args: &CheckPolicyArgs) -> Result<(String, u8), CheckPolicyError> {
+    let config = match &args.config {
+        Some(path) => read::config_file(path)?,
+        None => Config::default(),
+    };
+    let new = args.new.as_deref().map(object).transpose()?;
+    let old = args.old.as_deref().map(object).transpose()?;
+    let (kind, operation) = match (&old, &new) {
+        (None, None) => return Err(CheckPolicyError::NoObject),
+        (Some((o, _)), Some((n, _))) if o != n => {
+            return Err(CheckPolicyError::Mismatch {
+                old: o.as_str().to_owned(),
+                new: n.as_str().to_owned(),
+            });
+        }
+        (Some(_), Some((k, _))) => (*k, Operation::Update),
+        (None, Some((k, _))) => (*k, Operation::Create),
+        (Some((k, _)), None) => (*k, Operation::Delete),
+    };
+    let mut facts = operator_defaults();
+    if let Some(path) = &args.cluster_policy {
+        facts = read::cluster_policy_file(path)?.facts;
+    }
+    if let Some(path) = &args.nvidia_drivers {
+        facts.nvidia_drivers = Some(drivers(path)?);
+    }
+    (facts.version, facts.version_source) = assumed_version(NOT_GIVEN);
+    apply_given(&mut facts, args.operator_version.given(&config));
+    let nodes = list::read_nodes(&args.nodes)?;
+    let fleet = fleet_of(&nodes, &facts);
+    let name = new
+        .as_ref()
+        .or(old.as_ref())
+        .and_then(|(_, v)| v.pointer("/metadata/name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let change = ObjectChange {
+        kind,
+        operation,
+        name: &name,
+        object: new.as_ref().map(|(_, v)| v),
+        old: old.as_ref().map(|(_, v)| v),
+        username: "",
+        groups: &[],
+        dry_run: true,
+    };
+    let verdict = decide_objects(&change, &facts, Some(&fleet), &config.policy)
+        .map_err(|e| CheckPolicyError::Review(e.to_string()))?;
+    Ok(render(
+        args.output,
+        kind,
+        &name,
+        operation,
+        &verdict,
+        &facts,
+    ))
+}
+
+/// The node records of `nodes`, as the webhook keeps them, listed.
+pub fn fleet_of(nodes: &[NodeView], facts: &ClusterFacts) -> Fleet {
+    let fleet = Fleet::default();
+    {
+        let mut state = fleet.lock();
+        state.nodes = NodeIndex::new(LabelFilter::new(facts));
+        for n in nodes {
+            state.nodes.apply(n);
+        }
+        state.synced = true;
+    }
+    fleet
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    object: String,
+    operation: &'static str,
+    nodes: Option<usize>,
+    decision: Decision,
+    message: Option<&'a str>,
+    warnings: &'a [String],
+    findings: Vec<JsonFinding<'a>>,
+    cluster_facts: &'a str,
+}
+
+#[derive(Serialize)]
+struct JsonFinding<'a> {
+    rule: &'static str,
+    action: &'static str,
+    message: &'a str,
+}
+
+/// The report of one decision, as text or JSON, and its exit code.
+pub fn render(
+    format: Format,
+    kind: PolicyKind,
+    name: &str,
+    operation: Operation,
+    verdict: &Verdict,
+    facts: &ClusterFacts,
+) -> (String, u8) {
+    let code = u8::from(!verdict.allowed());
+    let nodes = verdict.policy_change.as_ref().and_then(|n| n.nodes);
+    let object = format!("{}/{}", kind.as_str(), name);
+    if format == Format::Json {
+        let report = JsonReport {
+            object,
+            operation: operation.as_str(),
+            nodes,
+            decision: verdict.decision,
+            message: verdict.message.as_deref(),
+            warnings: &verdict.warnings,
+            findings: verdict
+                .findings
+                .iter()
+                .map(|f| JsonFinding {
+                    rule: f.rule.id(),
+                    action: f.action.as_str(),
+                    message: &f.message,
+                })
+                .collect(),
+            cluster_facts: &verdict.cluster_facts,
+        };
+        let mut text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        text.push('\n');
+        return (text, code);
+    }
+    let mut out = String::new();
+    let over = nodes.map_or("the policy alone (no nodes)".to_owned(), |n| {
+        format!("{n} node{}", if n == 1 { "" } else { "s" })
+    });
+    let _ = writeln!(
+        out,
+        "{object} {}: {} (decided over {over})",
+        operation.as_str(),
+        verdict.decision.as_str()
+    );
+    for f in &verdict.findings {
+        let _ = writeln!(
+            out,
+            "  {:<5} {}: {}",
+            f.action.as_str(),
+            f.rule.id(),
+            f.message
+        );
+    }
+    if verdict.findings.is_empty() {
+        let _ = writeln!(out, "  no finding");
+    }
+    if let Some(why) = facts.version_source.assumed() {
+        let _ = writeln!(
+            out,
+            "note: GPU Operator {} assumed ({why}); --operator-version says which one runs",
+            facts.version.text
+        );
+    }
+    (out, code)
+}

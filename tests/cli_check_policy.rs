@@ -1,0 +1,93 @@
+//! `gpu-deploy-guard check-policy`: exit codes, text and JSON, bad input named.
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-deploy-guard"))
+        .arg("check-policy")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const OLD: &str = "tests/fixtures/policy/cluster-policy.yaml";
+const NODES: &str = "tests/fixtures/audit/lab/nodes.json";
+
+#[test]
+fn turning_the_toolkit_off_over_the_lab_is_denied_with_exit_1() {
+    let (code, out, err) = run(&[
+        "--old",
+        OLD,
+        "--new",
+        "tests/fixtures/policy/cluster-policy-toolkit-off.yaml",
+        "--nodes",
+        NODES,
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.starts_with("ClusterPolicy/cluster-policy UPDATE: denied (decided over 3 nodes)\n  deny  toolkit-switched-off: ClusterPolicy cluster-policy: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running on 2 nodes (lab-node-0, lab-node-1)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_driver_off_is_allowed_with_a_warning_in_json() {
+    let (code, out, err) = run(&[
+        "--old",
+        OLD,
+        "--new",
+        "tests/fixtures/policy/cluster-policy-driver-off.yaml",
+        "--nodes",
+        NODES,
+        "-o",
+        "json",
+        "--operator-version",
+        "v25.3.4",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["decision"], "allowed");
+    assert_eq!(v["nodes"], 3);
+    assert_eq!(
+        v["warnings"],
+        serde_json::json!([
+            "ClusterPolicy cluster-policy: 1 node loses the driver DaemonSet (lab-node-0)"
+        ])
+    );
+    assert_eq!(v["findings"][0]["rule"], "driver-removed");
+}
+
+#[test]
+fn an_unchanged_policy_has_no_finding() {
+    let (code, out, _) = run(&["--old", OLD, "--new", OLD, "--nodes", NODES]);
+    assert_eq!(code, 0);
+    assert!(out.contains("  no finding\n"), "{out}");
+}
+
+#[test]
+fn bad_input_is_named_with_exit_2() {
+    let (code, _, err) = run(&["--nodes", NODES]);
+    assert_eq!(code, 2);
+    assert_eq!(
+        err,
+        "error: give --new (the object after the change), --old (before it), or both\n"
+    );
+    let (code, _, err) = run(&["--new", NODES, "--nodes", NODES]);
+    assert_eq!(code, 2);
+    assert!(
+        err.starts_with("error: tests/fixtures/audit/lab/nodes.json: expected a nvidia.com/v1 ClusterPolicy or a nvidia.com NVIDIADriver"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["--new", "/nonexistent.yaml", "--nodes", NODES]);
+    assert_eq!(code, 2);
+    assert!(
+        err.starts_with("error: cannot read /nonexistent.yaml"),
+        "{err}"
+    );
+}
