@@ -45,6 +45,9 @@ pub struct PluginCli {
 enum PluginCommand {
     /// Show what gpu-deploy-guard would decide for a `kubectl label nodes` change; --apply makes it.
     Label(LabelArgs),
+    /// Show what gpu-deploy-guard would decide for a ClusterPolicy or NVIDIADriver change
+    /// (-f FILE, or KIND NAME --patch JSON | --delete), over the live cluster's nodes.
+    Policy(crate::cli::kubectl_policy::PolicyArgs),
 }
 
 #[derive(Args)]
@@ -93,12 +96,17 @@ pub fn invoked_as_plugin(argv0: Option<&std::ffi::OsStr>) -> bool {
 }
 
 pub fn run(cli: PluginCli) -> ExitCode {
-    let PluginCommand::Label(args) = cli.command;
-    let result = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(PluginError::Runtime)
-        .and_then(|rt| rt.block_on(label(&args)));
+        .map_err(PluginError::Runtime);
+    let result = match cli.command {
+        PluginCommand::Label(args) => runtime.and_then(|rt| rt.block_on(label(&args))),
+        PluginCommand::Policy(args) => runtime.and_then(|rt| {
+            rt.block_on(crate::cli::kubectl_policy::preview(&args))
+                .map_err(|e| PluginError::BadInput(e.to_string()))
+        }),
+    };
     match result {
         Ok((text, code)) => {
             print!("{text}");

@@ -8,4 +8,5 @@ pub mod check;
 pub mod check_policy;
 pub mod completion;
 pub mod kubectl_plugin;
+pub mod kubectl_policy;
 pub mod version;

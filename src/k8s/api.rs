@@ -11,10 +11,11 @@ use serde_json::Value;
 use super::cluster_policy;
 use super::daemonset::{DaemonSetView, custom_selectors, operands_present};
 use super::deployment::{self, DeploymentView, Unread};
+use super::fleet::LabelFilter;
 use super::node::NodeView;
+use super::nvidia_driver;
 use super::pod::PodView;
 use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
-use crate::core::policy;
 
 /// The field manager of every write, and so the owner of the report's fields.
 pub const FIELD_MANAGER: &str = "gpu-deploy-guard";
@@ -161,9 +162,20 @@ where
 
 /// Lists what the audit needs. The ClusterPolicies, DaemonSets and Deployments come first:
 /// the facts they give say which node labels the decision reads, and each node keeps only
-/// those ([`policy::reads_label`]) as its page arrives. Nodes are listed as metadata only, and
+/// those ([`LabelFilter`]: the labels decisions read, the DaemonSets' and NVIDIADrivers'
+/// selector keys) as its page arrives. Nodes are listed as metadata only, and
 /// nodes and pods in pages of [`SNAPSHOT_PAGE`].
 pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, ClusterError> {
+    snapshot_keeping(client, namespace, &[]).await
+}
+
+/// [`snapshot`], the nodes keeping the labels `extra` names too (the keys a GPU-policy change
+/// being previewed selects on).
+pub async fn snapshot_keeping(
+    client: &Client,
+    namespace: &str,
+    extra: &[String],
+) -> Result<Snapshot, ClusterError> {
     let list = |what: &str| {
         let what = what.to_owned();
         move |source| ClusterError::List { what, source }
@@ -198,13 +210,27 @@ pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, Clus
     (facts.version, facts.version_source) =
         deployment::operator_version(namespace, deployment_refs.as_deref().map_err(|e| *e));
 
+    // The NVIDIADriver resources: unreadable (no CRD, no RBAC) is not an error here.
+    facts.nvidia_drivers =
+        Api::<DynamicObject>::all_with(client.clone(), &nvidia_driver::resource())
+            .list(&params)
+            .await
+            .ok()
+            .map(|list| {
+                list.items
+                    .iter()
+                    .filter_map(|o| nvidia_driver::from_object(&serde_json::to_value(o).ok()?).ok())
+                    .collect()
+            });
+
+    let filter = LabelFilter::new(&facts);
     let mut nodes = Vec::new();
     list_pages(
         &Api::<NodeView>::all(client.clone()),
         SNAPSHOT_PAGE,
         |mut node| {
             if let Some(labels) = &mut node.metadata.labels {
-                labels.retain(|k, _| policy::reads_label(k, &facts));
+                labels.retain(|k, _| filter.keeps(k) || extra.contains(k));
             }
             nodes.push(node);
         },

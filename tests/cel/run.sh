@@ -162,6 +162,9 @@ rules:
   - apiGroups: [""]
     resources: ["nodes"]
     verbs: ["get", "list", "patch", "update"]
+  - apiGroups: ["nvidia.com"]
+    resources: ["clusterpolicies"]
+    verbs: ["get", "list", "patch", "update"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -323,6 +326,76 @@ expect_denied "a service account of gpu-operator-resources is not exempt" \
   lab-node-0 "$T" true \
   "node lab-node-0: $P=true would run the NVIDIA device plugin without the container toolkit (this request removes $T), so GPU pods would be scheduled there and fail to start; keep $T=true, or turn the device plugin off in the same command with $P=false." \
   -- label node lab-node-0 "$T-" --as=system:serviceaccount:gpu-operator-resources:default
+
+# --- ClusterPolicy: the toolkit switched off under an enabled device plugin -
+# The GPU Operator's ClusterPolicy kind (a schemaless stand-in) and one policy.
+cp_name=cluster-policy
+cp_manifest="apiVersion: nvidia.com/v1
+kind: ClusterPolicy
+metadata:
+  name: $cp_name
+spec:
+  toolkit:
+    enabled: true
+  devicePlugin:
+    enabled: true"
+if k apply -f tests/e2e/testdata/watched-crds.yaml >"$work/crds.log" 2>&1 &&
+   k wait --for=condition=Established crd/clusterpolicies.nvidia.com --timeout=60s >>"$work/crds.log" 2>&1 &&
+   wait_for 60 k get clusterpolicies.nvidia.com &&
+   printf '%s\n' "$cp_manifest" | k create -f - >>"$work/crds.log" 2>&1
+then
+  cp_policy_active() {
+    ! k patch clusterpolicy "$cp_name" --type=merge -p '{"spec":{"toolkit":{"enabled":false}}}' --dry-run=server \
+      >/dev/null 2>"$work/cp-probe.err" &&
+      grep -q "ValidatingAdmissionPolicy 'gpu-deploy-guard-cluster-policy-keeps-toolkit'" "$work/cp-probe.err"
+  }
+  if wait_for 60 cp_policy_active; then
+    pass "ClusterPolicy: toolkit.enabled true -> false is refused while the device plugin stays enabled"
+    if grep -q "denied request: ClusterPolicy $cp_name: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin stays enabled" "$work/cp-probe.err" &&
+       grep -q "gpu-deploy-guard.nvidia.com/toolkit-on-hosts=<why>" "$work/cp-probe.err"; then
+      pass "ClusterPolicy: the refusal says what breaks and how to say the hosts bring the toolkit"
+    else
+      fail "ClusterPolicy: the refusal says what breaks and how to say the hosts bring the toolkit" "$(cat "$work/cp-probe.err")"
+    fi
+  else
+    fail "ClusterPolicy: toolkit.enabled true -> false is refused while the device plugin stays enabled" "$(cat "$work/cp-probe.err")"
+  fi
+  cp_field() { k get clusterpolicy "$cp_name" -o "jsonpath=$1"; }
+  cp_case() { # NAME WANT(allowed|denied) -- kubectl args...
+    local name=$1 want=$2; shift 3
+    local out
+    if out=$(k "$@" 2>&1); then
+      if [[ $want == allowed ]]; then pass "$name"; else fail "$name" "allowed: $out"; fi
+    elif [[ $want == denied && $out == *"ValidatingAdmissionPolicy 'gpu-deploy-guard-cluster-policy-keeps-toolkit'"* ]]; then
+      pass "$name"
+    else
+      fail "$name" "refused: $out"
+    fi
+  }
+  cp_case "ClusterPolicy: toolkit and device plugin off together pass" allowed \
+    -- patch clusterpolicy "$cp_name" --type=merge -p '{"spec":{"toolkit":{"enabled":false},"devicePlugin":{"enabled":false}}}'
+  cp_case "ClusterPolicy: both back on pass" allowed \
+    -- patch clusterpolicy "$cp_name" --type=merge -p '{"spec":{"toolkit":{"enabled":true},"devicePlugin":{"enabled":true}}}'
+  cp_case "ClusterPolicy: the GPU Operator's service account is exempt" allowed \
+    -- patch clusterpolicy "$cp_name" --type=merge -p '{"spec":{"toolkit":{"enabled":false}}}' --dry-run=server \
+    --as=system:serviceaccount:gpu-operator:gpu-operator
+  cp_case "ClusterPolicy: toolkit-on-hosts set in the same request lets it through" allowed \
+    -- patch clusterpolicy "$cp_name" --type=merge \
+    -p '{"metadata":{"annotations":{"gpu-deploy-guard.nvidia.com/toolkit-on-hosts":"in the node image"}},"spec":{"toolkit":{"enabled":false}}}'
+  if [[ $(cp_field '{.spec.toolkit.enabled}') == false ]]; then
+    pass "ClusterPolicy: the allowed change is stored"
+  else
+    fail "ClusterPolicy: the allowed change is stored" "toolkit.enabled=$(cp_field '{.spec.toolkit.enabled}')"
+  fi
+  cp_case "ClusterPolicy: toolkit back on passes" allowed \
+    -- patch clusterpolicy "$cp_name" --type=merge -p '{"spec":{"toolkit":{"enabled":true}}}'
+  cp_case "ClusterPolicy: an annotation left from an earlier request does not say it again" denied \
+    -- patch clusterpolicy "$cp_name" --type=merge -p '{"spec":{"toolkit":{"enabled":false}}}'
+  cp_case "ClusterPolicy: an unrelated change passes" allowed \
+    -- patch clusterpolicy "$cp_name" --type=merge -p '{"spec":{"operator":{"defaultRuntime":"containerd"}}}'
+else
+  fail "ClusterPolicy cases: set-up" "$(cat "$work/crds.log")"
+fi
 
 # The dry rollout the README describes: with [Warn, Audit] the same change
 # goes through, and kubectl prints the denial as a warning. The binding

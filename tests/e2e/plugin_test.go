@@ -178,3 +178,40 @@ func TestVersionNamesTheCommitAndCompletionScriptsLoad(t *testing.T) {
 		t.Errorf("gpu-deploy-guard completion powershell: %s\nwant exit 2 naming the value", got)
 	}
 }
+
+// TestKubectlPluginPreviewsAClusterPolicyChange: `kubectl gpu-deploy-guard
+// policy` reads the live ClusterPolicy and the nodes and says what the
+// policy webhook would decide, before anything is sent: the toolkit switched
+// off under the lab's device plugins is denied (exit 1) naming the nodes, the
+// driver switched off is allowed with the nodes it leaves, and nothing is
+// written either way.
+func TestKubectlPluginPreviewsAClusterPolicyChange(t *testing.T) {
+	setUpLab(t)
+	installWatchedCRDs(t)
+	t.Cleanup(func() {
+		if got := kubectl("delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"); got.code != 0 {
+			t.Errorf("cleanup: %s", got)
+		}
+	})
+	applyClusterPolicy(t, `{"toolkit":{"enabled":true},"driver":{"enabled":true}}`)
+	before := cp.MustKubectl(t, "get", "clusterpolicy", clusterPolicyName, "-o", "jsonpath={.metadata.resourceVersion}")
+
+	got := kubectlPlugin(t, "policy", "clusterpolicy", clusterPolicyName, "--patch", `{"spec":{"toolkit":{"enabled":false}}}`)
+	if got.code != 1 || !strings.HasPrefix(got.stdout, "ClusterPolicy/cluster-policy UPDATE: denied (decided over 3 nodes)\n"+
+		"  deny  toolkit-switched-off: ClusterPolicy cluster-policy: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet "+
+		"while the NVIDIA device plugin keeps running on 2 nodes (lab-node-0, lab-node-1)") {
+		t.Errorf("policy preview of toolkit.enabled=false: want exit 1, denied naming lab-node-0 and lab-node-1; got %s", got)
+	}
+	got = kubectlPlugin(t, "policy", "clusterpolicy", clusterPolicyName, "--patch", `{"spec":{"driver":{"enabled":false}}}`, "-o", "json")
+	if got.code != 0 || !strings.Contains(got.stdout, `"decision": "allowed"`) ||
+		!strings.Contains(got.stdout, `"ClusterPolicy cluster-policy: 1 node loses the driver DaemonSet (lab-node-0)"`) {
+		t.Errorf("policy preview of driver.enabled=false: want exit 0, allowed with the driver warning for lab-node-0; got %s", got)
+	}
+	if after := cp.MustKubectl(t, "get", "clusterpolicy", clusterPolicyName, "-o", "jsonpath={.metadata.resourceVersion}"); after != before {
+		t.Errorf("a preview wrote the ClusterPolicy: resourceVersion %s -> %s", before, after)
+	}
+	got = kubectlPlugin(t, "policy", "clusterpolicy", "no-such-policy", "--patch", `{}`)
+	if got.code != 2 || !strings.Contains(got.stderr, "ClusterPolicy no-such-policy does not exist") {
+		t.Errorf("policy preview of a missing ClusterPolicy: want exit 2 naming it; got %s", got)
+	}
+}

@@ -1,0 +1,197 @@
+//! `kubectl gpu-deploy-guard policy`: what the webhook would decide about a ClusterPolicy or
+//! NVIDIADriver change, previewed against the live cluster before it is sent.
+//!
+//! `policy -f FILE` previews applying FILE over the live object of the same kind and name
+//! (creating it when there is none); `policy clusterpolicy|nvidiadriver NAME --patch JSON`
+//! previews a merge patch (as `kubectl patch --type merge`); `--delete` previews deleting an
+//! NVIDIADriver. The cluster is read as the audit reads it (the nodes as metadata, in pages),
+//! and the decision is [`decide_objects`], the webhook's. Exit 0: allowed; 1: denied; 2: bad
+//! input or the cluster could not be read. Nothing is written.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use kube::api::{Api, DynamicObject};
+use serde_json::Value;
+
+use crate::cli::check_policy::{Format, fleet_of, render};
+use crate::cli::version::{OperatorVersionArg, apply_given};
+use crate::core::config::Config;
+use crate::core::policy::Operation;
+use crate::core::policy_change::PolicyKind;
+use crate::k8s::api::{self, ClusterError, brief, cluster_policy_resource};
+use crate::k8s::{nvidia_driver, read};
+use crate::webhook::policy_review::{ObjectChange, decide_objects};
+
+#[derive(Args)]
+pub struct PolicyArgs {
+    /// `clusterpolicy` or `nvidiadriver` (with NAME), unless -f names the object.
+    #[arg(value_name = "KIND")]
+    kind: Option<String>,
+    /// The object's name.
+    #[arg(value_name = "NAME")]
+    name: Option<String>,
+    /// The object as it would be applied (YAML or JSON).
+    #[arg(short = 'f', long = "filename", value_name = "FILE", conflicts_with_all = ["patch", "delete"])]
+    file: Option<PathBuf>,
+    /// A JSON merge patch of the live object (`kubectl patch --type merge -p`).
+    #[arg(short = 'p', long, value_name = "JSON", conflicts_with = "delete")]
+    patch: Option<String>,
+    /// Preview deleting the object (NVIDIADriver).
+    #[arg(long)]
+    delete: bool,
+    /// The webhook's YAML configuration (rules, mode, exemptions); default: the built-in one.
+    #[arg(long, env = "GDG_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    operator_version: OperatorVersionArg,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+    output: Format,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{0}")]
+    BadInput(String),
+    #[error(transparent)]
+    Config(#[from] crate::core::config::ConfigError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+}
+
+fn kind_of(word: &str) -> Option<PolicyKind> {
+    match word.to_ascii_lowercase().as_str() {
+        "clusterpolicy" | "clusterpolicies" | "clusterpolicies.nvidia.com" => {
+            Some(PolicyKind::ClusterPolicy)
+        }
+        "nvidiadriver" | "nvidiadrivers" | "nvidiadrivers.nvidia.com" => {
+            Some(PolicyKind::NvidiaDriver)
+        }
+        _ => None,
+    }
+}
+
+/// The preview's report and exit code.
+pub async fn preview(args: &PolicyArgs) -> Result<(String, u8), PolicyError> {
+    let bad = |m: String| PolicyError::BadInput(m);
+    let file = match &args.file {
+        Some(path) => {
+            let text = read::text(path)
+                .map_err(|e| bad(format!("cannot read {}: {e}", read::display(path))))?;
+            Some(read::json_or_yaml(&text).map_err(|m| {
+                bad(format!(
+                    "{} is neither JSON nor YAML: {m}",
+                    read::display(path)
+                ))
+            })?)
+        }
+        None => None,
+    };
+    let (kind, name) = match (&file, &args.kind, &args.name) {
+        (Some(v), _, _) => {
+            let kind = v
+                .get("kind")
+                .and_then(Value::as_str)
+                .and_then(kind_of)
+                .ok_or_else(|| bad("-f: expected a ClusterPolicy or an NVIDIADriver".into()))?;
+            let name = v
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("-f: the object has no metadata.name".into()))?;
+            (kind, name.to_owned())
+        }
+        (None, Some(k), Some(n)) => (
+            kind_of(k)
+                .ok_or_else(|| bad(format!("{k:?}: expected clusterpolicy or nvidiadriver")))?,
+            n.clone(),
+        ),
+        _ => {
+            return Err(bad(
+                "give -f FILE, or KIND NAME with --patch JSON or --delete".into(),
+            ));
+        }
+    };
+    if file.is_none() && args.patch.is_none() && !args.delete {
+        return Err(bad(format!(
+            "{} {name}: give --patch JSON or --delete",
+            kind.as_str()
+        )));
+    }
+    if args.delete && kind == PolicyKind::ClusterPolicy {
+        return Err(bad(
+            "deleting the ClusterPolicy removes every operand; it is not reviewed".into(),
+        ));
+    }
+    let config = match &args.config {
+        Some(path) => read::config_file(path)?,
+        None => Config::default(),
+    };
+    let client = api::connect().await?;
+    let resource = match kind {
+        PolicyKind::ClusterPolicy => cluster_policy_resource(),
+        PolicyKind::NvidiaDriver => nvidia_driver::resource(),
+    };
+    let live = match Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .get_opt(&name)
+        .await
+    {
+        Ok(o) => o.map(|o| serde_json::to_value(o).unwrap_or_default()),
+        Err(e) => {
+            return Err(bad(format!(
+                "cannot read {} {name}: {}",
+                kind.as_str(),
+                brief(&e)
+            )));
+        }
+    };
+    let new = match (&file, &args.patch) {
+        (Some(v), _) => Some(v.clone()),
+        (None, Some(patch)) => {
+            let patch: Value = serde_json::from_str(patch)
+                .map_err(|e| bad(format!("--patch is not JSON: {e}")))?;
+            let mut doc = live
+                .clone()
+                .ok_or_else(|| bad(format!("{} {name} does not exist", kind.as_str())))?;
+            json_patch::merge(&mut doc, &patch);
+            Some(doc)
+        }
+        (None, None) => None,
+    };
+    let operation = match (&live, &new) {
+        (Some(_), Some(_)) => Operation::Update,
+        (None, Some(_)) => Operation::Create,
+        (Some(_), None) => Operation::Delete,
+        (None, None) => return Err(bad(format!("{} {name} does not exist", kind.as_str()))),
+    };
+    // The nodes keep the labels the new object selects on too.
+    let extra: Vec<String> = new
+        .as_ref()
+        .and_then(|v| v.pointer("/spec/nodeSelector"))
+        .and_then(Value::as_object)
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut snapshot = api::snapshot_keeping(&client, &config.operator_namespace, &extra).await?;
+    apply_given(&mut snapshot.facts, args.operator_version.given(&config));
+    let fleet = fleet_of(&snapshot.nodes, &snapshot.facts);
+    let change = ObjectChange {
+        kind,
+        operation,
+        name: &name,
+        object: new.as_ref(),
+        old: live.as_ref(),
+        username: "",
+        groups: &[],
+        dry_run: true,
+    };
+    let verdict = decide_objects(&change, &snapshot.facts, Some(&fleet), &config.policy)
+        .map_err(|e| bad(e.to_string()))?;
+    Ok(render(
+        args.output,
+        kind,
+        &name,
+        operation,
+        &verdict,
+        &snapshot.facts,
+    ))
+}
