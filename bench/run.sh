@@ -116,7 +116,7 @@ for line in sys.stdin:
 [[ -x $FLOOR ]] || { log "cannot find the floor_server executable"; exit 1; }
 
 # --- 1 and 2: criterion ------------------------------------------------------------------
-for bench in decision review scan; do
+for bench in decision review scan policy; do
     log "criterion: $bench"
     "$CARGO" bench --locked --quiet --bench "$bench" -- "${CRITERION[@]}" >"$OUT/criterion-$bench.log" 2>&1 ||
         { cat "$OUT/criterion-$bench.log" >&2; exit 1; }
