@@ -83,9 +83,12 @@ fn case(nodes: usize, kinds: usize) -> Case {
         "{:?}",
         v.message
     );
-    Case::new(format!("toolkit-off/{nodes}-nodes-{kinds}-kinds"), move || {
-        black_box(decide_objects(black_box(&change), &facts, Some(&fleet), &rules).unwrap());
-    })
+    Case::new(
+        format!("toolkit-off/{nodes}-nodes-{kinds}-kinds"),
+        move || {
+            black_box(decide_objects(black_box(&change), &facts, Some(&fleet), &rules).unwrap());
+        },
+    )
 }
 
 fn main() {

@@ -584,8 +584,13 @@ fn overlap(
         out.push(finding(
             Rule::NvidiaDriverOverlap,
             format!(
-                "{object}: its nodeSelector selects {count} {} that NVIDIADriver {} selects too ({names}); the GPU Operator runs one driver per node \
+                "{object}: {} {count} {} that NVIDIADriver {} selects too ({names}); the GPU Operator runs one driver per node \
                  and reports the conflict only when it reconciles: make the two nodeSelectors select different nodes.",
+                if this.node_selector.is_some() {
+                    "its nodeSelector selects"
+                } else {
+                    "with no nodeSelector it claims every GPU node, among them"
+                },
                 plural(count),
                 super::echo::echo(&other.name)
             ),

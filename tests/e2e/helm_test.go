@@ -447,8 +447,9 @@ func expectSelfSignedRotation(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if len(v.Webhooks) != 2 || !bytes.Equal(v.Webhooks[0].ClientConfig.CABundle, v.Webhooks[1].ClientConfig.CABundle) {
-			t.Fatalf("want two webhooks with one caBundle, got %+v", v.Webhooks)
+		if len(v.Webhooks) != 3 || !bytes.Equal(v.Webhooks[0].ClientConfig.CABundle, v.Webhooks[1].ClientConfig.CABundle) ||
+			!bytes.Equal(v.Webhooks[0].ClientConfig.CABundle, v.Webhooks[2].ClientConfig.CABundle) {
+			t.Fatalf("want three webhooks with one caBundle, got %d", len(v.Webhooks))
 		}
 		return v.Webhooks[0].ClientConfig.CABundle, s.Data["ca.crt"], s.Data["tls.crt"]
 	}

@@ -228,13 +228,15 @@ func TestRegisteredWebhooksAreDeployBaseExceptClientConfig(t *testing.T) {
 		framework.WebhookConfigurationName, "-o", "yaml")), &stored); err != nil {
 		t.Fatal(err)
 	}
-	if len(stored.Webhooks) != len(shipped.Webhooks) || len(shipped.Webhooks) != 2 {
-		t.Fatalf("stored %d webhooks, deploy/base ships %d; want the two of deploy/base", len(stored.Webhooks), len(shipped.Webhooks))
+	if len(stored.Webhooks) != len(shipped.Webhooks) || len(shipped.Webhooks) != 3 {
+		t.Fatalf("stored %d webhooks, deploy/base ships %d; want the three of deploy/base", len(stored.Webhooks), len(shipped.Webhooks))
 	}
 	for i := range shipped.Webhooks {
 		want, got := shipped.Webhooks[i].DeepCopy(), stored.Webhooks[i].DeepCopy()
-		if got.ClientConfig.URL == nil || *got.ClientConfig.URL != g.URL() || got.ClientConfig.Service != nil {
-			t.Errorf("webhook %s: clientConfig %+v, want url %s only", got.Name, got.ClientConfig, g.URL())
+		// /validate, or below it (/validate/gpu-policy for the policy webhook).
+		url := g.URL() + strings.TrimPrefix(*want.ClientConfig.Service.Path, "/validate")
+		if got.ClientConfig.URL == nil || *got.ClientConfig.URL != url || got.ClientConfig.Service != nil {
+			t.Errorf("webhook %s: clientConfig %+v, want url %s only", got.Name, got.ClientConfig, url)
 		}
 		want.ClientConfig, got.ClientConfig = admissionregistrationv1.WebhookClientConfig{}, admissionregistrationv1.WebhookClientConfig{}
 		// The API server's defaults for what deploy/base leaves out: match
