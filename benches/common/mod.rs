@@ -19,6 +19,7 @@ use criterion::{Criterion, Throughput};
 
 /// The lab-node reviews of `tests/fixtures/reviews/`: small nodes (a few labels), one per kind
 /// of verdict.
+#[allow(dead_code)] // the policy bench reads no review fixture
 pub const LAB_REVIEWS: [&str; 4] = [
     "lab-node-1-dcgm-exporter-off",
     "lab-node-2-device-plugin-only",
@@ -28,13 +29,16 @@ pub const LAB_REVIEWS: [&str; 4] = [
 
 /// The large node's reviews (object and oldObject, about 40 KB): a flip that is allowed
 /// without findings, the common case, and one that is denied.
+#[allow(dead_code)] // the policy bench reads no review fixture
 pub const LARGE_REVIEWS: [&str; 2] = ["large-node-review-allowed", "large-node-review-denied"];
 
+#[allow(dead_code)] // the policy bench reads no review fixture
 fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// The body of a review fixture, by name, from either list above.
+#[allow(dead_code)] // the policy bench reads no review fixture
 pub fn review_body(name: &str) -> Vec<u8> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     if name.starts_with("large-node") {
