@@ -49,6 +49,8 @@ pub struct Metrics {
     latency: Histogram,
     cert_expiry: Gauge<i64>,
     cert_reloads: Family<ResultLabels, Counter>,
+    cert_reload_failures: Family<ReasonLabels, Counter>,
+    client_ca_reloads: Family<ResultLabels, Counter>,
     handshakes: Family<ResultLabels, Counter>,
     timeouts: Family<ReasonLabels, Counter>,
     open_connections: Gauge<i64>,
@@ -110,6 +112,27 @@ impl Metrics {
         for result in ["success", "failure"] {
             let _ = cert_reloads.get_or_create(&ResultLabels { result });
         }
+        let cert_reload_failures = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "tls_certificate_reload_failures",
+            "Changed serving certificates not loaded (the previous one kept), by reason: \
+             expired, not-yet-valid, unreadable (missing, not a regular file, too large) or \
+             invalid",
+            cert_reload_failures.clone(),
+        );
+        for reason in ["expired", "not-yet-valid", "unreadable", "invalid"] {
+            let _ = cert_reload_failures.get_or_create(&ReasonLabels { reason });
+        }
+        let client_ca_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "tls_client_ca_reloads",
+            "Attempts to load a changed --client-ca bundle, by result (success, failure: the \
+             previous CA kept)",
+            client_ca_reloads.clone(),
+        );
+        for result in ["success", "failure"] {
+            let _ = client_ca_reloads.get_or_create(&ResultLabels { result });
+        }
         let handshakes = Family::<ResultLabels, Counter>::default();
         registry.register(
             "webhook_tls_handshakes",
@@ -159,6 +182,8 @@ impl Metrics {
             latency,
             cert_expiry,
             cert_reloads,
+            cert_reload_failures,
+            client_ca_reloads,
             handshakes,
             timeouts,
             open_connections,
@@ -205,6 +230,21 @@ impl Metrics {
     pub fn observe_cert_reload(&self, ok: bool) {
         let result = if ok { "success" } else { "failure" };
         self.cert_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Records why a changed serving certificate was not loaded.
+    pub fn observe_cert_reload_failure(&self, reason: &'static str) {
+        self.cert_reload_failures
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Records an attempt to load a changed client CA bundle.
+    pub fn observe_client_ca_reload(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.client_ca_reloads
             .get_or_create(&ResultLabels { result })
             .inc();
     }

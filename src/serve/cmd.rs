@@ -78,6 +78,21 @@ pub struct ServeArgs {
     /// docs/client-certificates.md). Re-read when the file changes.
     #[arg(long, env = "GDG_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
+    /// With --client-ca: the names a client certificate may carry (its subject's common name,
+    /// or a DNS, URI or email subject alternative name), comma-separated; empty allows any
+    /// certificate the CA signed. The clientAuth extended key usage is always required.
+    #[arg(
+        long,
+        env = "GDG_CLIENT_CA_ALLOWED_NAMES",
+        value_delimiter = ',',
+        requires = "client_ca"
+    )]
+    pub client_ca_allowed_names: Vec<String>,
+    /// The longest a webhook connection lives before the client is asked to reconnect
+    /// (HTTP/2 GOAWAY, HTTP/1.1 `Connection: close`): a client authenticated by a CA since
+    /// removed from --client-ca stops being served after it (plus the idle timeout at most).
+    #[arg(long, env = "GDG_MAX_CONNECTION_AGE", default_value = "10m", value_parser = parse_duration)]
+    pub max_connection_age: Duration,
     /// Time for a request's head to arrive, from the start of a connection or from the first byte
     /// of a later request on it.
     #[arg(long, env = "GDG_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -270,6 +285,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(super::limits::default_max_connections),
         max_concurrent_streams: args.max_concurrent_streams,
         client_ca: args.client_ca,
+        client_ca_allowed_names: args.client_ca_allowed_names,
+        max_connection_age: args.max_connection_age,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

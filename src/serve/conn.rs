@@ -50,6 +50,8 @@ pub(super) struct ConnConfig {
     idle_timeout: Duration,
     write_timeout: Duration,
     handshake_timeout: Duration,
+    /// `--max-connection-age`; `None` on the admin listener.
+    max_age: Option<Duration>,
     /// Where handshakes and timeouts are counted; `None` for the admin listener.
     metrics: Option<Arc<Metrics>>,
 }
@@ -79,6 +81,7 @@ impl ConnConfig {
             idle_timeout: opts.idle_timeout,
             write_timeout: opts.write_timeout,
             handshake_timeout: opts.handshake_timeout,
+            max_age: metrics.as_ref().map(|_| opts.max_connection_age),
             metrics,
         }
     }
@@ -358,7 +361,7 @@ async fn serve_clocked<IO>(
 {
     let io = idle::Watched::new(io, clock.clone());
     tokio::select! {
-        () = serve_http(builder, io, peer, app, stage, clock.clone(), http2) => {}
+        () = serve_http(builder, io, peer, app, stage, clock.clone(), http2, conn.max_age) => {}
         expired = clock.expired() => {
             conn.count_timeout(expired.reason());
             debug!(%peer, reason = expired.describe(), "closing the connection");
@@ -366,6 +369,7 @@ async fn serve_clocked<IO>(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_http<IO>(
     builder: &auto::Builder<TokioExecutor>,
     io: IO,
@@ -374,16 +378,23 @@ async fn serve_http<IO>(
     mut stage: watch::Receiver<Stage>,
     clock: Arc<idle::Clock>,
     http2: bool,
+    max_age: Option<Duration>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // Past its age a connection is asked to go as in the shutdown delay: HTTP/1.1 answers
+    // `Connection: close` (an idle one is then closed by the idle timeout, never under a
+    // request on its way), HTTP/2 gets a GOAWAY, which the client sees before any new stream.
+    let too_old = max_age.map(|age| tokio::time::Instant::now() + age);
     let leaving = stage.clone();
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         // Lets handlers log who called them via axum's ConnectInfo extractor.
         request.extensions_mut().insert(ConnectInfo(peer));
         let app = app.clone();
         let clock = clock.clone();
-        let close = !http2 && *leaving.borrow() != Stage::Serving;
+        let close = !http2
+            && (*leaving.borrow() != Stage::Serving
+                || too_old.is_some_and(|at| tokio::time::Instant::now() >= at));
         async move {
             clock.request_started();
             let response = app.oneshot(request).await;
@@ -415,6 +426,11 @@ async fn serve_http<IO>(
                 }
                 return;
             }
+            () = sleep_until_or_never(too_old), if http2 && !shutting => {
+                debug!(%peer, "connection reached its maximum age; GOAWAY");
+                connection.as_mut().graceful_shutdown();
+                shutting = true;
+            }
             changed = stage.changed(), if !shutting => {
                 let now = if changed.is_ok() { *stage.borrow_and_update() } else { Stage::Draining };
                 if now == Stage::Draining || (http2 && now == Stage::Leaving) {
@@ -423,6 +439,13 @@ async fn serve_http<IO>(
                 }
             }
         }
+    }
+}
+
+async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

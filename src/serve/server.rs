@@ -66,6 +66,14 @@ pub struct ServeOptions {
     /// these CAs (the API server's, configured by an AdmissionConfiguration). Re-read like
     /// the serving certificate.
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: names a client certificate must carry (subject common name, or a DNS,
+    /// URI or email subject alternative name); empty allows any the CA signed. The clientAuth
+    /// extended key usage is required either way.
+    pub client_ca_allowed_names: Vec<String>,
+    /// The longest a webhook connection lives: then HTTP/2 gets a GOAWAY and HTTP/1.1 answers
+    /// `Connection: close`, so that a client authenticated by a CA since removed from
+    /// `client_ca` is made to handshake again, and so that connections spread over replicas.
+    pub max_connection_age: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +116,7 @@ impl Server {
             ("handshake_timeout", opts.handshake_timeout),
             ("drain_timeout", opts.drain_timeout),
             ("write_timeout", opts.write_timeout),
+            ("max_connection_age", opts.max_connection_age),
         ] {
             if value.is_zero() {
                 return Err(ServeError::ZeroDuration(name));
@@ -119,7 +128,12 @@ impl Server {
         if opts.max_concurrent_streams == 0 {
             return Err(ServeError::ZeroLimit("max_concurrent_streams"));
         }
-        let tls = Tls::load(&opts.tls, opts.client_ca.as_deref(), &metrics)?;
+        let tls = Tls::load(
+            &opts.tls,
+            opts.client_ca.as_deref(),
+            &opts.client_ca_allowed_names,
+            &metrics,
+        )?;
         let (listener, local_addr) = bind(opts.listen, "webhook").await?;
         let (admin_listener, admin_addr) = bind(opts.admin_listen, "admin").await?;
         Ok(Self {
@@ -160,7 +174,11 @@ impl Server {
             metrics,
         } = self;
         let _reloader = tls
-            .spawn_reloader(opts.reload_interval, metrics.clone())
+            .spawn_reloader(
+                opts.reload_interval,
+                metrics.clone(),
+                readiness.gate("serving-certificate"),
+            )
             .map(AbortOnDrop);
 
         metrics.set_connection_limit(opts.max_connections);

@@ -59,6 +59,8 @@ pub fn options(tls: TlsSource) -> ServeOptions {
         max_connections: 64,
         max_concurrent_streams: 16,
         client_ca: None,
+        client_ca_allowed_names: Vec::new(),
+        max_connection_age: Duration::from_secs(600),
     }
 }
 
