@@ -212,16 +212,21 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a terminal: in a pod's log they are escape sequences.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+        // Request fields are escaped: a `\n` or ESC in a uid must not forge a line.
+        LogFormat::Text => builder.fmt_fields(super::logs::text_fields()).init(),
     }
 }
 
-/// Runs `serve` until SIGTERM or Ctrl-C, then drains.
+/// Runs `serve` until a terminating signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or
+/// SIGUSR2), then drains; a second one ends the drain at once.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logs(args.log_format);
     let (no_cluster_watch, report) = (args.no_cluster_watch, args.report);
@@ -318,7 +323,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
         };
         let app = webhook::router(Arc::new(webhook));
-        let served = server::run(options, app, metrics, readiness, server::shutdown_signal()).await;
+        let served = server::run_until_signalled(options, app, metrics, readiness).await;
         if let Some(watch) = watch {
             watch.stop().await;
         }

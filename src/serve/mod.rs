@@ -8,6 +8,7 @@ mod conn;
 mod idle;
 pub mod lease;
 pub mod limits;
+pub mod logs;
 pub mod readiness;
 pub mod server;
 pub mod tls;

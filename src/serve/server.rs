@@ -164,6 +164,19 @@ impl Server {
         readiness: Readiness,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
+        self.serve_until(app, readiness, shutdown, std::future::pending())
+            .await
+    }
+
+    /// Like [`Server::serve`]; when `hurry` resolves during the shutdown delay or the drain,
+    /// both end at once and the connections still open are cut.
+    pub async fn serve_until(
+        self,
+        app: Router,
+        readiness: Readiness,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        hurry: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
         let Server {
             opts,
             tls,
@@ -205,6 +218,12 @@ impl Server {
         readiness.set_serving(true);
         let stopping = readiness.clone();
         let delay = opts.shutdown_delay;
+        let (hurried_tx, hurried) = watch::channel(false);
+        let _hurry = AbortOnDrop(tokio::spawn(async move {
+            hurry.await;
+            hurried_tx.send_replace(true);
+        }));
+        let hurried_in_delay = hurried.clone();
         let connections = webhook
             .run(move |stage: watch::Sender<Stage>| async move {
                 shutdown.await;
@@ -216,7 +235,13 @@ impl Server {
                     stage.send_replace(Stage::Leaving);
                     info!(delay = ?delay, "readiness is 503; still accepting until the endpoint \
                           is removed; HTTP/2 clients sent GOAWAY, HTTP/1.1 answers close");
-                    tokio::time::sleep(delay).await;
+                    let mut hurried = hurried_in_delay;
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        _ = hurried.wait_for(|h| *h) => {
+                            warn!("second signal: ending the shutdown delay now");
+                        }
+                    }
                 }
             })
             .await;
@@ -225,7 +250,18 @@ impl Server {
             limit = ?opts.drain_timeout,
             "shutting down: no new connections, letting requests in flight finish"
         );
-        connections.drain(opts.drain_timeout).await;
+        let mut hurried = hurried;
+        if *hurried.borrow() {
+            // Cut at once: the JoinSet aborts its tasks when dropped.
+            drop(connections);
+        } else {
+            tokio::select! {
+                () = connections.drain(opts.drain_timeout) => {}
+                _ = hurried.wait_for(|h| *h) => {
+                    warn!("second signal: ending the drain now, cutting the connections still open");
+                }
+            }
+        }
         admin.stop().await;
         info!("shut down");
         Ok(())
@@ -312,28 +348,82 @@ pub async fn run(
     Ok(())
 }
 
-/// Resolves on SIGTERM (what the kubelet sends) or Ctrl-C.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let term = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut sigterm) => {
-                sigterm.recv().await;
-            }
-            Err(error) => {
-                warn!(%error, "cannot listen for SIGTERM; only Ctrl-C will stop the server");
-                std::future::pending::<()>().await;
-            }
+/// Like [`run`], until a terminating signal, then drains; a second signal ends the drain at
+/// once. Every signal whose default is to end the process (SIGTERM from the kubelet, SIGINT,
+/// SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) drains: none of them may cut reviews in flight.
+pub async fn run_until_signalled(
+    opts: ServeOptions,
+    app: Router,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+) -> anyhow::Result<()> {
+    // Listening before anything else: from here on these signals no longer kill.
+    let signals = Signals::listen();
+    let (first, second) = (signals.clone(), signals);
+    Server::bind(opts, metrics)
+        .await?
+        .serve_until(
+            app,
+            readiness,
+            async move { first.nth(1).await },
+            async move { second.nth(2).await },
+        )
+        .await?;
+    Ok(())
+}
+
+/// Counts the terminating signals received.
+#[derive(Clone)]
+pub struct Signals {
+    count: watch::Receiver<usize>,
+}
+
+impl Signals {
+    /// Starts listening for SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2. Must be
+    /// called within a Tokio runtime.
+    pub fn listen() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (tx, count) = watch::channel(0usize);
+        let tx = Arc::new(tx);
+        for (kind, name) in [
+            (SignalKind::terminate(), "SIGTERM"),
+            (SignalKind::interrupt(), "SIGINT"),
+            (SignalKind::hangup(), "SIGHUP"),
+            (SignalKind::quit(), "SIGQUIT"),
+            (SignalKind::user_defined1(), "SIGUSR1"),
+            (SignalKind::user_defined2(), "SIGUSR2"),
+        ] {
+            let mut stream = match signal(kind) {
+                Ok(stream) => stream,
+                Err(error) => {
+                    warn!(%error, signal = name, "cannot listen for this signal");
+                    continue;
+                }
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while stream.recv().await.is_some() {
+                    let n = {
+                        let mut n = 0;
+                        tx.send_modify(|c| {
+                            *c += 1;
+                            n = *c;
+                        });
+                        n
+                    };
+                    if n == 1 {
+                        info!(signal = name, "signal received: draining");
+                    } else {
+                        warn!(signal = name, "another signal received: stopping now");
+                    }
+                }
+            });
         }
-    };
-    let interrupt = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            warn!(%error, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        () = term => info!("SIGTERM received"),
-        () = interrupt => info!("interrupt received"),
+        Signals { count }
+    }
+
+    /// Resolves once `n` signals have been received.
+    pub async fn nth(mut self, n: usize) {
+        let _ = self.count.wait_for(|c| *c >= n).await;
     }
 }
