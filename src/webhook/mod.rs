@@ -315,11 +315,9 @@ async fn read_body(
     let mut first: Option<bytes::Bytes> = None;
     let mut buf = Vec::new();
     let read = async {
-        // A declared length is taken from the budget whole, before any byte is read, so that
-        // bodies never wait on each other half-read.
-        if let Some(n) = declared {
-            held = Some(room(n as usize).await);
-        }
+        // Room is taken for the bytes that arrived, as they arrive: a declared length alone
+        // holds nothing, so streams that announce 3.5 MiB and send none cannot fill the
+        // budget and make every other body wait. Nor is memory allocated ahead of bytes.
         let mut body = body;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
@@ -336,10 +334,8 @@ async fn read_body(
             if read + data.len() > limit {
                 return Err(BadRequest::TooLarge { limit });
             }
-            let covered = declared.map_or(0, |n| n as usize);
-            let uncovered = (read + data.len()).saturating_sub(covered.max(read));
-            if uncovered > 0 {
-                let permit = room(uncovered).await;
+            if !data.is_empty() {
+                let permit = room(data.len()).await;
                 match &mut held {
                     Some(h) => h.merge(permit),
                     None => held = Some(permit),
@@ -350,7 +346,7 @@ async fn read_body(
                 continue;
             }
             if let Some(first) = first.take() {
-                buf.reserve_exact(declared.map_or(0, |n| n as usize).max(read + data.len()));
+                buf.reserve(read + data.len());
                 buf.extend_from_slice(&first);
             }
             buf.extend_from_slice(&data);
