@@ -14,13 +14,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
 use super::idle;
+use super::pool::{Pool, Slot};
 use super::server::ServeOptions;
 use crate::metrics::Metrics;
 
@@ -38,6 +39,13 @@ const H1_MAX_BUF: usize = 64 * 1024;
 /// of the handler, per stream and per connection.
 const H2_STREAM_WINDOW: u32 = 256 * 1024;
 const H2_CONN_WINDOW: u32 = 512 * 1024;
+
+/// How long an admin connection may stay idle: Prometheus scrapes every 15 to 60 s and
+/// reconnects at no cost; the kubelet's probes open a connection each.
+pub(super) const ADMIN_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Time for an admin request head.
+const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Per-connection settings shared by all connections of a listener.
 pub(super) struct ConnConfig {
@@ -86,6 +94,16 @@ impl ConnConfig {
         }
     }
 
+    /// The admin port's: probes and scrapes send their request at once and seldom reuse a
+    /// connection for long, so idle and silent connections are closed soon, leaving the
+    /// slots to the kubelet.
+    pub(super) fn admin(opts: &ServeOptions) -> Self {
+        let mut config = Self::new(opts, None);
+        config.idle_timeout = ADMIN_IDLE_TIMEOUT;
+        config.header_timeout = config.header_timeout.min(ADMIN_HEADER_TIMEOUT);
+        config
+    }
+
     fn count_handshake(&self, result: &'static str) {
         if let Some(metrics) = &self.metrics {
             metrics.observe_handshake(result);
@@ -123,8 +141,8 @@ pub(super) struct Acceptor {
     pub(super) tls: Option<TlsAcceptor>,
     pub(super) app: Router,
     pub(super) conn: Arc<ConnConfig>,
-    /// One permit per open connection.
-    pub(super) limit: Arc<Semaphore>,
+    /// The listener's connection slots, shared fairly between sources.
+    pub(super) pool: Arc<Pool>,
     pub(super) what: &'static str,
 }
 
@@ -150,7 +168,7 @@ impl Acceptor {
             tls,
             app,
             conn,
-            limit,
+            pool,
             what,
         } = self;
         let (stage, _) = watch::channel(Stage::Serving);
@@ -159,31 +177,27 @@ impl Acceptor {
         tokio::pin!(stop);
         let mut full = false;
         loop {
-            // A permit first: at the limit, new connections wait in the kernel's
-            // backlog and cost no descriptor.
-            let permit = match limit.clone().try_acquire_owned() {
-                Ok(permit) => permit,
-                Err(_) => {
-                    if !full {
-                        full = true;
-                        warn!(
-                            listener = what,
-                            "connection limit reached; new connections wait in the backlog"
-                        );
-                    }
-                    tokio::select! {
-                        biased;
-                        () = &mut stop => break,
-                        Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                            log_joined(what, joined);
-                            continue;
-                        }
-                        permit = limit.clone().acquire_owned() => {
-                            permit.expect("the connection limit is never closed")
-                        }
-                    }
+            // Room first: when every connection is busy, new connections wait in the kernel's
+            // backlog and cost no descriptor. When some are idle, a new one is accepted and
+            // the pool decides which to close (`serve/pool.rs`).
+            if !pool.has_room() {
+                if !full {
+                    full = true;
+                    warn!(
+                        listener = what,
+                        "connection limit reached and none idle; new connections wait in the backlog"
+                    );
                 }
-            };
+                tokio::select! {
+                    biased;
+                    () = &mut stop => break,
+                    Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                        log_joined(what, joined);
+                        continue;
+                    }
+                    () = pool.room() => {}
+                }
+            }
             full = false;
             tokio::select! {
                 biased;
@@ -191,12 +205,20 @@ impl Acceptor {
                 Some(joined) = tasks.join_next(), if !tasks.is_empty() => log_joined(what, joined),
                 accepted = listener.accept() => match accepted {
                     Ok((tcp, peer)) => {
+                        let slot = match pool.admit(peer.ip(), tls.is_some()) {
+                            Ok(slot) => slot,
+                            Err(refused) => {
+                                debug!(listener = what, %peer, reason = refused.reason(),
+                                       "no place for the connection; closed");
+                                continue;
+                            }
+                        };
                         // Reviews are small request/response pairs: send them
                         // at once instead of waiting to fill a segment.
                         let _ = tcp.set_nodelay(true);
                         let serve = serve_connection(
                             tcp, peer, tls.clone(), app.clone(), conn.clone(), stage.subscribe(),
-                            permit,
+                            slot,
                         );
                         tasks.spawn(serve);
                     }
@@ -260,19 +282,15 @@ impl Connections {
     }
 }
 
-/// Counts a connection open for as long as it lives, and holds its place under the limit.
+/// Counts a connection open for as long as it lives.
 struct Open {
     conn: Arc<ConnConfig>,
-    _permit: OwnedSemaphorePermit,
 }
 
 impl Open {
-    fn new(conn: Arc<ConnConfig>, permit: OwnedSemaphorePermit) -> Self {
+    fn new(conn: Arc<ConnConfig>) -> Self {
         conn.count_open(1);
-        Open {
-            conn,
-            _permit: permit,
-        }
+        Open { conn }
     }
 }
 
@@ -282,6 +300,7 @@ impl Drop for Open {
     }
 }
 
+/// Serves one connection until it ends, or until its pool closes it to admit another.
 async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -289,13 +308,30 @@ async fn serve_connection(
     app: Router,
     conn: Arc<ConnConfig>,
     stage: watch::Receiver<Stage>,
-    permit: OwnedSemaphorePermit,
+    slot: Slot,
 ) {
-    let _open = Open::new(conn.clone(), permit);
+    let _open = Open::new(conn.clone());
+    tokio::select! {
+        () = serve_admitted(tcp, peer, tls, app, conn.clone(), stage, &slot) => {}
+        () = slot.evicted() => debug!(%peer, "closed to make room for another connection"),
+    }
+}
+
+async fn serve_admitted(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    app: Router,
+    conn: Arc<ConnConfig>,
+    stage: watch::Receiver<Stage>,
+    slot: &Slot,
+) {
     let Some(acceptor) = tls else {
-        return serve_h1(&conn, tcp, peer, app, stage).await;
+        return serve_h1(&conn, tcp, peer, app, stage, slot).await;
     };
-    let stream = match tokio::time::timeout(conn.handshake_timeout, acceptor.accept(tcp)).await {
+    let handshake = tokio::time::timeout(conn.handshake_timeout, acceptor.accept(tcp)).await;
+    slot.handshake_done();
+    let stream = match handshake {
         Ok(Ok(stream)) => {
             conn.count_handshake("success");
             stream
@@ -325,9 +361,10 @@ async fn serve_connection(
             }
         }
         let clock = idle::Clock::http2(conn.idle_timeout, conn.write_timeout);
+        slot.serving(clock.clone());
         serve_clocked(&conn, &conn.h2, stream, peer, app, stage, clock, true).await;
     } else {
-        serve_h1(&conn, stream, peer, app, stage).await;
+        serve_h1(&conn, stream, peer, app, stage, slot).await;
     }
 }
 
@@ -338,10 +375,12 @@ async fn serve_h1<IO>(
     peer: SocketAddr,
     app: Router,
     stage: watch::Receiver<Stage>,
+    slot: &Slot,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let clock = idle::Clock::http1(conn.header_timeout, conn.idle_timeout, conn.write_timeout);
+    slot.serving(clock.clone());
     serve_clocked(conn, &conn.h1, io, peer, app, stage, clock, false).await;
 }
 

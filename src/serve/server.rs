@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use axum::Router;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::conn::{AbortOnDrop, Acceptor, ConnConfig, Stage};
+use super::pool::Pool;
 use super::readiness::{Readiness, admin_router};
 use super::tls::{Tls, TlsError, TlsSource};
 use crate::metrics::Metrics;
@@ -28,6 +29,15 @@ const ADMIN_DRAIN: Duration = Duration::from_secs(2);
 
 /// Connections the admin port serves at once: probes and scrapes need a few.
 const ADMIN_MAX_CONNECTIONS: usize = 32;
+
+/// Admin connections from one source: the kubelet and Prometheus need a couple each, and a
+/// flood from one address leaves the rest to them.
+const ADMIN_MAX_PER_SOURCE: usize = 8;
+
+/// TLS handshakes in progress at once on the webhook port: a full handshake takes
+/// milliseconds, and the API server keeps its connections, so a small pool serves it; the
+/// pool's fairness (`serve/pool.rs`) keeps a flood of silent connections from taking it.
+pub const MAX_HANDSHAKES: usize = 64;
 
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
@@ -199,9 +209,15 @@ impl Server {
         let admin = Acceptor {
             listener: admin_listener,
             tls: None,
-            app: admin_router(metrics, readiness.clone()),
-            conn: Arc::new(ConnConfig::new(&opts, None)),
-            limit: Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS)),
+            app: admin_router(metrics.clone(), readiness.clone()),
+            conn: Arc::new(ConnConfig::admin(&opts)),
+            pool: Pool::new(
+                "admin",
+                ADMIN_MAX_CONNECTIONS,
+                ADMIN_MAX_PER_SOURCE,
+                ADMIN_MAX_CONNECTIONS,
+                Some(metrics.clone()),
+            ),
             what: "admin",
         };
         let admin = AdminThread::start(admin)?;
@@ -211,7 +227,13 @@ impl Server {
             tls: Some(tls.acceptor()),
             app,
             conn,
-            limit: Arc::new(Semaphore::new(opts.max_connections)),
+            pool: Pool::new(
+                "webhook",
+                opts.max_connections,
+                opts.max_connections,
+                MAX_HANDSHAKES,
+                Some(metrics.clone()),
+            ),
             what: "webhook",
         };
         info!(%local_addr, %admin_addr, max_connections = opts.max_connections, "serving");
