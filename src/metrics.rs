@@ -54,6 +54,23 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolReasonLabels {
+    pool: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TopSourceLabels {
+    pool: &'static str,
+    source: String,
+}
+
 /// All metrics of one process. Cheap to share behind an `Arc`.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -66,10 +83,18 @@ pub struct Metrics {
     policy_latency: Histogram,
     cert_expiry: Gauge<i64>,
     cert_reloads: Family<ResultLabels, Counter>,
+    cert_reload_failures: Family<ReasonLabels, Counter>,
+    client_ca_reloads: Family<ResultLabels, Counter>,
     handshakes: Family<ResultLabels, Counter>,
     timeouts: Family<ReasonLabels, Counter>,
     open_connections: Gauge<i64>,
     connection_limit: Gauge<i64>,
+    pool_full: Family<PoolLabels, Gauge>,
+    pool_evictions: Family<PoolReasonLabels, Counter>,
+    pool_refusals: Family<PoolReasonLabels, Counter>,
+    pool_top_source: Family<TopSourceLabels, Gauge>,
+    /// The labels of each pool's one `connection_pool_top_source_connections` series.
+    pool_top_current: Mutex<Vec<TopSourceLabels>>,
     operator_version: Family<VersionLabels, Gauge>,
     /// The labels of the one `operator_version_info` series.
     operator_version_current: Mutex<Option<VersionLabels>>,
@@ -148,6 +173,27 @@ impl Metrics {
         for result in ["success", "failure"] {
             let _ = cert_reloads.get_or_create(&ResultLabels { result });
         }
+        let cert_reload_failures = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "tls_certificate_reload_failures",
+            "Changed serving certificates not loaded (the previous one kept), by reason: \
+             expired, not-yet-valid, unreadable (missing, not a regular file, too large) or \
+             invalid",
+            cert_reload_failures.clone(),
+        );
+        for reason in ["expired", "not-yet-valid", "unreadable", "invalid"] {
+            let _ = cert_reload_failures.get_or_create(&ReasonLabels { reason });
+        }
+        let client_ca_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "tls_client_ca_reloads",
+            "Attempts to load a changed --client-ca bundle, by result (success, failure: the \
+             previous CA kept)",
+            client_ca_reloads.clone(),
+        );
+        for result in ["success", "failure"] {
+            let _ = client_ca_reloads.get_or_create(&ResultLabels { result });
+        }
         let handshakes = Family::<ResultLabels, Counter>::default();
         registry.register(
             "webhook_tls_handshakes",
@@ -181,6 +227,38 @@ impl Metrics {
             "The most webhook connections served at once (--max-connections); more wait",
             connection_limit.clone(),
         );
+        let pool_full = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "connection_pool_full",
+            "1 while a connection pool is full: webhook (--max-connections), \
+             webhook-handshakes (TLS handshakes in progress) or admin; new connections then \
+             close an idle one of the source holding the most, or wait",
+            pool_full.clone(),
+        );
+        for pool in ["webhook", "webhook-handshakes", "admin"] {
+            let _ = pool_full.get_or_create(&PoolLabels { pool });
+        }
+        let pool_evictions = Family::<PoolReasonLabels, Counter>::default();
+        registry.register(
+            "connection_pool_evictions",
+            "Idle or handshaking connections closed to admit another, by pool and reason \
+             (full, handshakes-full, source-limit)",
+            pool_evictions.clone(),
+        );
+        let pool_refusals = Family::<PoolReasonLabels, Counter>::default();
+        registry.register(
+            "connection_pool_refusals",
+            "Connections closed at once because their pool had no place for them, by pool and \
+             reason (full, source-limit)",
+            pool_refusals.clone(),
+        );
+        let pool_top_source = Family::<TopSourceLabels, Gauge>::default();
+        registry.register(
+            "connection_pool_top_source_connections",
+            "Connections held by the source (IP address) holding the most of a pool: one \
+             series per pool",
+            pool_top_source.clone(),
+        );
         let operator_version = Family::<VersionLabels, Gauge>::default();
         registry.register(
             "operator_version_info",
@@ -200,10 +278,17 @@ impl Metrics {
             policy_latency,
             cert_expiry,
             cert_reloads,
+            cert_reload_failures,
+            client_ca_reloads,
             handshakes,
             timeouts,
             open_connections,
             connection_limit,
+            pool_full,
+            pool_evictions,
+            pool_refusals,
+            pool_top_source,
+            pool_top_current: Mutex::new(Vec::new()),
             operator_version,
             operator_version_current: Mutex::new(None),
         }
@@ -274,6 +359,21 @@ impl Metrics {
             .inc();
     }
 
+    /// Records why a changed serving certificate was not loaded.
+    pub fn observe_cert_reload_failure(&self, reason: &'static str) {
+        self.cert_reload_failures
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Records an attempt to load a changed client CA bundle.
+    pub fn observe_client_ca_reload(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.client_ca_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
     /// Records the end of a TLS handshake on the webhook port: `success`, `failure` or `timeout`.
     pub fn observe_handshake(&self, result: &'static str) {
         self.handshakes
@@ -295,6 +395,62 @@ impl Metrics {
     pub fn set_connection_limit(&self, limit: usize) {
         self.connection_limit
             .set(i64::try_from(limit).unwrap_or(i64::MAX));
+    }
+
+    /// Records a connection closed by `pool` to admit another.
+    pub fn observe_pool_eviction(&self, pool: &'static str, reason: &'static str) {
+        self.pool_evictions
+            .get_or_create(&PoolReasonLabels { pool, reason })
+            .inc();
+    }
+
+    /// Records a connection `pool` had no place for.
+    pub fn observe_pool_refusal(&self, pool: &'static str, reason: &'static str) {
+        self.pool_refusals
+            .get_or_create(&PoolReasonLabels { pool, reason })
+            .inc();
+    }
+
+    /// Publishes a pool's state: whether it (and, for the webhook, its handshakes) is full,
+    /// and the source holding the most connections with their number.
+    pub fn set_pool_state(
+        &self,
+        pool: &'static str,
+        full: bool,
+        handshakes_full: bool,
+        top: Option<(String, usize)>,
+    ) {
+        self.pool_full
+            .get_or_create(&PoolLabels { pool })
+            .set(i64::from(full));
+        if pool == "webhook" {
+            self.pool_full
+                .get_or_create(&PoolLabels {
+                    pool: "webhook-handshakes",
+                })
+                .set(i64::from(handshakes_full));
+        }
+        let mut current = self
+            .pool_top_current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let old = current
+            .iter()
+            .position(|l| l.pool == pool)
+            .map(|i| current.remove(i));
+        let new = top.map(|(source, n)| {
+            let labels = TopSourceLabels { pool, source };
+            self.pool_top_source
+                .get_or_create(&labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+            labels
+        });
+        if let Some(old) = old
+            && Some(&old) != new.as_ref()
+        {
+            self.pool_top_source.remove(&old);
+        }
+        current.extend(new);
     }
 
     /// Sets the expiry time of the certificate now being served.

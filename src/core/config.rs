@@ -81,6 +81,10 @@ impl Default for Config {
 impl Config {
     /// Parses YAML (or JSON, a subset); `path` only names the source in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        check_shape(text).map_err(|message| ConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        })?;
         let file: File = if text.trim().is_empty() {
             File::default()
         } else {
@@ -126,6 +130,95 @@ impl Config {
             operator_namespace,
             operator_version,
         })
+    }
+}
+
+/// How deep a configuration file may nest: its deepest value (`exemptions.groups[0]`) is at
+/// depth 3.
+const MAX_DEPTH: usize = 8;
+
+/// Reads the file's YAML events before serde builds anything, and refuses what a
+/// configuration never needs but an attacker with write access to the ConfigMap could use:
+/// anchors and aliases (a few KiB of aliases expand to gigabytes), deep nesting (the parser's
+/// work grows with it), and a key given twice in one mapping (YAML says keys are unique; a
+/// rule listed as `deny` and again as `off` must not silently end up off). Stops at the first
+/// problem, so a hostile file costs no more than reading up to it.
+fn check_shape(text: &str) -> Result<(), String> {
+    use yaml_rust2::parser::{Event, Parser};
+
+    enum Frame {
+        /// The keys seen so far, the key whose value comes next (`None`: a key comes next),
+        /// and where the mapping is (`rules.`), for messages.
+        Map {
+            keys: std::collections::HashSet<String>,
+            key: Option<String>,
+            path: String,
+        },
+        Seq,
+    }
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        let (event, mark) = parser.next_token().map_err(|e| e.to_string())?;
+        let at = |what: &str| format!("line {}: {what}", mark.line());
+        let anchor = match &event {
+            Event::Scalar(_, _, anchor, _)
+            | Event::SequenceStart(anchor, _)
+            | Event::MappingStart(anchor, _) => *anchor,
+            _ => 0,
+        };
+        if anchor != 0 {
+            return Err(at("YAML anchors (&name) are not accepted"));
+        }
+        // Where a value that starts here sits, when it is a mapping's value.
+        let here = match stack.last() {
+            Some(Frame::Map {
+                key: Some(key),
+                path,
+                ..
+            }) => format!("{path}{key}."),
+            _ => String::new(),
+        };
+        match event {
+            Event::StreamEnd => return Ok(()),
+            Event::Alias(_) => return Err(at("YAML aliases (*name) are not accepted")),
+            Event::Scalar(value, ..) => {
+                if let Some(Frame::Map { keys, key, path }) = stack.last_mut() {
+                    // A scalar where a key is due is a key; else it was the key's value.
+                    if key.take().is_none() {
+                        if !keys.insert(value.clone()) {
+                            return Err(at(&format!("`{path}{value}` is given twice")));
+                        }
+                        *key = Some(value);
+                    }
+                }
+            }
+            Event::MappingStart(..) | Event::SequenceStart(..) => {
+                if let Some(Frame::Map { key: None, .. }) = stack.last() {
+                    return Err(at("keys must be plain strings"));
+                }
+                if stack.len() >= MAX_DEPTH {
+                    return Err(at(&format!("nested deeper than {MAX_DEPTH} levels")));
+                }
+                stack.push(if matches!(event, Event::MappingStart(..)) {
+                    Frame::Map {
+                        keys: Default::default(),
+                        key: None,
+                        path: here,
+                    }
+                } else {
+                    Frame::Seq
+                });
+            }
+            Event::MappingEnd | Event::SequenceEnd => {
+                stack.pop();
+                // The collection was its parent's value: a key comes next.
+                if let Some(Frame::Map { key, .. }) = stack.last_mut() {
+                    *key = None;
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -206,6 +299,58 @@ mod tests {
         assert!(msg.contains("test.yaml"), "{msg}");
         assert!(msg.contains("\"device-plugin-without-tookit\""), "{msg}");
         assert!(msg.contains("device-plugin-without-toolkit"), "{msg}");
+    }
+
+    #[test]
+    fn a_rule_listed_twice_is_an_error_naming_it() {
+        let msg = parse("rules:\n  value-not-true: deny\n  value-not-true: off\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            "config file test.yaml: line 3: `rules.value-not-true` is given twice"
+        );
+        let msg = parse("mode: warn\nmode: enforce\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("`mode` is given twice"), "{msg}");
+        // The same key in different mappings is fine.
+        let cfg = parse("exemptions:\n  usernames: [a]\n  groups: [a]\n").unwrap();
+        assert_eq!(cfg.policy.exemptions.groups, ["a"]);
+    }
+
+    #[test]
+    fn anchors_aliases_and_deep_nesting_are_refused_at_once() {
+        let msg = parse("exemptions:\n  usernames: &u [a]\n  groups: *u\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("anchors (&name) are not accepted"), "{msg}");
+        // An alias of no anchor: the parser itself refuses it.
+        let msg = parse("exemptions:\n  groups: *u\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("anchor"), "{msg}");
+        let msg = parse("a: {b: {c: {d: {e: {f: {g: {h: {i: 1}}}}}}}}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("nested deeper than 8 levels"), "{msg}");
+        // 200 KB of brackets: refused near the start (the scanner's own limit looks ahead of
+        // the events), not parsed to the end.
+        let deep = "[".repeat(200_000);
+        let started = std::time::Instant::now();
+        let msg = parse(&deep).unwrap_err().to_string();
+        assert!(
+            msg.contains("recursion limit") || msg.contains("nested deeper"),
+            "{msg}"
+        );
+        // Generous for a loaded machine: the old reading took 37 s.
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // A billion-laughs file is refused at its first anchor, before any expansion.
+        let mut laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n".to_owned();
+        for i in 0..20 {
+            laughs.push_str(&format!("b{i}: &b{i} [*a, *a, *a, *a, *a, *a, *a, *a]\n"));
+        }
+        assert!(parse(&laughs).unwrap_err().to_string().contains("anchors"));
     }
 
     #[test]

@@ -660,11 +660,18 @@ fn unkept_selector_keys(
     out: &mut Vec<Finding>,
 ) {
     let PolicyChange::NvidiaDriver {
-        after: Some(this), ..
+        after: Some(this),
+        before,
+        others,
+        ..
     } = review.change
     else {
         return;
     };
+    // Alone and new, it can overlap nothing and take no driver away: nothing went unchecked.
+    if others.is_empty() && before.is_none() {
+        return;
+    }
     let unkept: Vec<&str> = this
         .node_selector
         .iter()

@@ -2,7 +2,7 @@
 //! with `{`, YAML otherwise (kubectl writes both). The readers of a Node, a ClusterPolicy and
 //! the configuration file are here; the audit's large List files are streamed by [`super::list`].
 
-use std::io::Read;
+use std::io::{self, Read};
 use std::path::Path;
 
 use super::cluster_policy::{self, ClusterPolicy, ClusterPolicyError};
@@ -68,13 +68,70 @@ pub fn cluster_policy_file(path: &Path) -> Result<ClusterPolicy, ClusterPolicyEr
     cluster_policy::parse(&text, path)
 }
 
-/// The YAML configuration file.
+/// The largest configuration file read: a real one is a few KiB.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// The YAML configuration file (at most [`MAX_CONFIG_BYTES`], a regular file or standard input).
 pub fn config_file(path: &Path) -> Result<Config, ConfigError> {
-    let text = text(path).map_err(|source| ConfigError::Read {
+    let read = |source| ConfigError::Read {
         path: path.to_owned(),
         source,
-    })?;
+    };
+    let bytes = if is_stdin(path) {
+        let mut bytes = Vec::new();
+        io::stdin()
+            .lock()
+            .take(MAX_CONFIG_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read)?;
+        if bytes.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(read(too_large(MAX_CONFIG_BYTES)));
+        }
+        bytes
+    } else {
+        regular_file(path, MAX_CONFIG_BYTES).map_err(read)?
+    };
+    let text = String::from_utf8(bytes)
+        .map_err(|_| read(io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text")))?;
     Config::parse(&text, path)
+}
+
+fn too_large(max: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("larger than the limit of {max} bytes"),
+    )
+}
+
+/// Reads a file the server depends on: a regular file (symlinks followed, as a mounted
+/// Secret's or ConfigMap's `..data` links are) of at most `max` bytes. A FIFO, a device such
+/// as `/dev/zero`, a directory or a huge file is refused before it can block the process or
+/// grow its memory.
+pub fn regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Without O_NONBLOCK, opening a FIFO that has no writer waits forever; on a regular file
+    // the flag changes nothing.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, device or directory)",
+        ));
+    }
+    if meta.len() > max {
+        return Err(too_large(max));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    // Bounded again: the file may grow while it is read.
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(too_large(max));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -87,5 +144,51 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("/nonexistent/gdg.yaml"), "{msg}");
+    }
+
+    #[test]
+    fn only_regular_files_within_the_size_limit_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("small");
+        std::fs::write(&small, b"mode: warn\n").unwrap();
+        assert_eq!(regular_file(&small, 64).unwrap(), b"mode: warn\n");
+        // Through a symlink, as Kubernetes mounts a ConfigMap's files.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&small, &link).unwrap();
+        assert_eq!(regular_file(&link, 64).unwrap(), b"mode: warn\n");
+
+        let msg = regular_file(&small, 4).unwrap_err().to_string();
+        assert_eq!(msg, "larger than the limit of 4 bytes");
+        for special in [Path::new("/dev/zero"), dir.path()] {
+            let msg = regular_file(special, 64).unwrap_err().to_string();
+            assert!(
+                msg.contains("not a regular file"),
+                "{}: {msg}",
+                special.display()
+            );
+        }
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Returns at once instead of waiting for a writer.
+        let msg = regular_file(&fifo, 64).unwrap_err().to_string();
+        assert!(msg.contains("not a regular file"), "{msg}");
+    }
+
+    #[test]
+    fn a_config_file_over_one_mib_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.yaml");
+        let mut text = "mode: warn\n".to_owned();
+        text.push_str(&"#".repeat(MAX_CONFIG_BYTES as usize));
+        std::fs::write(&big, text).unwrap();
+        let msg = config_file(&big).unwrap_err().to_string();
+        assert!(
+            msg.contains("big.yaml") && msg.contains("larger than the limit of 1048576 bytes"),
+            "{msg}"
+        );
     }
 }

@@ -79,6 +79,21 @@ pub struct ServeArgs {
     /// docs/client-certificates.md). Re-read when the file changes.
     #[arg(long, env = "GDG_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
+    /// With --client-ca: the names a client certificate may carry (its subject's common name,
+    /// or a DNS, URI or email subject alternative name), comma-separated; empty allows any
+    /// certificate the CA signed. The clientAuth extended key usage is always required.
+    #[arg(
+        long,
+        env = "GDG_CLIENT_CA_ALLOWED_NAMES",
+        value_delimiter = ',',
+        requires = "client_ca"
+    )]
+    pub client_ca_allowed_names: Vec<String>,
+    /// The longest a webhook connection lives before the client is asked to reconnect
+    /// (HTTP/2 GOAWAY, HTTP/1.1 `Connection: close`): a client authenticated by a CA since
+    /// removed from --client-ca stops being served after it (plus the idle timeout at most).
+    #[arg(long, env = "GDG_MAX_CONNECTION_AGE", default_value = "10m", value_parser = parse_duration)]
+    pub max_connection_age: Duration,
     /// Time for a request's head to arrive, from the start of a connection or from the first byte
     /// of a later request on it.
     #[arg(long, env = "GDG_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -198,16 +213,21 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a terminal: in a pod's log they are escape sequences.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+        // Request fields are escaped: a `\n` or ESC in a uid must not forge a line.
+        LogFormat::Text => builder.fmt_fields(super::logs::text_fields()).init(),
     }
 }
 
-/// Runs `serve` until SIGTERM or Ctrl-C, then drains.
+/// Runs `serve` until a terminating signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 or
+/// SIGUSR2), then drains; a second one ends the drain at once.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logs(args.log_format);
     let (no_cluster_watch, report) = (args.no_cluster_watch, args.report);
@@ -275,6 +295,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(super::limits::default_max_connections),
         max_concurrent_streams: args.max_concurrent_streams,
         client_ca: args.client_ca,
+        client_ca_allowed_names: args.client_ca_allowed_names,
+        max_connection_age: args.max_connection_age,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -307,7 +329,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await
         };
         let app = webhook::router(Arc::new(webhook));
-        let served = server::run(options, app, metrics, readiness, server::shutdown_signal()).await;
+        let served = server::run_until_signalled(options, app, metrics, readiness).await;
         if let Some(watch) = watch {
             watch.stop().await;
         }

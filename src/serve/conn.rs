@@ -14,13 +14,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
 use super::idle;
+use super::pool::{Pool, Slot};
 use super::server::ServeOptions;
 use crate::metrics::Metrics;
 
@@ -39,6 +40,13 @@ const H1_MAX_BUF: usize = 64 * 1024;
 const H2_STREAM_WINDOW: u32 = 256 * 1024;
 const H2_CONN_WINDOW: u32 = 512 * 1024;
 
+/// How long an admin connection may stay idle: Prometheus scrapes every 15 to 60 s and
+/// reconnects at no cost; the kubelet's probes open a connection each.
+pub(super) const ADMIN_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Time for an admin request head.
+const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Per-connection settings shared by all connections of a listener.
 pub(super) struct ConnConfig {
     /// The protocol is fixed per connection from ALPN, so hyper never has to
@@ -50,6 +58,8 @@ pub(super) struct ConnConfig {
     idle_timeout: Duration,
     write_timeout: Duration,
     handshake_timeout: Duration,
+    /// `--max-connection-age`; `None` on the admin listener.
+    max_age: Option<Duration>,
     /// Where handshakes and timeouts are counted; `None` for the admin listener.
     metrics: Option<Arc<Metrics>>,
 }
@@ -79,8 +89,19 @@ impl ConnConfig {
             idle_timeout: opts.idle_timeout,
             write_timeout: opts.write_timeout,
             handshake_timeout: opts.handshake_timeout,
+            max_age: metrics.as_ref().map(|_| opts.max_connection_age),
             metrics,
         }
+    }
+
+    /// The admin port's: probes and scrapes send their request at once and seldom reuse a
+    /// connection for long, so idle and silent connections are closed soon, leaving the
+    /// slots to the kubelet.
+    pub(super) fn admin(opts: &ServeOptions) -> Self {
+        let mut config = Self::new(opts, None);
+        config.idle_timeout = ADMIN_IDLE_TIMEOUT;
+        config.header_timeout = config.header_timeout.min(ADMIN_HEADER_TIMEOUT);
+        config
     }
 
     fn count_handshake(&self, result: &'static str) {
@@ -120,8 +141,8 @@ pub(super) struct Acceptor {
     pub(super) tls: Option<TlsAcceptor>,
     pub(super) app: Router,
     pub(super) conn: Arc<ConnConfig>,
-    /// One permit per open connection.
-    pub(super) limit: Arc<Semaphore>,
+    /// The listener's connection slots, shared fairly between sources.
+    pub(super) pool: Arc<Pool>,
     pub(super) what: &'static str,
 }
 
@@ -147,7 +168,7 @@ impl Acceptor {
             tls,
             app,
             conn,
-            limit,
+            pool,
             what,
         } = self;
         let (stage, _) = watch::channel(Stage::Serving);
@@ -156,31 +177,27 @@ impl Acceptor {
         tokio::pin!(stop);
         let mut full = false;
         loop {
-            // A permit first: at the limit, new connections wait in the kernel's
-            // backlog and cost no descriptor.
-            let permit = match limit.clone().try_acquire_owned() {
-                Ok(permit) => permit,
-                Err(_) => {
-                    if !full {
-                        full = true;
-                        warn!(
-                            listener = what,
-                            "connection limit reached; new connections wait in the backlog"
-                        );
-                    }
-                    tokio::select! {
-                        biased;
-                        () = &mut stop => break,
-                        Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                            log_joined(what, joined);
-                            continue;
-                        }
-                        permit = limit.clone().acquire_owned() => {
-                            permit.expect("the connection limit is never closed")
-                        }
-                    }
+            // Room first: when every connection is busy, new connections wait in the kernel's
+            // backlog and cost no descriptor. When some are idle, a new one is accepted and
+            // the pool decides which to close (`serve/pool.rs`).
+            if !pool.has_room() {
+                if !full {
+                    full = true;
+                    warn!(
+                        listener = what,
+                        "connection limit reached and none idle; new connections wait in the backlog"
+                    );
                 }
-            };
+                tokio::select! {
+                    biased;
+                    () = &mut stop => break,
+                    Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                        log_joined(what, joined);
+                        continue;
+                    }
+                    () = pool.room() => {}
+                }
+            }
             full = false;
             tokio::select! {
                 biased;
@@ -188,12 +205,20 @@ impl Acceptor {
                 Some(joined) = tasks.join_next(), if !tasks.is_empty() => log_joined(what, joined),
                 accepted = listener.accept() => match accepted {
                     Ok((tcp, peer)) => {
+                        let slot = match pool.admit(peer.ip(), tls.is_some()) {
+                            Ok(slot) => slot,
+                            Err(refused) => {
+                                debug!(listener = what, %peer, reason = refused.reason(),
+                                       "no place for the connection; closed");
+                                continue;
+                            }
+                        };
                         // Reviews are small request/response pairs: send them
                         // at once instead of waiting to fill a segment.
                         let _ = tcp.set_nodelay(true);
                         let serve = serve_connection(
                             tcp, peer, tls.clone(), app.clone(), conn.clone(), stage.subscribe(),
-                            permit,
+                            slot,
                         );
                         tasks.spawn(serve);
                     }
@@ -257,19 +282,15 @@ impl Connections {
     }
 }
 
-/// Counts a connection open for as long as it lives, and holds its place under the limit.
+/// Counts a connection open for as long as it lives.
 struct Open {
     conn: Arc<ConnConfig>,
-    _permit: OwnedSemaphorePermit,
 }
 
 impl Open {
-    fn new(conn: Arc<ConnConfig>, permit: OwnedSemaphorePermit) -> Self {
+    fn new(conn: Arc<ConnConfig>) -> Self {
         conn.count_open(1);
-        Open {
-            conn,
-            _permit: permit,
-        }
+        Open { conn }
     }
 }
 
@@ -279,6 +300,7 @@ impl Drop for Open {
     }
 }
 
+/// Serves one connection until it ends, or until its pool closes it to admit another.
 async fn serve_connection(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -286,13 +308,30 @@ async fn serve_connection(
     app: Router,
     conn: Arc<ConnConfig>,
     stage: watch::Receiver<Stage>,
-    permit: OwnedSemaphorePermit,
+    slot: Slot,
 ) {
-    let _open = Open::new(conn.clone(), permit);
+    let _open = Open::new(conn.clone());
+    tokio::select! {
+        () = serve_admitted(tcp, peer, tls, app, conn.clone(), stage, &slot) => {}
+        () = slot.evicted() => debug!(%peer, "closed to make room for another connection"),
+    }
+}
+
+async fn serve_admitted(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    app: Router,
+    conn: Arc<ConnConfig>,
+    stage: watch::Receiver<Stage>,
+    slot: &Slot,
+) {
     let Some(acceptor) = tls else {
-        return serve_h1(&conn, tcp, peer, app, stage).await;
+        return serve_h1(&conn, tcp, peer, app, stage, slot).await;
     };
-    let stream = match tokio::time::timeout(conn.handshake_timeout, acceptor.accept(tcp)).await {
+    let handshake = tokio::time::timeout(conn.handshake_timeout, acceptor.accept(tcp)).await;
+    slot.handshake_done();
+    let stream = match handshake {
         Ok(Ok(stream)) => {
             conn.count_handshake("success");
             stream
@@ -322,9 +361,10 @@ async fn serve_connection(
             }
         }
         let clock = idle::Clock::http2(conn.idle_timeout, conn.write_timeout);
+        slot.serving(clock.clone());
         serve_clocked(&conn, &conn.h2, stream, peer, app, stage, clock, true).await;
     } else {
-        serve_h1(&conn, stream, peer, app, stage).await;
+        serve_h1(&conn, stream, peer, app, stage, slot).await;
     }
 }
 
@@ -335,10 +375,12 @@ async fn serve_h1<IO>(
     peer: SocketAddr,
     app: Router,
     stage: watch::Receiver<Stage>,
+    slot: &Slot,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let clock = idle::Clock::http1(conn.header_timeout, conn.idle_timeout, conn.write_timeout);
+    slot.serving(clock.clone());
     serve_clocked(conn, &conn.h1, io, peer, app, stage, clock, false).await;
 }
 
@@ -358,7 +400,7 @@ async fn serve_clocked<IO>(
 {
     let io = idle::Watched::new(io, clock.clone());
     tokio::select! {
-        () = serve_http(builder, io, peer, app, stage, clock.clone(), http2) => {}
+        () = serve_http(builder, io, peer, app, stage, clock.clone(), http2, conn.max_age) => {}
         expired = clock.expired() => {
             conn.count_timeout(expired.reason());
             debug!(%peer, reason = expired.describe(), "closing the connection");
@@ -366,6 +408,7 @@ async fn serve_clocked<IO>(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_http<IO>(
     builder: &auto::Builder<TokioExecutor>,
     io: IO,
@@ -374,16 +417,23 @@ async fn serve_http<IO>(
     mut stage: watch::Receiver<Stage>,
     clock: Arc<idle::Clock>,
     http2: bool,
+    max_age: Option<Duration>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // Past its age a connection is asked to go as in the shutdown delay: HTTP/1.1 answers
+    // `Connection: close` (an idle one is then closed by the idle timeout, never under a
+    // request on its way), HTTP/2 gets a GOAWAY, which the client sees before any new stream.
+    let too_old = max_age.map(|age| tokio::time::Instant::now() + age);
     let leaving = stage.clone();
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         // Lets handlers log who called them via axum's ConnectInfo extractor.
         request.extensions_mut().insert(ConnectInfo(peer));
         let app = app.clone();
         let clock = clock.clone();
-        let close = !http2 && *leaving.borrow() != Stage::Serving;
+        let close = !http2
+            && (*leaving.borrow() != Stage::Serving
+                || too_old.is_some_and(|at| tokio::time::Instant::now() >= at));
         async move {
             clock.request_started();
             let response = app.oneshot(request).await;
@@ -415,6 +465,11 @@ async fn serve_http<IO>(
                 }
                 return;
             }
+            () = sleep_until_or_never(too_old), if http2 && !shutting => {
+                debug!(%peer, "connection reached its maximum age; GOAWAY");
+                connection.as_mut().graceful_shutdown();
+                shutting = true;
+            }
             changed = stage.changed(), if !shutting => {
                 let now = if changed.is_ok() { *stage.borrow_and_update() } else { Stage::Draining };
                 if now == Stage::Draining || (http2 && now == Stage::Leaving) {
@@ -423,6 +478,13 @@ async fn serve_http<IO>(
                 }
             }
         }
+    }
+}
+
+async fn sleep_until_or_never(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

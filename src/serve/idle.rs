@@ -190,6 +190,15 @@ impl Clock {
         self.changed.notify_one();
     }
 
+    /// Since when the connection could be closed without cutting a request or an answer:
+    /// idle between requests, or waiting for a request head (a client sends a head at once;
+    /// a slow one is bounded by the header timeout anyway). `None` while a request is handled
+    /// or its answer sent.
+    pub(super) fn idle_since(&self) -> Option<Instant> {
+        let s = *self.lock();
+        (s.handling == 0 && s.sending == 0 && s.write_blocked.is_none()).then_some(s.since)
+    }
+
     /// The limit the connection will outlive next and when, if any.
     fn deadline(&self) -> Option<(Instant, Expired)> {
         let s = *self.lock();

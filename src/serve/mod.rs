@@ -8,6 +8,8 @@ mod conn;
 mod idle;
 pub mod lease;
 pub mod limits;
+pub mod logs;
+mod pool;
 pub mod readiness;
 pub mod server;
 pub mod tls;

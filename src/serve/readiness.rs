@@ -45,6 +45,10 @@ impl Gate {
     pub fn open(&self) {
         self.open.store(true, Ordering::SeqCst);
     }
+    /// Holds readiness back again, e.g. when the certificate in use stops being valid.
+    pub fn close(&self) {
+        self.open.store(false, Ordering::SeqCst);
+    }
     pub fn is_open(&self) -> bool {
         self.open.load(Ordering::SeqCst)
     }

@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use axum::Router;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::conn::{AbortOnDrop, Acceptor, ConnConfig, Stage};
+use super::pool::Pool;
 use super::readiness::{Readiness, admin_router};
 use super::tls::{Tls, TlsError, TlsSource};
 use crate::metrics::Metrics;
@@ -28,6 +29,15 @@ const ADMIN_DRAIN: Duration = Duration::from_secs(2);
 
 /// Connections the admin port serves at once: probes and scrapes need a few.
 const ADMIN_MAX_CONNECTIONS: usize = 32;
+
+/// Admin connections from one source: the kubelet and Prometheus need a couple each, and a
+/// flood from one address leaves the rest to them.
+const ADMIN_MAX_PER_SOURCE: usize = 8;
+
+/// TLS handshakes in progress at once on the webhook port: a full handshake takes
+/// milliseconds, and the API server keeps its connections, so a small pool serves it; the
+/// pool's fairness (`serve/pool.rs`) keeps a flood of silent connections from taking it.
+pub const MAX_HANDSHAKES: usize = 64;
 
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
@@ -66,6 +76,14 @@ pub struct ServeOptions {
     /// these CAs (the API server's, configured by an AdmissionConfiguration). Re-read like
     /// the serving certificate.
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: names a client certificate must carry (subject common name, or a DNS,
+    /// URI or email subject alternative name); empty allows any the CA signed. The clientAuth
+    /// extended key usage is required either way.
+    pub client_ca_allowed_names: Vec<String>,
+    /// The longest a webhook connection lives: then HTTP/2 gets a GOAWAY and HTTP/1.1 answers
+    /// `Connection: close`, so that a client authenticated by a CA since removed from
+    /// `client_ca` is made to handshake again, and so that connections spread over replicas.
+    pub max_connection_age: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +126,7 @@ impl Server {
             ("handshake_timeout", opts.handshake_timeout),
             ("drain_timeout", opts.drain_timeout),
             ("write_timeout", opts.write_timeout),
+            ("max_connection_age", opts.max_connection_age),
         ] {
             if value.is_zero() {
                 return Err(ServeError::ZeroDuration(name));
@@ -119,7 +138,12 @@ impl Server {
         if opts.max_concurrent_streams == 0 {
             return Err(ServeError::ZeroLimit("max_concurrent_streams"));
         }
-        let tls = Tls::load(&opts.tls, opts.client_ca.as_deref(), &metrics)?;
+        let tls = Tls::load(
+            &opts.tls,
+            opts.client_ca.as_deref(),
+            &opts.client_ca_allowed_names,
+            &metrics,
+        )?;
         let (listener, local_addr) = bind(opts.listen, "webhook").await?;
         let (admin_listener, admin_addr) = bind(opts.admin_listen, "admin").await?;
         Ok(Self {
@@ -150,6 +174,19 @@ impl Server {
         readiness: Readiness,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
+        self.serve_until(app, readiness, shutdown, std::future::pending())
+            .await
+    }
+
+    /// Like [`Server::serve`]; when `hurry` resolves during the shutdown delay or the drain,
+    /// both end at once and the connections still open are cut.
+    pub async fn serve_until(
+        self,
+        app: Router,
+        readiness: Readiness,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        hurry: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
         let Server {
             opts,
             tls,
@@ -160,7 +197,11 @@ impl Server {
             metrics,
         } = self;
         let _reloader = tls
-            .spawn_reloader(opts.reload_interval, metrics.clone())
+            .spawn_reloader(
+                opts.reload_interval,
+                metrics.clone(),
+                readiness.gate("serving-certificate"),
+            )
             .map(AbortOnDrop);
 
         metrics.set_connection_limit(opts.max_connections);
@@ -168,9 +209,15 @@ impl Server {
         let admin = Acceptor {
             listener: admin_listener,
             tls: None,
-            app: admin_router(metrics, readiness.clone()),
-            conn: Arc::new(ConnConfig::new(&opts, None)),
-            limit: Arc::new(Semaphore::new(ADMIN_MAX_CONNECTIONS)),
+            app: admin_router(metrics.clone(), readiness.clone()),
+            conn: Arc::new(ConnConfig::admin(&opts)),
+            pool: Pool::new(
+                "admin",
+                ADMIN_MAX_CONNECTIONS,
+                ADMIN_MAX_PER_SOURCE,
+                ADMIN_MAX_CONNECTIONS,
+                Some(metrics.clone()),
+            ),
             what: "admin",
         };
         let admin = AdminThread::start(admin)?;
@@ -180,13 +227,25 @@ impl Server {
             tls: Some(tls.acceptor()),
             app,
             conn,
-            limit: Arc::new(Semaphore::new(opts.max_connections)),
+            pool: Pool::new(
+                "webhook",
+                opts.max_connections,
+                opts.max_connections,
+                MAX_HANDSHAKES,
+                Some(metrics.clone()),
+            ),
             what: "webhook",
         };
         info!(%local_addr, %admin_addr, max_connections = opts.max_connections, "serving");
         readiness.set_serving(true);
         let stopping = readiness.clone();
         let delay = opts.shutdown_delay;
+        let (hurried_tx, hurried) = watch::channel(false);
+        let _hurry = AbortOnDrop(tokio::spawn(async move {
+            hurry.await;
+            hurried_tx.send_replace(true);
+        }));
+        let hurried_in_delay = hurried.clone();
         let connections = webhook
             .run(move |stage: watch::Sender<Stage>| async move {
                 shutdown.await;
@@ -198,7 +257,13 @@ impl Server {
                     stage.send_replace(Stage::Leaving);
                     info!(delay = ?delay, "readiness is 503; still accepting until the endpoint \
                           is removed; HTTP/2 clients sent GOAWAY, HTTP/1.1 answers close");
-                    tokio::time::sleep(delay).await;
+                    let mut hurried = hurried_in_delay;
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        _ = hurried.wait_for(|h| *h) => {
+                            warn!("second signal: ending the shutdown delay now");
+                        }
+                    }
                 }
             })
             .await;
@@ -207,7 +272,18 @@ impl Server {
             limit = ?opts.drain_timeout,
             "shutting down: no new connections, letting requests in flight finish"
         );
-        connections.drain(opts.drain_timeout).await;
+        let mut hurried = hurried;
+        if *hurried.borrow() {
+            // Cut at once: the JoinSet aborts its tasks when dropped.
+            drop(connections);
+        } else {
+            tokio::select! {
+                () = connections.drain(opts.drain_timeout) => {}
+                _ = hurried.wait_for(|h| *h) => {
+                    warn!("second signal: ending the drain now, cutting the connections still open");
+                }
+            }
+        }
         admin.stop().await;
         info!("shut down");
         Ok(())
@@ -294,28 +370,82 @@ pub async fn run(
     Ok(())
 }
 
-/// Resolves on SIGTERM (what the kubelet sends) or Ctrl-C.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let term = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut sigterm) => {
-                sigterm.recv().await;
-            }
-            Err(error) => {
-                warn!(%error, "cannot listen for SIGTERM; only Ctrl-C will stop the server");
-                std::future::pending::<()>().await;
-            }
+/// Like [`run`], until a terminating signal, then drains; a second signal ends the drain at
+/// once. Every signal whose default is to end the process (SIGTERM from the kubelet, SIGINT,
+/// SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) drains: none of them may cut reviews in flight.
+pub async fn run_until_signalled(
+    opts: ServeOptions,
+    app: Router,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+) -> anyhow::Result<()> {
+    // Listening before anything else: from here on these signals no longer kill.
+    let signals = Signals::listen();
+    let (first, second) = (signals.clone(), signals);
+    Server::bind(opts, metrics)
+        .await?
+        .serve_until(
+            app,
+            readiness,
+            async move { first.nth(1).await },
+            async move { second.nth(2).await },
+        )
+        .await?;
+    Ok(())
+}
+
+/// Counts the terminating signals received.
+#[derive(Clone)]
+pub struct Signals {
+    count: watch::Receiver<usize>,
+}
+
+impl Signals {
+    /// Starts listening for SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2. Must be
+    /// called within a Tokio runtime.
+    pub fn listen() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (tx, count) = watch::channel(0usize);
+        let tx = Arc::new(tx);
+        for (kind, name) in [
+            (SignalKind::terminate(), "SIGTERM"),
+            (SignalKind::interrupt(), "SIGINT"),
+            (SignalKind::hangup(), "SIGHUP"),
+            (SignalKind::quit(), "SIGQUIT"),
+            (SignalKind::user_defined1(), "SIGUSR1"),
+            (SignalKind::user_defined2(), "SIGUSR2"),
+        ] {
+            let mut stream = match signal(kind) {
+                Ok(stream) => stream,
+                Err(error) => {
+                    warn!(%error, signal = name, "cannot listen for this signal");
+                    continue;
+                }
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while stream.recv().await.is_some() {
+                    let n = {
+                        let mut n = 0;
+                        tx.send_modify(|c| {
+                            *c += 1;
+                            n = *c;
+                        });
+                        n
+                    };
+                    if n == 1 {
+                        info!(signal = name, "signal received: draining");
+                    } else {
+                        warn!(signal = name, "another signal received: stopping now");
+                    }
+                }
+            });
         }
-    };
-    let interrupt = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            warn!(%error, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        () = term => info!("SIGTERM received"),
-        () = interrupt => info!("interrupt received"),
+        Signals { count }
+    }
+
+    /// Resolves once `n` signals have been received.
+    pub async fn nth(mut self, n: usize) {
+        let _ = self.count.wait_for(|c| *c >= n).await;
     }
 }

@@ -27,7 +27,9 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
+use super::readiness::Gate;
 use crate::certs;
+use crate::core::echo::echo;
 use crate::metrics::Metrics;
 
 /// Where the serving certificate comes from.
@@ -65,6 +67,10 @@ pub enum TlsError {
     KeyMismatch { cert: PathBuf, key: PathBuf },
     #[error("{}: certificate expired at {not_after}", path.display())]
     Expired { path: PathBuf, not_after: String },
+    #[error("{}: certificate not valid before {not_before}", path.display())]
+    NotYetValid { path: PathBuf, not_before: String },
+    #[error("{}: {count} certificates in the chain; at most {MAX_CHAIN} are served", path.display())]
+    ChainTooLong { path: PathBuf, count: usize },
     #[error("generating a self-signed certificate: {0}")]
     SelfSigned(#[from] certs::CertError),
     #[error("{}: cannot write the self-signed CA: {source}", path.display())]
@@ -78,12 +84,58 @@ pub enum TlsError {
     ClientCa { path: PathBuf, detail: String },
 }
 
+impl TlsError {
+    /// The `reason` label of `gpu_deploy_guard_tls_certificate_reload_failures_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TlsError::Read { .. } => "unreadable",
+            TlsError::Expired { .. } => "expired",
+            TlsError::NotYetValid { .. } => "not-yet-valid",
+            _ => "invalid",
+        }
+    }
+}
+
+/// The largest certificate, key or CA file read: a chain of a few certificates is a few KiB,
+/// and a CA bundle as large as a distribution's (about 150 CAs) fits too.
+pub const MAX_PEM_BYTES: u64 = 256 * 1024;
+
+/// The most certificates in a served chain (leaf and intermediates).
+pub const MAX_CHAIN: usize = 8;
+
+/// The most CA certificates in a `--client-ca` bundle.
+pub const MAX_CLIENT_CAS: usize = 200;
+
 /// A validated certificate chain with its key.
 #[derive(Clone, Debug)]
 pub struct LoadedCert {
     pub key: Arc<CertifiedKey>,
+    /// Start of the leaf certificate's validity, in Unix seconds.
+    pub not_before: i64,
     /// Expiry of the leaf certificate, in Unix seconds.
     pub not_after: i64,
+}
+
+impl LoadedCert {
+    /// Whether the leaf is valid at `now` (Unix seconds).
+    pub fn valid_at(&self, now: i64) -> bool {
+        self.not_before <= now && now < self.not_after
+    }
+}
+
+/// Now, in Unix seconds.
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Reads a certificate, key or CA file: regular, at most [`MAX_PEM_BYTES`].
+fn read_pem_file(path: &Path) -> Result<Vec<u8>, TlsError> {
+    crate::k8s::read::regular_file(path, MAX_PEM_BYTES).map_err(|source| TlsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The ring provider, named explicitly so that nothing depends on a
@@ -92,9 +144,10 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Parses and validates a certificate chain and key: the PEM parses, the
-/// leaf is X.509, the key is usable and belongs to the leaf, and the leaf
-/// has not expired. The paths only name the sources in errors.
+/// Parses and validates a certificate chain and key: the PEM parses, the chain is at most
+/// [`MAX_CHAIN`] long, the leaf is X.509, the key is usable and belongs to the leaf, and the
+/// leaf is valid now (not expired, not yet to come: a client would refuse either, so it is
+/// never served). The paths only name the sources in errors.
 pub fn load_pem(
     cert_pem: &[u8],
     key_pem: &[u8],
@@ -113,19 +166,29 @@ pub fn load_pem(
             path: cert_path.to_path_buf(),
         });
     };
+    if chain.len() > MAX_CHAIN {
+        return Err(TlsError::ChainTooLong {
+            path: cert_path.to_path_buf(),
+            count: chain.len(),
+        });
+    }
     let (_, parsed) =
         x509_parser::parse_x509_certificate(leaf).map_err(|e| TlsError::Certificate {
             path: cert_path.to_path_buf(),
             detail: e.to_string(),
         })?;
-    let not_after = parsed.validity().not_after;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let (not_before, not_after) = (parsed.validity().not_before, parsed.validity().not_after);
+    let now = unix_now();
     if not_after.timestamp() <= now {
         return Err(TlsError::Expired {
             path: cert_path.to_path_buf(),
             not_after: not_after.to_string(),
+        });
+    }
+    if not_before.timestamp() > now {
+        return Err(TlsError::NotYetValid {
+            path: cert_path.to_path_buf(),
+            not_before: not_before.to_string(),
         });
     }
 
@@ -162,6 +225,7 @@ pub fn load_pem(
     }
     Ok(LoadedCert {
         key: Arc::new(certified),
+        not_before: not_before.timestamp(),
         not_after: not_after.timestamp(),
     })
 }
@@ -173,13 +237,7 @@ pub fn load_files(cert: &Path, key: &Path) -> Result<LoadedCert, TlsError> {
 }
 
 fn read_pair(cert: &Path, key: &Path) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
-    let read = |path: &Path| {
-        std::fs::read(path).map_err(|source| TlsError::Read {
-            path: path.to_path_buf(),
-            source,
-        })
-    };
-    Ok((read(cert)?, read(key)?))
+    Ok((read_pem_file(cert)?, read_pem_file(key)?))
 }
 
 /// Hands rustls the current certificate for every handshake; `replace`
@@ -218,7 +276,9 @@ impl ResolvesServerCert for CertResolver {
 }
 
 /// Parses a PEM bundle of CA certificates into a verifier that requires a
-/// client certificate signed by one of them.
+/// client certificate signed by one of them. Every certificate in the bundle must be a CA
+/// (basicConstraints CA:TRUE): a leaf put there by mistake would otherwise become a trust
+/// anchor of its own, and its holder would be let in.
 pub fn load_client_ca(pem: &[u8], path: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let err = |detail: String| TlsError::ClientCa {
         path: path.to_path_buf(),
@@ -230,8 +290,24 @@ pub fn load_client_ca(pem: &[u8], path: &Path) -> Result<Arc<dyn ClientCertVerif
     if certs.is_empty() {
         return Err(err("no PEM certificate found".to_owned()));
     }
+    if certs.len() > MAX_CLIENT_CAS {
+        return Err(err(format!(
+            "{} certificates; at most {MAX_CLIENT_CAS} CAs are read",
+            certs.len()
+        )));
+    }
     let mut roots = RootCertStore::empty();
-    for cert in certs {
+    for (i, cert) in certs.into_iter().enumerate() {
+        let (_, parsed) = x509_parser::parse_x509_certificate(&cert)
+            .map_err(|e| err(format!("certificate {}: not valid X.509: {e}", i + 1)))?;
+        if !parsed.is_ca() {
+            return Err(err(format!(
+                "certificate {} ({}) is not a CA certificate (no basicConstraints CA:TRUE); \
+                 only CAs may be trust anchors",
+                i + 1,
+                echo(&parsed.subject().to_string())
+            )));
+        }
         roots
             .add(cert)
             .map_err(|e| err(format!("not a CA certificate: {e}")))?;
@@ -241,17 +317,68 @@ pub fn load_client_ca(pem: &[u8], path: &Path) -> Result<Arc<dyn ClientCertVerif
         .map_err(|e| err(e.to_string()))
 }
 
+/// What a client certificate must carry besides a CA's signature: the clientAuth extended
+/// key usage (a serving certificate signed by the same CA is not a client's), and, when
+/// `allowed_names` is not empty, one of them as its subject's common name or a DNS, URI or
+/// email subject alternative name.
+pub fn check_client_cert(
+    end_entity: &CertificateDer<'_>,
+    allowed_names: &[String],
+) -> Result<(), rustls::Error> {
+    use rustls::CertificateError;
+    use x509_parser::extensions::GeneralName;
+    let bad = |e: CertificateError| rustls::Error::InvalidCertificate(e);
+    let (_, cert) = x509_parser::parse_x509_certificate(end_entity)
+        .map_err(|_| bad(CertificateError::BadEncoding))?;
+    let client_auth = cert
+        .extended_key_usage()
+        .ok()
+        .flatten()
+        .is_some_and(|eku| eku.value.client_auth);
+    if !client_auth {
+        return Err(bad(CertificateError::InvalidPurpose));
+    }
+    if allowed_names.is_empty() {
+        return Ok(());
+    }
+    let allowed = |name: &str| allowed_names.iter().any(|a| a == name);
+    let by_cn = cert
+        .subject()
+        .iter_common_name()
+        .any(|cn| cn.as_str().is_ok_and(allowed));
+    let by_san = cert
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .is_some_and(|san| {
+            san.value.general_names.iter().any(|name| match name {
+                GeneralName::DNSName(n) | GeneralName::URI(n) | GeneralName::RFC822Name(n) => {
+                    allowed(n)
+                }
+                _ => false,
+            })
+        });
+    if by_cn || by_san {
+        Ok(())
+    } else {
+        Err(bad(CertificateError::NotValidForName))
+    }
+}
+
 /// Verifies client certificates against the client CA in use; `replace`
 /// swaps the CA for handshakes that start afterwards.
 #[derive(Debug)]
 pub struct ClientVerifier {
     current: RwLock<Arc<dyn ClientCertVerifier>>,
+    /// `--client-ca-allowed-names`: empty allows any name the CA signed.
+    allowed_names: Vec<String>,
 }
 
 impl ClientVerifier {
-    pub fn new(verifier: Arc<dyn ClientCertVerifier>) -> Self {
+    pub fn new(verifier: Arc<dyn ClientCertVerifier>, allowed_names: Vec<String>) -> Self {
         Self {
             current: RwLock::new(verifier),
+            allowed_names,
         }
     }
 
@@ -288,8 +415,11 @@ impl ClientCertVerifier for ClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.current()
-            .verify_client_cert(end_entity, intermediates, now)
+        let verified = self
+            .current()
+            .verify_client_cert(end_entity, intermediates, now)?;
+        check_client_cert(end_entity, &self.allowed_names)?;
+        Ok(verified)
     }
 
     fn verify_tls12_signature(
@@ -331,6 +461,11 @@ fn server_config(
         None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_cert_resolver(resolver);
+    // No session resumption: a resumed session skips client-certificate verification, so a
+    // client authenticated by a CA since removed from --client-ca would keep reconnecting on
+    // its old session. The API server keeps its connections; full handshakes are rare.
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -342,6 +477,8 @@ pub struct Tls {
     config: Arc<ServerConfig>,
     /// The files to poll and what they held when last read.
     watched: Option<(PathBuf, PathBuf, Snapshot)>,
+    /// When the certificate in use starts and stops being valid, in Unix seconds.
+    validity: (i64, i64),
     /// The client CA file, what it held when last read, and the verifier using it.
     client_ca: Option<(PathBuf, Vec<u8>, Arc<ClientVerifier>)>,
 }
@@ -352,16 +489,18 @@ impl Tls {
     pub fn load(
         source: &TlsSource,
         client_ca: Option<&Path>,
+        allowed_names: &[String],
         metrics: &Metrics,
     ) -> Result<Self, TlsError> {
         let client_ca = match client_ca {
             Some(path) => {
-                let pem = std::fs::read(path).map_err(|source| TlsError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-                let verifier = Arc::new(ClientVerifier::new(load_client_ca(&pem, path)?));
-                info!(client_ca = %path.display(), "client certificates required");
+                let pem = read_pem_file(path)?;
+                let verifier = Arc::new(ClientVerifier::new(
+                    load_client_ca(&pem, path)?,
+                    allowed_names.to_vec(),
+                ));
+                info!(client_ca = %path.display(), allowed_names = ?allowed_names,
+                      "client certificates required");
                 Some((path.to_path_buf(), pem, verifier))
             }
             None => None,
@@ -377,6 +516,7 @@ impl Tls {
             TlsSource::SelfSigned { write_ca } => (self_signed(write_ca.as_deref())?, None),
         };
         metrics.set_cert_expiry(loaded.not_after);
+        let validity = (loaded.not_before, loaded.not_after);
         let resolver = Arc::new(CertResolver::new(loaded.key));
         let config = server_config(
             resolver.clone(),
@@ -386,6 +526,7 @@ impl Tls {
             resolver,
             config,
             watched,
+            validity,
             client_ca,
         })
     }
@@ -396,18 +537,24 @@ impl Tls {
 
     /// Starts polling the certificate files every `interval`, if the
     /// certificate came from files, and the client CA file if there is one.
-    /// The task runs until aborted.
+    /// `valid` is held open while the certificate in use is valid: closed, `/readyz` fails,
+    /// since every handshake would. The task runs until aborted.
     pub fn spawn_reloader(
         &self,
         interval: Duration,
         metrics: Arc<Metrics>,
+        valid: Gate,
     ) -> Option<JoinHandle<()>> {
+        valid.open();
         let reloader = self.watched.clone().map(|(cert, key, seen)| Reloader {
             cert,
             key,
             seen,
+            retry: false,
+            validity: self.validity,
+            valid,
             resolver: self.resolver.clone(),
-            metrics,
+            metrics: metrics.clone(),
         });
         let client_ca = self
             .client_ca
@@ -416,6 +563,7 @@ impl Tls {
                 path,
                 seen: Snapshot::Read(seen, Vec::new()),
                 verifier,
+                metrics,
             });
         if reloader.is_none() && client_ca.is_none() {
             return None;
@@ -484,6 +632,13 @@ struct Reloader {
     cert: PathBuf,
     key: PathBuf,
     seen: Snapshot,
+    /// The files last seen held a certificate refused for its dates only (not yet valid):
+    /// tried again at every poll, since time alone can make it valid.
+    retry: bool,
+    /// Validity of the certificate in use, in Unix seconds.
+    validity: (i64, i64),
+    /// Open while the certificate in use is valid.
+    valid: Gate,
     resolver: Arc<CertResolver>,
     metrics: Arc<Metrics>,
 }
@@ -494,13 +649,23 @@ struct CaReloader {
     path: PathBuf,
     seen: Snapshot,
     verifier: Arc<ClientVerifier>,
+    metrics: Arc<Metrics>,
+}
+
+/// Reads a PEM file off the runtime's workers (a slow volume must not stall them).
+async fn read_pem_async(path: &Path) -> Result<Vec<u8>, String> {
+    let owned = path.to_path_buf();
+    match tokio::task::spawn_blocking(move || read_pem_file(&owned)).await {
+        Ok(read) => read.map_err(|e| e.to_string()),
+        Err(e) => Err(format!("{}: cannot read: {e}", path.display())),
+    }
 }
 
 impl CaReloader {
     async fn poll(&mut self) {
-        let now = match tokio::fs::read(&self.path).await {
+        let now = match read_pem_async(&self.path).await {
             Ok(pem) => Snapshot::Read(pem, Vec::new()),
-            Err(e) => Snapshot::Unreadable(format!("{}: cannot read: {e}", self.path.display())),
+            Err(e) => Snapshot::Unreadable(e),
         };
         if now == self.seen {
             return;
@@ -512,9 +677,11 @@ impl CaReloader {
         match result {
             Ok(verifier) => {
                 self.verifier.replace(verifier);
+                self.metrics.observe_client_ca_reload(true);
                 info!(client_ca = %self.path.display(), "using a rotated client CA");
             }
             Err(error) => {
+                self.metrics.observe_client_ca_reload(false);
                 warn!(%error, "rotated client CA is unusable; still using the previous one");
             }
         }
@@ -524,47 +691,77 @@ impl CaReloader {
 
 impl Reloader {
     async fn read(&self) -> Snapshot {
-        let read = |path: PathBuf| async move {
-            tokio::fs::read(&path)
-                .await
-                .map_err(|e| format!("{}: cannot read: {e}", path.display()))
-        };
-        match (read(self.cert.clone()).await, read(self.key.clone()).await) {
+        match (
+            read_pem_async(&self.cert).await,
+            read_pem_async(&self.key).await,
+        ) {
             (Ok(cert), Ok(key)) => Snapshot::Read(cert, key),
             (Err(e), _) | (_, Err(e)) => Snapshot::Unreadable(e),
         }
     }
 
     /// Loads the files if they changed since the last poll. Each distinct
-    /// broken state is reported once, not on every poll.
+    /// broken state is reported once, not on every poll. Then checks that the certificate in
+    /// use is still valid, and says so to readiness.
     async fn poll(&mut self) {
+        self.reload().await;
+        let (not_before, not_after) = self.validity;
+        let now = unix_now();
+        let valid = not_before <= now && now < not_after;
+        if valid != self.valid.is_open() {
+            if valid {
+                self.valid.open();
+            } else {
+                warn!(cert = %self.cert.display(), not_before, not_after,
+                      "the certificate in use is not valid now and no valid one is available: \
+                       not ready");
+                self.valid.close();
+            }
+        }
+    }
+
+    async fn reload(&mut self) {
         let now = self.read().await;
-        if now == self.seen {
+        if now == self.seen && !self.retry {
             return;
         }
+        let retrying = now == self.seen;
         let result = match &now {
-            Snapshot::Read(cert, key) => {
-                load_pem(cert, key, &self.cert, &self.key).map_err(|e| e.to_string())
-            }
-            Snapshot::Unreadable(e) => Err(e.clone()),
+            Snapshot::Read(cert, key) => load_pem(cert, key, &self.cert, &self.key).map_err(|e| {
+                (
+                    matches!(e, TlsError::NotYetValid { .. }),
+                    e.reason(),
+                    e.to_string(),
+                )
+            }),
+            Snapshot::Unreadable(e) => Err((false, "unreadable", e.clone())),
         };
+        self.retry = false;
         match result {
             Ok(loaded) => {
                 self.resolver.replace(loaded.key);
+                self.validity = (loaded.not_before, loaded.not_after);
                 self.metrics.set_cert_expiry(loaded.not_after);
                 self.metrics.observe_cert_reload(true);
                 info!(cert = %self.cert.display(), not_after = loaded.not_after,
                       "serving a rotated certificate");
             }
-            Err(error) => {
+            Err((not_yet, reason, error)) => {
+                self.retry = not_yet;
+                if retrying {
+                    // Counted and logged when first seen.
+                    return;
+                }
                 // The two files are read one after the other; one that was
                 // caught between the cert and the key of a non-atomic update
                 // is not a failure yet. Look again at the next poll.
                 if self.read().await != now {
+                    self.retry = false;
                     return;
                 }
-                warn!(%error, "rotated certificate is unusable; still serving the previous one");
+                warn!(%error, reason, "rotated certificate is unusable; still serving the previous one");
                 self.metrics.observe_cert_reload(false);
+                self.metrics.observe_cert_reload_failure(reason);
             }
         }
         self.seen = now;

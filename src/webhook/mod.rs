@@ -85,6 +85,12 @@ pub struct Webhook {
     pub fleet: Option<Arc<Fleet>>,
     /// Room for request bodies, in bytes: [`Limits::max_inflight_body_bytes`].
     body_budget: Arc<Semaphore>,
+    /// The last [`Limits::max_body_bytes`] of the budget, for one body at a time (the holder
+    /// of `overdraft_turn`). Bodies take room as their bytes arrive, so two half-read bodies
+    /// could each wait for the room the other holds; the one whose turn it is always gets
+    /// all it needs here, finishes and frees the rest.
+    body_overdraft: Arc<Semaphore>,
+    overdraft_turn: Arc<Semaphore>,
 }
 
 impl Webhook {
@@ -101,9 +107,11 @@ impl Webhook {
         metrics: Arc<Metrics>,
         limits: Limits,
     ) -> Self {
+        let max_body = limits.max_body_bytes.min(Semaphore::MAX_PERMITS);
         let budget = limits
             .max_inflight_body_bytes
             .max(limits.max_body_bytes)
+            .saturating_sub(max_body)
             .min(Semaphore::MAX_PERMITS);
         Webhook {
             policy,
@@ -112,6 +120,8 @@ impl Webhook {
             limits,
             fleet: None,
             body_budget: Arc::new(Semaphore::new(budget)),
+            body_overdraft: Arc::new(Semaphore::new(max_body)),
+            overdraft_turn: Arc::new(Semaphore::new(1)),
         }
     }
 }
@@ -277,13 +287,58 @@ fn refuse(hook: &Webhook, bad: BadRequest, uid: Option<String>) -> Response {
     bad.into_response(uid)
 }
 
+/// A body's room: in the budget, and in the overdraft once it is its turn there.
+#[derive(Default)]
+struct Room {
+    budget: Option<OwnedSemaphorePermit>,
+    overdraft: Option<OwnedSemaphorePermit>,
+    turn: Option<OwnedSemaphorePermit>,
+}
+
+impl Room {
+    fn add(held: &mut Option<OwnedSemaphorePermit>, permit: OwnedSemaphorePermit) {
+        match held {
+            Some(h) => h.merge(permit),
+            None => *held = Some(permit),
+        }
+    }
+
+    /// Takes room for `n` more bytes: from the budget when it has some now; else from
+    /// whichever comes first, the budget or the overdraft's turn. The body whose turn it is
+    /// takes the rest of its room from the overdraft, which always has it (a body is at most
+    /// its size). `waiting` is set while it waits.
+    async fn take(&mut self, hook: &Webhook, n: usize, waiting: &AtomicBool) {
+        // Every semaphore here is never closed.
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        if self.turn.is_some() {
+            let permit = hook.body_overdraft.clone().acquire_many_owned(n).await;
+            return Self::add(&mut self.overdraft, permit.expect("never closed"));
+        }
+        if let Ok(permit) = hook.body_budget.clone().try_acquire_many_owned(n) {
+            return Self::add(&mut self.budget, permit);
+        }
+        waiting.store(true, Ordering::Relaxed);
+        tokio::select! {
+            permit = hook.body_budget.clone().acquire_many_owned(n) => {
+                Self::add(&mut self.budget, permit.expect("never closed"));
+            }
+            turn = hook.overdraft_turn.clone().acquire_owned() => {
+                self.turn = Some(turn.expect("never closed"));
+                let permit = hook.body_overdraft.clone().acquire_many_owned(n).await;
+                Self::add(&mut self.overdraft, permit.expect("never closed"));
+            }
+        }
+        waiting.store(false, Ordering::Relaxed);
+    }
+}
+
 /// Reads the body, within the size limit, the body timeout and the in-flight budget; returns
 /// it with its room in the budget, to hold until the answer is made.
 async fn read_body(
     hook: &Webhook,
     headers: &HeaderMap,
     body: Body,
-) -> Result<(bytes::Bytes, Option<OwnedSemaphorePermit>), BadRequest> {
+) -> Result<(bytes::Bytes, Room), BadRequest> {
     let limits = &hook.limits;
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -301,37 +356,17 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BadRequest::TooLarge { limit });
     }
-    let budget = &hook.body_budget;
     // Whether the time ran out waiting for room rather than for bytes.
     let waiting = AtomicBool::new(false);
-    let room = |n: usize| {
-        let budget = budget.clone();
-        let waiting = &waiting;
-        async move {
-            let n = u32::try_from(n).unwrap_or(u32::MAX);
-            match budget.clone().try_acquire_many_owned(n) {
-                Ok(permit) => permit,
-                Err(_) => {
-                    waiting.store(true, Ordering::Relaxed);
-                    // The semaphore is never closed.
-                    let permit = budget.acquire_many_owned(n).await;
-                    waiting.store(false, Ordering::Relaxed);
-                    permit.expect("the body budget is never closed")
-                }
-            }
-        }
-    };
-    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut held = Room::default();
     // A body that comes as one frame is kept as it came; the bytes are copied only when a
     // second frame arrives.
     let mut first: Option<bytes::Bytes> = None;
     let mut buf = Vec::new();
     let read = async {
-        // A declared length is taken from the budget whole, before any byte is read, so that
-        // bodies never wait on each other half-read.
-        if let Some(n) = declared {
-            held = Some(room(n as usize).await);
-        }
+        // Room is taken for the bytes that arrived, as they arrive: a declared length alone
+        // holds nothing, so streams that announce 3.5 MiB and send none cannot fill the
+        // budget and make every other body wait. Nor is memory allocated ahead of bytes.
         let mut body = body;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
@@ -348,21 +383,15 @@ async fn read_body(
             if read + data.len() > limit {
                 return Err(BadRequest::TooLarge { limit });
             }
-            let covered = declared.map_or(0, |n| n as usize);
-            let uncovered = (read + data.len()).saturating_sub(covered.max(read));
-            if uncovered > 0 {
-                let permit = room(uncovered).await;
-                match &mut held {
-                    Some(h) => h.merge(permit),
-                    None => held = Some(permit),
-                }
+            if !data.is_empty() {
+                held.take(hook, data.len(), &waiting).await;
             }
             if read == 0 {
                 first = Some(data);
                 continue;
             }
             if let Some(first) = first.take() {
-                buf.reserve_exact(declared.map_or(0, |n| n as usize).max(read + data.len()));
+                buf.reserve(read + data.len());
                 buf.extend_from_slice(&first);
             }
             buf.extend_from_slice(&data);

@@ -51,14 +51,24 @@ impl Serve {
         Self::spawn(Some(nofile), extra).await
     }
 
+    /// Like [`Serve::start`], serving `bundle` (written to `tls.crt` and `tls.key` in
+    /// [`Serve::dir`]).
+    pub async fn start_with_bundle(bundle: certs::Bundle, extra: &[&str]) -> Serve {
+        Self::spawn_with(None, bundle, extra).await
+    }
+
     async fn spawn(nofile: Option<u32>, extra: &[&str]) -> Serve {
-        let dir = tempfile::tempdir().unwrap();
         let bundle = certs::generate(
             &["localhost".to_owned()],
             &["127.0.0.1".parse().unwrap()],
             2,
         )
         .unwrap();
+        Self::spawn_with(nofile, bundle, extra).await
+    }
+
+    async fn spawn_with(nofile: Option<u32>, bundle: certs::Bundle, extra: &[&str]) -> Serve {
+        let dir = tempfile::tempdir().unwrap();
         let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
         std::fs::write(&cert, &bundle.cert_pem).unwrap();
         std::fs::write(&key, &bundle.key_pem).unwrap();
@@ -121,6 +131,35 @@ impl Serve {
         serve
     }
 
+    /// The directory holding the serving certificate (`tls.crt`, `tls.key`) and the log.
+    pub fn dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
+    /// The admin port's `/metrics` text; empty if it did not answer.
+    pub async fn metrics(&self) -> String {
+        let response = plain_client(Duration::from_secs(5))
+            .get(format!("http://{}/metrics", self.admin))
+            .send()
+            .await;
+        match response {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// The value of one sample of `/metrics` (`name{labels}` as written there), if present.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let text = self.metrics().await;
+        text.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -165,11 +204,21 @@ impl Serve {
     }
 
     pub fn sigterm(&mut self) {
+        self.signal("TERM");
+    }
+
+    /// Sends the signal `name` (`TERM`, `HUP`, `USR1`…).
+    pub fn signal(&mut self, name: &str) {
         let status = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
+            .args([&format!("-{name}"), &self.pid().to_string()])
             .status()
             .unwrap();
         assert!(status.success());
+    }
+
+    /// The exit status, once the process has exited.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     /// Waits for the process to exit; `false` if it is still running after `limit`.
@@ -373,15 +422,54 @@ impl ClientCa {
 
     /// A client certificate for `name`, with its key, as reqwest takes it.
     pub fn client_identity(&self, name: &str) -> reqwest::Identity {
+        self.identity_with(name, &[ExtendedKeyUsagePurpose::ClientAuth])
+    }
+
+    /// A certificate for `name` with the extended key usages `usages`, and its key.
+    pub fn identity_with(
+        &self,
+        name: &str,
+        usages: &[ExtendedKeyUsagePurpose],
+    ) -> reqwest::Identity {
+        let (cert, key) = self.leaf_pem(name, usages);
+        reqwest::Identity::from_pem(format!("{cert}{key}").as_bytes()).unwrap()
+    }
+
+    /// A leaf (not CA) certificate for `name` signed by this CA, and its key, in PEM.
+    pub fn leaf_pem(&self, name: &str, usages: &[ExtendedKeyUsagePurpose]) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::default();
         params.distinguished_name.push(DnType::CommonName, name);
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.extended_key_usages = usages.to_vec();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let pem = format!("{}{}", cert.pem(), key.serialize_pem());
-        reqwest::Identity::from_pem(pem.as_bytes()).unwrap()
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// A serving certificate for 127.0.0.1 valid from `not_before` to `not_after`, as a
+    /// bundle with this CA.
+    pub fn serving_bundle(
+        &self,
+        not_before: time::OffsetDateTime,
+        not_after: time::OffsetDateTime,
+    ) -> certs::Bundle {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "localhost");
+        params.subject_alt_names = vec![rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap())];
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.not_before = not_before;
+        params.not_after = not_after;
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        certs::Bundle {
+            ca_pem: self.ca_pem.clone(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
     }
 }
 

@@ -108,9 +108,10 @@ def operator_namespace(ns, path):
     config = yaml.safe_load(find("ConfigMap", "-config").get("data", {}).get("config.yaml", "{}"))
     if config.get("operatorNamespace") != ns or ns not in config.get("exemptions", {}).get("serviceAccountNamespaces", []):
         problems.append(f"config.yaml: operatorNamespace/serviceAccountNamespaces do not say {ns}: {config}")
-    vap = find("ValidatingAdmissionPolicy")
-    if prefix not in " ".join(c["expression"] for c in vap.get("spec", {}).get("matchConditions", [])):
-        problems.append(f"ValidatingAdmissionPolicy matchConditions do not name {prefix}")
+    for suffix in ("-device-plugin-needs-toolkit", "-cluster-policy-keeps-toolkit"):
+        vap = find("ValidatingAdmissionPolicy", suffix)
+        if prefix not in " ".join(c["expression"] for c in vap.get("spec", {}).get("matchConditions", [])):
+            problems.append(f"ValidatingAdmissionPolicy *{suffix} matchConditions do not name {prefix}")
     for suffix in ("gpu-deploy-guard", "-gpu-telemetry"):
         rules = find("PrometheusRule", suffix)
         if f"-n {ns} " not in " ".join(strings(rules)):

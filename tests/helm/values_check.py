@@ -122,8 +122,14 @@ expect("everything: dashboard namespace", dash["metadata"]["namespace"], "grafan
 expect("everything: dashboard label", dash["metadata"]["labels"].get("grafana_dashboard"), "1")
 expect("everything: dashboard annotations", dash["metadata"].get("annotations"), {"grafana_folder": "GPU"})
 expect("everything: ServiceMonitor port", one(guard, "ServiceMonitor")["spec"]["endpoints"][0]["port"], "metrics")
-expect("everything: paramKind", one(objs, "ValidatingAdmissionPolicy")["spec"].get("paramKind"),
+expect("everything: paramKind", one(objs, "ValidatingAdmissionPolicy", "-device-plugin-needs-toolkit")["spec"].get("paramKind"),
        {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy"})
+# The ClusterPolicy policy reads the request alone: no parameter.
+expect("everything: the ClusterPolicy toolkit policy has no paramKind",
+       one(objs, "ValidatingAdmissionPolicy", "-cluster-policy-keeps-toolkit")["spec"].get("paramKind"), None)
+expect("everything: the ClusterPolicy toolkit policy matches ClusterPolicy UPDATE",
+       one(objs, "ValidatingAdmissionPolicy", "-cluster-policy-keeps-toolkit")["spec"]["matchConstraints"]["resourceRules"],
+       [{"apiGroups": ["nvidia.com"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["clusterpolicies"]}])
 expect("everything: --report", "--report" in container(objs)["args"], True)
 expect("everything: config operatorVersion",
        yaml.safe_load(one(objs, "ConfigMap", "-config")["data"]["config.yaml"]).get("operatorVersion"), "v25.3.4")

@@ -59,6 +59,8 @@ pub fn options(tls: TlsSource) -> ServeOptions {
         max_connections: 64,
         max_concurrent_streams: 16,
         client_ca: None,
+        client_ca_allowed_names: Vec::new(),
+        max_connection_age: Duration::from_secs(600),
     }
 }
 
@@ -151,6 +153,16 @@ pub async fn tls_connect(
     ca_pem: &str,
     alpn: &[&[u8]],
 ) -> std::io::Result<TlsStream<TcpStream>> {
+    tls_over(TcpStream::connect(addr).await?, ca_pem, alpn).await
+}
+
+/// TLS over a TCP connection already made (from a chosen source address, say).
+pub async fn tls_over(
+    tcp: TcpStream,
+    ca_pem: &str,
+    alpn: &[&[u8]],
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let addr = tcp.peer_addr()?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
@@ -163,7 +175,6 @@ pub async fn tls_connect(
     .with_root_certificates(roots)
     .with_no_client_auth();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let tcp = TcpStream::connect(addr).await?;
     TlsConnector::from(Arc::new(config))
         .connect(ServerName::IpAddress(addr.ip().into()), tcp)
         .await
