@@ -89,7 +89,8 @@ pub fn run(args: CheckPolicyArgs) -> ExitCode {
     }
 }
 
-fn object(path: &Path) -> Result<(PolicyKind, Value), CheckPolicyError> {
+/// A JSON or YAML file as a value, and its name for messages.
+fn value(path: &Path) -> Result<(String, Value), CheckPolicyError> {
     let shown = read::display(path);
     let text = read::text(path).map_err(|e| CheckPolicyError::Read {
         path: shown.clone(),
@@ -99,6 +100,11 @@ fn object(path: &Path) -> Result<(PolicyKind, Value), CheckPolicyError> {
         path: shown.clone(),
         problem: format!("neither JSON nor YAML: {problem}"),
     })?;
+    Ok((shown, value))
+}
+
+fn object(path: &Path) -> Result<(PolicyKind, Value), CheckPolicyError> {
+    let (shown, value) = value(path)?;
     let api_version = value
         .get("apiVersion")
         .and_then(Value::as_str)
@@ -124,15 +130,7 @@ fn object(path: &Path) -> Result<(PolicyKind, Value), CheckPolicyError> {
 }
 
 fn drivers(path: &Path) -> Result<Vec<NvidiaDriver>, CheckPolicyError> {
-    let shown = read::display(path);
-    let text = read::text(path).map_err(|e| CheckPolicyError::Read {
-        path: shown.clone(),
-        error: e.to_string(),
-    })?;
-    let value = read::json_or_yaml(&text).map_err(|problem| CheckPolicyError::Object {
-        path: shown.clone(),
-        problem: format!("neither JSON nor YAML: {problem}"),
-    })?;
+    let (shown, value) = value(path)?;
     let items: Vec<Value> = match value.get("items").and_then(Value::as_array) {
         Some(items) => items.clone(),
         None => vec![value],

@@ -234,6 +234,26 @@ impl BadRequest {
     }
 }
 
+/// [`read_body`], or the refusal to answer with. The body was then not read to its end, so
+/// the connection cannot carry another request: an HTTP/1.1 client is told so, and does not
+/// send its next request on a connection about to close (HTTP/2 resets just the stream).
+async fn read_body_or_refuse(
+    hook: &Webhook,
+    version: Version,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(bytes::Bytes, Room), Response> {
+    read_body(hook, headers, body).await.map_err(|bad| {
+        let mut response = refuse(hook, bad, None);
+        if version < Version::HTTP_2 {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    })
+}
+
 async fn validate(
     State(hook): State<Arc<Webhook>>,
     version: Version,
@@ -242,20 +262,9 @@ async fn validate(
 ) -> Response {
     let started = Instant::now();
     // Held until the answer is made: the body's room in the budget.
-    let (bytes, _room) = match read_body(&hook, &headers, body).await {
+    let (bytes, _room) = match read_body_or_refuse(&hook, version, &headers, body).await {
         Ok(read) => read,
-        Err(bad) => {
-            let mut response = refuse(&hook, bad, None);
-            // The body was not read to its end, so the connection cannot carry another
-            // request: an HTTP/1.1 client is told so, and does not send its next request on
-            // a connection about to close (HTTP/2 resets just the stream).
-            if version < Version::HTTP_2 {
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            return response;
-        }
+        Err(response) => return response,
     };
     let request = match parse_review(&bytes) {
         Ok(request) => request,

@@ -8,13 +8,13 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
+use axum::http::{HeaderMap, StatusCode, Version};
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::review::UserInfo;
-use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, json_response, read_body, refuse};
+use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, json_response, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::policy::{Decision, Operation, Verdict};
@@ -70,17 +70,9 @@ pub(super) async fn validate_policy(
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let (bytes, _room) = match read_body(&hook, &headers, body).await {
+    let (bytes, _room) = match super::read_body_or_refuse(&hook, version, &headers, body).await {
         Ok(read) => read,
-        Err(bad) => {
-            let mut response = refuse(&hook, bad, None);
-            if version < Version::HTTP_2 {
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            return response;
-        }
+        Err(response) => return response,
     };
     let request = match parse(&bytes) {
         Ok(r) => r,
