@@ -568,8 +568,10 @@ func TestAuditFailsOverToAnotherReplica(t *testing.T) {
 	took := time.Since(killed)
 	t.Logf("the audit failed over in %s (Lease duration %s)", took.Round(100*time.Millisecond), leaseDuration)
 	// The Lease expires at most its duration after the last renewal; the
-	// replica then takes it within its retry (up to a second) and a poll.
-	if limit := leaseDuration + 4*time.Second; took > limit {
+	// replica then takes it within its retry (up to a second), an API round
+	// trip and a poll of /metrics, which a loaded 2-core CI machine can
+	// stretch: the bound is generous, the figure is logged.
+	if limit := leaseDuration + 6*time.Second; took > limit {
 		t.Errorf("the audit failed over after %s, want within the Lease's duration (%s, plus %s to take it)",
 			took.Round(100*time.Millisecond), leaseDuration, limit-leaseDuration)
 	}
