@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use super::watch::{
-    Health, Kind, Status, WatchConfig, health, watch_failed, watch_synced, watcher,
+    Health, Kind, Status, WatchConfig, health, set_health, watch_failed, watch_synced, watcher,
 };
 use crate::audit::apply::apply_report;
 use crate::audit::incremental::{Dirty, Incremental};
@@ -80,7 +80,7 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
     futures::pin_mut!(stream);
     let mut pods = PodIndex::default();
     let mut pods_failing = false;
-    set_pods_health(status, Health::Starting);
+    set_health(status, Kind::Pods, Health::Starting);
     let mut incremental = Incremental::default();
     // A new term audits the whole fleet first.
     let mut dirty = Dirty::All;
@@ -196,9 +196,4 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
             due = Some(Instant::now() + config.debounce);
         }
     }
-}
-
-fn set_pods_health(status: &Mutex<Status>, health: Health) {
-    let mut s = status.lock().unwrap_or_else(|e| e.into_inner());
-    s.pods = health;
 }

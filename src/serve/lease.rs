@@ -17,6 +17,7 @@ use kube::Client;
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::{oneshot, watch};
 
+use super::conn::AbortOnDrop;
 use crate::k8s::api::missing_or_forbidden;
 
 /// Field manager of the Lease's fields.
@@ -45,23 +46,25 @@ impl LeaseConfig {
 /// A running election. `leader` says whether this replica audits now.
 pub struct Election {
     pub leader: watch::Receiver<bool>,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    how: How,
+}
+
+enum How {
+    /// No election: the sender stays, so `leader` stays `true`.
+    Alone { _sender: watch::Sender<bool> },
+    Elected {
+        stop: oneshot::Sender<()>,
+        task: AbortOnDrop<()>,
+    },
 }
 
 impl Election {
     /// No election: this replica always audits.
     pub fn alone() -> Election {
         let (tx, leader) = watch::channel(true);
-        let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            let _keep = tx;
-            let _ = stopped.await;
-        });
         Election {
             leader,
-            stop: Some(stop),
-            task,
+            how: How::Alone { _sender: tx },
         }
     }
 
@@ -72,26 +75,21 @@ impl Election {
         let task = tokio::spawn(run(client, config, tx, stopped));
         Election {
             leader,
-            stop: Some(stop),
-            task,
+            how: How::Elected {
+                stop,
+                task: AbortOnDrop(task),
+            },
         }
     }
 
     /// Stops taking part; a holder releases the Lease (waiting at most `timeout`), so that
     /// another replica takes over without waiting for it to expire.
-    pub async fn stop(mut self, timeout: Duration) {
-        if let Some(stop) = self.stop.take() {
+    pub async fn stop(self, timeout: Duration) {
+        if let How::Elected { stop, mut task } = self.how {
             let _ = stop.send(());
+            // Past the timeout the task is dropped, and so aborted.
+            let _ = tokio::time::timeout(timeout, &mut task.0).await;
         }
-        if tokio::time::timeout(timeout, &mut self.task).await.is_err() {
-            self.task.abort();
-        }
-    }
-}
-
-impl Drop for Election {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 

@@ -404,7 +404,7 @@ pub(super) fn health(status: &Mutex<Status>, kind: Kind) -> Health {
     kind.health(&mut s).clone()
 }
 
-fn set_health(status: &Mutex<Status>, kind: Kind, health: Health) -> Health {
+pub(super) fn set_health(status: &Mutex<Status>, kind: Kind, health: Health) -> Health {
     let mut s = status.lock().unwrap_or_else(|e| e.into_inner());
     std::mem::replace(kind.health(&mut s), health)
 }
