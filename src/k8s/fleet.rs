@@ -367,10 +367,6 @@ pub struct PodIndex {
 }
 
 impl PodIndex {
-    pub fn len(&self) -> usize {
-        self.pods.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.pods.is_empty()
     }

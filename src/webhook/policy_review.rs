@@ -17,7 +17,7 @@ use super::review::UserInfo;
 use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, json_response, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
-use crate::core::policy::{Decision, Operation, Verdict};
+use crate::core::policy::{Decision, Operation, Policy, Verdict};
 use crate::core::policy_change::{
     Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, NvidiaDriver, PolicyChange, PolicyKind,
     PolicyReview, decide_policy,
@@ -194,7 +194,7 @@ fn review(
 ) -> Result<Verdict, BadRequest> {
     if request.sub_resource.as_deref() == Some("status") {
         // The operator writes its status; nothing a person changes there reaches a node.
-        return Ok(status_verdict(facts));
+        return Ok(status_verdict(facts, &hook.policy));
     }
     let change = ObjectChange {
         kind,
@@ -230,7 +230,7 @@ pub fn decide_objects(
     change: &ObjectChange<'_>,
     facts: &ClusterFacts,
     fleet: Option<&crate::k8s::fleet::Fleet>,
-    policy: &crate::core::policy::Policy,
+    policy: &Policy,
 ) -> Result<Verdict, BadRequest> {
     let op = change.operation;
     let object = change.object;
@@ -258,7 +258,7 @@ pub fn decide_objects(
                 Operation::Create | Operation::Update => {
                     object.ok_or_else(|| missing(op, "object"))?
                 }
-                _ => return Ok(status_verdict(facts)),
+                _ => return Ok(status_verdict(facts, policy)),
             };
             let after = with_policy(facts, after_obj)?;
             // A first ClusterPolicy starts the operator's work: nothing of it ran before, so
@@ -308,7 +308,7 @@ pub fn decide_objects(
                     Some(read(object)?.ok_or_else(|| missing(op, "object"))?),
                 ),
                 Operation::Delete => (read(old)?, None),
-                Operation::Connect => return Ok(status_verdict(facts)),
+                Operation::Connect => return Ok(status_verdict(facts, policy)),
             };
             let this = after.as_ref().or(before.as_ref()).map(|d| d.name.clone());
             let others: Vec<NvidiaDriver> = all_drivers
@@ -332,7 +332,7 @@ pub fn decide_objects(
 /// Decides over the fleet's node records, grouped; without them, on the policy alone.
 fn decide_over_fleet(
     fleet: Option<&crate::k8s::fleet::Fleet>,
-    policy: &crate::core::policy::Policy,
+    policy: &Policy,
     review: &PolicyReview<'_>,
 ) -> Verdict {
     let Some(fleet) = fleet else {
@@ -374,19 +374,15 @@ fn decide_over_fleet(
 
 /// Allowed, deciding nothing: the status subresource, DELETE of a ClusterPolicy (the
 /// operator's uninstall), CONNECT.
-fn status_verdict(facts: &ClusterFacts) -> Verdict {
-    Verdict {
-        decision: Decision::Allowed,
-        message: None,
-        findings: Vec::new(),
-        warnings: Vec::new(),
-        before: Default::default(),
-        after: Default::default(),
-        exempt: None,
-        would_deny: None,
-        cluster_facts: facts.annotation(),
-        policy_change: None,
-    }
+fn status_verdict(facts: &ClusterFacts, policy: &Policy) -> Verdict {
+    crate::core::policy::conclude(
+        Vec::new(),
+        None,
+        policy,
+        Default::default(),
+        Default::default(),
+        facts.annotation(),
+    )
 }
 
 fn log(req: &Request, kind: PolicyKind, verdict: &Verdict) {
