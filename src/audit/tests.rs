@@ -9,7 +9,6 @@ use crate::audit::output;
 use crate::audit::report::{self, Outcome, Timestamp};
 use crate::core::facts::VersionSource;
 use crate::core::facts::{PolicySource, operator_defaults};
-use crate::core::operands::Labels;
 use crate::core::operator::OperatorVersion;
 use crate::k8s::daemonset::{custom_selectors, operands_present};
 use crate::k8s::list as files;
@@ -36,19 +35,7 @@ fn run(case: &str) -> AuditReport {
 pub(super) fn node(name: &str, labels: &[(&str, &str)]) -> NodeView {
     let mut n = NodeView::default();
     n.metadata.name = Some(name.to_owned());
-    n.metadata.labels = Some(
-        labels
-            .iter()
-            .map(|(k, v)| {
-                let key = if k.contains('/') {
-                    (*k).to_owned()
-                } else {
-                    format!("nvidia.com/gpu.deploy.{k}")
-                };
-                (key, (*v).to_owned())
-            })
-            .collect::<Labels>(),
-    );
+    n.metadata.labels = Some(crate::core::policy::tests::labels(labels));
     n
 }
 

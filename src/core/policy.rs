@@ -453,4 +453,4 @@ pub(crate) fn exemption(username: &str, groups: &[String], ex: &Exemptions) -> O
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -9,7 +9,10 @@ use crate::core::operator::OperatorVersion;
 
 const P: &str = "nvidia.com/gpu.deploy.";
 
-fn labels(pairs: &[(&str, &str)]) -> Labels {
+/// Labels from `(key, value)` pairs; a key without a `/` is a deploy label's operand name
+/// (`device-plugin` is `nvidia.com/gpu.deploy.device-plugin`). The tests of other modules use
+/// it too.
+pub(crate) fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
         .iter()
         .map(|(k, v)| {

@@ -2,22 +2,9 @@ use super::*;
 use crate::core::facts::operator_defaults;
 use crate::core::operator::{Sandbox, SandboxMode, Workload};
 use crate::core::policy::Decision;
+use crate::core::policy::tests::labels;
 
 const NFD: (&str, &str) = ("feature.node.kubernetes.io/pci-10de.present", "true");
-
-fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs
-        .iter()
-        .map(|(k, v)| {
-            let key = if k.contains('/') {
-                (*k).to_owned()
-            } else {
-                format!("nvidia.com/gpu.deploy.{k}")
-            };
-            (key, (*v).to_owned())
-        })
-        .collect()
-}
 
 /// A GPU node as the operator leaves it in the container workload.
 fn gpu_labels() -> Labels {
@@ -33,6 +20,18 @@ fn gpu_labels() -> Labels {
         ("operator-validator", "true"),
         ("node-status-exporter", "true"),
     ])
+}
+
+/// The decision over these groups, every label kept, with the built-in policy.
+fn over(review: &PolicyReview<'_>, groups: &[NodeGroup<'_>]) -> Verdict {
+    decide_policy(
+        review,
+        Fleet::Known {
+            groups,
+            keeps: &|_| true,
+        },
+        &Policy::default(),
+    )
 }
 
 fn group<'a>(labels: Labels, nodes: &[&'a str]) -> NodeGroup<'a> {
@@ -86,14 +85,7 @@ fn the_toolkit_switched_off_under_running_device_plugins_is_denied_naming_the_no
     let names = fleet_of(12);
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let groups = [group(gpu_labels(), &refs), group(labels(&[]), &["cpu-0"])];
-    let v = decide_policy(
-        &cp_review(&before, &after, None),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&cp_review(&before, &after, None), &groups);
     assert_eq!(v.decision, Decision::Denied);
     let msg = v.message.clone().unwrap();
     assert!(
@@ -117,13 +109,9 @@ fn the_host_toolkit_annotation_lets_it_through_and_is_recorded() {
     let before = operator_defaults();
     let after = switched(toolkit_off);
     let groups = [group(gpu_labels(), &["gpu-0"])];
-    let v = decide_policy(
+    let v = over(
         &cp_review(&before, &after, Some("toolkit baked into the node image")),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
+        &groups,
     );
     assert_eq!(v.decision, Decision::Allowed);
     let notes = v.audit_annotations();
@@ -150,36 +138,15 @@ fn toolkit_and_device_plugin_off_together_or_nowhere_running_is_allowed() {
         f.disabled.insert(Operand::DevicePlugin);
     });
     let groups = [group(gpu_labels(), &["gpu-0"])];
-    let v = decide_policy(
-        &cp_review(&before, &both, None),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&cp_review(&before, &both, None), &groups);
     assert_eq!(v.decision, Decision::Allowed, "{:?}", v.message);
     // Only CPU nodes: nothing runs the device plugin, nothing to refuse.
     let after = switched(toolkit_off);
     let cpu = [group(labels(&[]), &["cpu-0"])];
-    let v = decide_policy(
-        &cp_review(&before, &after, None),
-        Fleet::Known {
-            groups: &cpu,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&cp_review(&before, &after, None), &cpu);
     assert_eq!(v.decision, Decision::Allowed, "{:?}", v.message);
     // Already off: an unrelated edit of a policy that has the toolkit off passes.
-    let v = decide_policy(
-        &cp_review(&after, &after, None),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&cp_review(&after, &after, None), &groups);
     assert_eq!(v.decision, Decision::Allowed);
     assert!(v.findings.is_empty(), "{:?}", v.findings);
 }
@@ -213,14 +180,7 @@ fn the_driver_switched_off_warns_with_the_nodes() {
         f.disabled.insert(Operand::Driver);
     });
     let groups = [group(gpu_labels(), &["gpu-1", "gpu-0"])];
-    let v = decide_policy(
-        &cp_review(&before, &after, None),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&cp_review(&before, &after, None), &groups);
     assert_eq!(v.decision, Decision::Allowed);
     assert_eq!(
         v.warnings,
@@ -265,14 +225,7 @@ fn handing_the_driver_to_nvidiadrivers_warns_for_the_nodes_none_selects() {
         },
         ..cp_review(&before, &after, None)
     };
-    let v = decide_policy(
-        &review,
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&review, &groups);
     assert_eq!(v.findings.len(), 1, "{:?}", v.findings);
     assert_eq!(v.findings[0].rule, Rule::DriverRemoved);
     assert!(
@@ -307,14 +260,7 @@ fn sandbox_workloads_on_warns_what_each_kind_of_node_gets() {
         Workload::VmPassthrough.name().into(),
     );
     let groups = [group(gpu_labels(), &["c-0"]), group(vm, &["vm-0", "vm-1"])];
-    let v = decide_policy(
-        &cp_review(&before, &after, None),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&cp_review(&before, &after, None), &groups);
     let relabel: Vec<&Finding> = v
         .findings
         .iter()
@@ -411,24 +357,16 @@ fn overlapping_nvidiadrivers_are_denied_naming_both_and_a_node() {
         node_selector: None,
         vgpu_host_manager: false,
     };
-    let v = decide_policy(
+    let v = over(
         &nd_review(&facts, Operation::Create, None, Some(&default), &existing),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
+        &groups,
     );
     assert_eq!(v.decision, Decision::Denied);
     // Disjoint selectors pass.
     let b = driver("pool-b", &[("example.com/pool", "b")]);
-    let v = decide_policy(
+    let v = over(
         &nd_review(&facts, Operation::Create, None, Some(&b), &existing),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
+        &groups,
     );
     assert_eq!(v.decision, Decision::Allowed, "{:?}", v.message);
     assert!(v.findings.is_empty(), "{:?}", v.findings);
@@ -468,13 +406,9 @@ fn an_nvidiadriver_deleted_or_narrowed_warns_for_the_nodes_left_without_a_driver
     };
     let groups = [group(pool("a"), &["a-0"]), group(pool("b"), &["b-0"])];
     let all = driver("all", &[]);
-    let v = decide_policy(
+    let v = over(
         &nd_review(&facts, Operation::Delete, Some(&all), None, &[]),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
+        &groups,
     );
     assert_eq!(v.decision, Decision::Allowed);
     assert_eq!(
@@ -482,13 +416,9 @@ fn an_nvidiadriver_deleted_or_narrowed_warns_for_the_nodes_left_without_a_driver
         ["NVIDIADriver all: 2 nodes lose the driver DaemonSet (a-0, b-0)"]
     );
     let narrowed = driver("all", &[("example.com/pool", "a")]);
-    let v = decide_policy(
+    let v = over(
         &nd_review(&facts, Operation::Update, Some(&all), Some(&narrowed), &[]),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
+        &groups,
     );
     assert_eq!(
         v.warnings,
@@ -500,13 +430,9 @@ fn an_nvidiadriver_deleted_or_narrowed_warns_for_the_nodes_left_without_a_driver
         f.driver_crd = true;
         f.version = crate::core::operator::OperatorVersion::parse("v25.10.1").unwrap();
     });
-    let v = decide_policy(
+    let v = over(
         &nd_review(&old, Operation::Update, Some(&all), Some(&narrowed), &[]),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
+        &groups,
     );
     assert!(v.warnings.is_empty(), "{:?}", v.warnings);
     // Another NVIDIADriver still selects pool b: nothing is lost.
@@ -535,14 +461,7 @@ fn the_operator_s_service_accounts_are_exempt_and_warn_mode_lowers() {
     let groups = [group(gpu_labels(), &["gpu-0"])];
     let mut review = cp_review(&before, &after, None);
     review.username = "system:serviceaccount:gpu-operator:gpu-operator";
-    let v = decide_policy(
-        &review,
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&review, &groups);
     assert_eq!(v.decision, Decision::Exempt);
     assert!(v.would_deny.is_some());
     let policy = Policy {
@@ -577,14 +496,7 @@ fn a_second_cluster_policy_warns_that_the_operator_ignores_it() {
         },
         ..cp_review(&facts, &facts, None)
     };
-    let v = decide_policy(
-        &review,
-        Fleet::Known {
-            groups: &[],
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&review, &[]);
     assert_eq!(v.decision, Decision::Allowed);
     assert_eq!(v.findings[0].rule, Rule::ClusterPolicyIgnored);
 }
@@ -597,24 +509,10 @@ fn a_switch_off_that_leaves_operands_waiting_is_a_new_state_finding() {
         f.disabled.insert(Operand::OperatorValidator);
     });
     let groups = [group(gpu_labels(), &["gpu-0"])];
-    let v = decide_policy(
-        &cp_review(&before, &after, None),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&cp_review(&before, &after, None), &groups);
     let ids: Vec<&str> = v.findings.iter().map(|f| f.rule.id()).collect();
     // Whatever the state rules conclude, a finding present before is never repeated.
-    let same = decide_policy(
-        &cp_review(&after, &after, None),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let same = over(&cp_review(&after, &after, None), &groups);
     assert!(same.findings.is_empty(), "{:?}", same.findings);
     assert!(ids.iter().all(|id| Rule::from_id(id).is_some()), "{ids:?}");
 }
@@ -626,14 +524,7 @@ fn fifteen_thousand_nodes_in_few_groups_are_named_and_counted() {
     let names = fleet_of(15_000);
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let groups = [group(gpu_labels(), &refs)];
-    let v = decide_policy(
-        &cp_review(&before, &after, None),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&cp_review(&before, &after, None), &groups);
     let m = v.message.unwrap();
     assert!(
         m.contains("on 15000 nodes (gpu-000, gpu-001, gpu-002, gpu-003, gpu-004 and 14995 more)"),
@@ -651,13 +542,6 @@ fn what_runs_now_counts_not_what_a_pass_would_sweep_anyway() {
     let before = operator_defaults();
     let after = switched(toolkit_off);
     let groups = [group(labels, &["lab-node-0"])];
-    let v = decide_policy(
-        &cp_review(&before, &after, None),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
-    );
+    let v = over(&cp_review(&before, &after, None), &groups);
     assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
 }
