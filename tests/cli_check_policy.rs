@@ -91,3 +91,106 @@ fn bad_input_is_named_with_exit_2() {
         "{err}"
     );
 }
+
+/// The `operands` of `check-policy -o json`, by operand: (before, after, starts, stops).
+fn shifts(out: &str) -> std::collections::BTreeMap<String, (u64, u64, Vec<String>, Vec<String>)> {
+    let v: serde_json::Value = serde_json::from_str(out).unwrap();
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap().to_owned())
+            .collect()
+    };
+    v["operands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["operand"].as_str().unwrap().to_owned(),
+                (
+                    s["before"].as_u64().unwrap(),
+                    s["after"].as_u64().unwrap(),
+                    names(&s["starts"]),
+                    names(&s["stops"]),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_report_says_where_each_operand_starts_and_stops() {
+    let driver_off = "tests/fixtures/policy/cluster-policy-driver-off.yaml";
+    let (code, out, err) = run(&[
+        "--old", OLD, "--new", driver_off, "--nodes", NODES, "-o", "json",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let s = shifts(&out);
+    assert_eq!(
+        s["driver"],
+        (1, 0, vec![], vec!["lab-node-0".to_owned()]),
+        "{out}"
+    );
+    assert_eq!(s["container-toolkit"], (2, 2, vec![], vec![]), "{out}");
+    assert!(
+        !s.contains_key("dcgm"),
+        "disabled and running nowhere: {out}"
+    );
+    // Backwards, the driver starts where it stopped.
+    let (_, out, _) = run(&[
+        "--old", driver_off, "--new", OLD, "--nodes", NODES, "-o", "json",
+    ]);
+    assert_eq!(
+        shifts(&out)["driver"],
+        (0, 1, vec!["lab-node-0".to_owned()], vec![]),
+        "{out}"
+    );
+
+    let (_, text, _) = run(&[
+        "--old",
+        OLD,
+        "--new",
+        "tests/fixtures/policy/cluster-policy-toolkit-off.yaml",
+        "--nodes",
+        NODES,
+    ]);
+    assert!(
+        text.contains(
+            "operands, on how many nodes now -> after the change:\n  container-toolkit            2 -> 0; stops on lab-node-0, lab-node-1\n  unchanged: driver (1), device-plugin (2)"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_real_daemonset_selectors_decide_where_operands_run() {
+    // lab-gaps' gpu-feature-discovery DaemonSet also selects example.com/pool=a, which no lab
+    // node has: with the DaemonSets given it runs nowhere, without them on both GPU nodes.
+    let args = ["--old", OLD, "--new", OLD, "--nodes", NODES, "-o", "json"];
+    let (_, out, _) = run(&args);
+    assert_eq!(shifts(&out)["gpu-feature-discovery"].0, 2, "{out}");
+    let mut with = args.to_vec();
+    with.extend([
+        "--daemonsets",
+        "tests/fixtures/audit/lab-gaps/daemonsets.json",
+    ]);
+    let (code, out, err) = run(&with);
+    assert_eq!(code, 0, "{out}{err}");
+    let s = shifts(&out);
+    assert!(!s.contains_key("gpu-feature-discovery"), "{out}");
+    assert_eq!(s["device-plugin"].0, 2, "{out}");
+    let (code, _, err) = run(&[
+        "--old",
+        OLD,
+        "--new",
+        OLD,
+        "--nodes",
+        NODES,
+        "--daemonsets",
+        OLD,
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.starts_with("error: "), "{err}");
+}

@@ -16,7 +16,7 @@ use crate::core::config::{Config, ConfigError};
 use crate::core::facts::{PolicySource, assumed_version, operator_defaults};
 use crate::k8s::api::{self as cluster, ClusterError};
 use crate::k8s::cluster_policy::ClusterPolicyError;
-use crate::k8s::daemonset::{custom_selectors, operands_present};
+use crate::k8s::daemonset::learn_daemonsets;
 use crate::k8s::list::{self as files, FileError};
 use crate::k8s::read;
 
@@ -147,10 +147,7 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
     }
     if let Some(path) = &args.daemonsets {
         let ds = files::read_daemonsets(path)?;
-        facts.selectors = custom_selectors(&ds);
-        let present = operands_present(&ds);
-        facts.daemonsets = Some(present);
-        facts.enable_seen(present);
+        learn_daemonsets(&mut facts, &ds);
     }
     (facts.version, facts.version_source) = assumed_version(NOT_GIVEN);
     apply_given(&mut facts, args.operator_version.given(&config));

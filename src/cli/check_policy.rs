@@ -14,12 +14,13 @@ use serde_json::Value;
 use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, assumed_version, operator_defaults};
-use crate::core::policy::{Decision, Operation, Verdict};
-use crate::core::policy_change::{NvidiaDriver, PolicyKind};
+use crate::core::policy::{Decision, Operation, Policy, Verdict};
+use crate::core::policy_change::{NvidiaDriver, PolicyKind, Shift, name_nodes};
+use crate::k8s::daemonset::learn_daemonsets;
 use crate::k8s::fleet::{Fleet, LabelFilter, NodeIndex};
 use crate::k8s::node::NodeView;
 use crate::k8s::{list, nvidia_driver, read};
-use crate::webhook::policy_review::{ObjectChange, decide_objects};
+use crate::webhook::policy_review::{ObjectChange, decide_objects, predict_objects};
 
 #[derive(clap::Args)]
 pub struct CheckPolicyArgs {
@@ -36,6 +37,10 @@ pub struct CheckPolicyArgs {
     /// The cluster's other NVIDIADriver resources (`kubectl get nvidiadrivers -o json`).
     #[arg(long, value_name = "FILE")]
     nvidia_drivers: Option<PathBuf>,
+    /// The operand DaemonSets (`kubectl get daemonsets -n gpu-operator -o json`): their real
+    /// nodeSelectors decide where each operand runs, as the webhook reads them from the cluster.
+    #[arg(long, value_name = "FILE")]
+    daemonsets: Option<PathBuf>,
     /// The cluster's ClusterPolicy, for an NVIDIADriver change (whether it hands the driver to
     /// NVIDIADriver resources). Default: the operator's defaults.
     #[arg(long, value_name = "FILE")]
@@ -173,6 +178,9 @@ pub fn check(args: &CheckPolicyArgs) -> Result<(String, u8), CheckPolicyError> {
     if let Some(path) = &args.nvidia_drivers {
         facts.nvidia_drivers = Some(drivers(path)?);
     }
+    if let Some(path) = &args.daemonsets {
+        learn_daemonsets(&mut facts, &list::read_daemonsets(path)?);
+    }
     (facts.version, facts.version_source) = assumed_version(NOT_GIVEN);
     apply_given(&mut facts, args.operator_version.given(&config));
     let nodes = list::read_nodes(&args.nodes)?;
@@ -194,15 +202,28 @@ pub fn check(args: &CheckPolicyArgs) -> Result<(String, u8), CheckPolicyError> {
         groups: &[],
         dry_run: true,
     };
-    let verdict = decide_objects(&change, &facts, Some(&fleet), &config.policy)
-        .map_err(|e| CheckPolicyError::Review(e.to_string()))?;
+    report(args.output, &change, &facts, &fleet, &config.policy).map_err(CheckPolicyError::Review)
+}
+
+/// The webhook's decision on `change` over `fleet`, and where each operand runs before and
+/// after it, as a report; and its exit code. What `check-policy` and the plugin's preview print.
+pub fn report(
+    format: Format,
+    change: &ObjectChange<'_>,
+    facts: &ClusterFacts,
+    fleet: &Fleet,
+    policy: &Policy,
+) -> Result<(String, u8), String> {
+    let verdict = decide_objects(change, facts, Some(fleet), policy).map_err(|e| e.to_string())?;
+    let shifts = predict_objects(change, facts, fleet).map_err(|e| e.to_string())?;
     Ok(render(
-        args.output,
-        kind,
-        &name,
-        operation,
+        format,
+        change.kind,
+        change.name,
+        change.operation,
         &verdict,
-        &facts,
+        &shifts,
+        facts,
     ))
 }
 
@@ -229,7 +250,18 @@ struct JsonReport<'a> {
     message: Option<&'a str>,
     warnings: &'a [String],
     findings: Vec<JsonFinding<'a>>,
+    /// Where each operand runs now and after the change.
+    operands: Vec<JsonShift<'a>>,
     cluster_facts: &'a str,
+}
+
+#[derive(Serialize)]
+struct JsonShift<'a> {
+    operand: &'static str,
+    before: usize,
+    after: usize,
+    starts: &'a [String],
+    stops: &'a [String],
 }
 
 #[derive(Serialize)]
@@ -240,12 +272,13 @@ struct JsonFinding<'a> {
 }
 
 /// The report of one decision, as text or JSON, and its exit code.
-pub fn render(
+fn render(
     format: Format,
     kind: PolicyKind,
     name: &str,
     operation: Operation,
     verdict: &Verdict,
+    shifts: &[Shift],
     facts: &ClusterFacts,
 ) -> (String, u8) {
     let code = u8::from(!verdict.allowed());
@@ -266,6 +299,16 @@ pub fn render(
                     rule: f.rule.id(),
                     action: f.action.as_str(),
                     message: &f.message,
+                })
+                .collect(),
+            operands: shifts
+                .iter()
+                .map(|s| JsonShift {
+                    operand: s.operand.name(),
+                    before: s.before,
+                    after: s.after,
+                    starts: &s.starts,
+                    stops: &s.stops,
                 })
                 .collect(),
             cluster_facts: &verdict.cluster_facts,
@@ -296,6 +339,7 @@ pub fn render(
     if verdict.findings.is_empty() {
         let _ = writeln!(out, "  no finding");
     }
+    render_shifts(&mut out, shifts);
     if let Some(why) = facts.version_source.assumed() {
         let _ = writeln!(
             out,
@@ -304,4 +348,31 @@ pub fn render(
         );
     }
     (out, code)
+}
+
+/// "what runs where" in text: a line for each operand the change starts or stops somewhere,
+/// one line for the rest.
+fn render_shifts(out: &mut String, shifts: &[Shift]) {
+    if shifts.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "operands, on how many nodes now -> after the change:");
+    let mut same = Vec::new();
+    for s in shifts {
+        if s.starts.is_empty() && s.stops.is_empty() {
+            same.push(format!("{} ({})", s.operand, s.before));
+            continue;
+        }
+        let mut line = format!("  {:<28} {} -> {}", s.operand.name(), s.before, s.after);
+        for (verb, nodes) in [("starts on", &s.starts), ("stops on", &s.stops)] {
+            if !nodes.is_empty() {
+                let (_, names) = name_nodes(nodes.iter().map(String::as_str));
+                let _ = write!(line, "; {verb} {names}");
+            }
+        }
+        let _ = writeln!(out, "{line}");
+    }
+    if !same.is_empty() {
+        let _ = writeln!(out, "  unchanged: {}", same.join(", "));
+    }
 }

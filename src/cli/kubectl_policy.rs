@@ -5,7 +5,7 @@
 //! (creating it when there is none); `policy clusterpolicy|nvidiadriver NAME --patch JSON`
 //! previews a merge patch (as `kubectl patch --type merge`); `--delete` previews deleting an
 //! NVIDIADriver. The cluster is read as the audit reads it (the nodes as metadata, in pages),
-//! and the decision is [`decide_objects`], the webhook's. Exit 0: allowed; 1: denied; 2: bad
+//! and the decision is the webhook's (`check-policy`'s [`report`]). Exit 0: allowed; 1: denied; 2: bad
 //! input or the cluster could not be read. Nothing is written.
 
 use std::path::PathBuf;
@@ -14,14 +14,14 @@ use clap::Args;
 use kube::api::{Api, DynamicObject};
 use serde_json::Value;
 
-use crate::cli::check_policy::{Format, fleet_of, render};
+use crate::cli::check_policy::{Format, fleet_of, report};
 use crate::cli::version::{OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::policy::Operation;
 use crate::core::policy_change::PolicyKind;
 use crate::k8s::api::{self, ClusterError, brief, cluster_policy_resource};
 use crate::k8s::{nvidia_driver, read};
-use crate::webhook::policy_review::{ObjectChange, decide_objects};
+use crate::webhook::policy_review::ObjectChange;
 
 #[derive(Args)]
 pub struct PolicyArgs {
@@ -184,14 +184,12 @@ pub async fn preview(args: &PolicyArgs) -> Result<(String, u8), PolicyError> {
         groups: &[],
         dry_run: true,
     };
-    let verdict = decide_objects(&change, &snapshot.facts, Some(&fleet), &config.policy)
-        .map_err(|e| bad(e.to_string()))?;
-    Ok(render(
+    report(
         args.output,
-        kind,
-        &name,
-        operation,
-        &verdict,
+        &change,
         &snapshot.facts,
-    ))
+        &fleet,
+        &config.policy,
+    )
+    .map_err(bad)
 }

@@ -244,6 +244,63 @@ pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Polic
     verdict
 }
 
+/// Where one operand runs before and after a change: the prediction `check-policy` and the
+/// kubectl plugin print, and what the e2e oracle compares with the operator's DaemonSets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shift {
+    pub operand: Operand,
+    /// Nodes it runs on now, and once the change is applied.
+    pub before: usize,
+    pub after: usize,
+    /// Nodes it starts on, and stops on; sorted.
+    pub starts: Vec<String>,
+    pub stops: Vec<String>,
+}
+
+/// What the change does to every operand that runs somewhere before or after it, in the order
+/// of [`Operand::all`]: the same simulation [`decide_policy`] judges (for the driver, any driver
+/// DaemonSet: the ClusterPolicy's or an NVIDIADriver's).
+pub fn shifts(review: &PolicyReview<'_>, groups: &[NodeGroup<'_>]) -> Vec<Shift> {
+    let outcomes: Vec<Outcome<'_, '_>> = groups.iter().map(|g| outcome(review, g)).collect();
+    let runs = |o: &Outcome<'_, '_>, op: Operand, after: bool| match (op, after) {
+        (Operand::Driver, false) => o.driver_before,
+        (Operand::Driver, true) => o.driver_after,
+        (_, false) => o.before.contains(op),
+        (_, true) => o.after.contains(op),
+    };
+    let mut out = Vec::new();
+    for op in Operand::all() {
+        let mut shift = Shift {
+            operand: op,
+            before: 0,
+            after: 0,
+            starts: Vec::new(),
+            stops: Vec::new(),
+        };
+        for o in &outcomes {
+            let (b, a) = (runs(o, op, false), runs(o, op, true));
+            let n = o.group.nodes.len();
+            shift.before += if b { n } else { 0 };
+            shift.after += if a { n } else { 0 };
+            match (b, a) {
+                (false, true) => shift
+                    .starts
+                    .extend(o.group.nodes.iter().map(|n| (*n).to_owned())),
+                (true, false) => shift
+                    .stops
+                    .extend(o.group.nodes.iter().map(|n| (*n).to_owned())),
+                _ => {}
+            }
+        }
+        if shift.before + shift.after > 0 {
+            shift.starts.sort_unstable();
+            shift.stops.sort_unstable();
+            out.push(shift);
+        }
+    }
+    out
+}
+
 /// What the audit annotations say of a policy review.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyNote {
@@ -332,7 +389,7 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
 }
 
 /// "a, b, c, d, e and 7 more"
-fn name_nodes<'a>(nodes: impl IntoIterator<Item = &'a str>) -> (usize, String) {
+pub fn name_nodes<'a>(nodes: impl IntoIterator<Item = &'a str>) -> (usize, String) {
     let mut all: Vec<&str> = nodes.into_iter().collect();
     all.sort_unstable();
     let shown: Vec<String> = all

@@ -9,7 +9,7 @@ use kube::{Client, Error as KubeError};
 use serde_json::Value;
 
 use super::cluster_policy;
-use super::daemonset::{DaemonSetView, custom_selectors, operands_present};
+use super::daemonset::{DaemonSetView, learn_daemonsets};
 use super::deployment::{self, DeploymentView, Unread};
 use super::fleet::LabelFilter;
 use super::node::NodeView;
@@ -106,10 +106,7 @@ pub fn cluster_from(
     };
     facts.source = source;
     if let Some(ds) = daemonsets {
-        facts.selectors = custom_selectors(ds.iter().copied());
-        let present = operands_present(ds.iter().copied());
-        facts.daemonsets = Some(present);
-        facts.enable_seen(present);
+        learn_daemonsets(&mut facts, ds.iter().copied());
     }
     facts
 }

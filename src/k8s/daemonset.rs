@@ -111,6 +111,18 @@ pub fn custom_selectors<'a>(
         .collect()
 }
 
+/// What the operand DaemonSets that exist tell the facts: their real selectors, which of them
+/// exist, and (for facts from defaults) that those operands are enabled.
+pub fn learn_daemonsets<'a>(
+    facts: &mut crate::core::facts::ClusterFacts,
+    daemonsets: impl IntoIterator<Item = &'a DaemonSetView> + Clone,
+) {
+    facts.selectors = custom_selectors(daemonsets.clone());
+    let present = operands_present(daemonsets);
+    facts.daemonsets = Some(present);
+    facts.enable_seen(present);
+}
+
 fn is_default(op: Operand, selector: &Labels) -> bool {
     selector.len() == 1 && selector.get(op.key()).is_some_and(|v| v == "true")
 }

@@ -20,7 +20,7 @@ use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::policy::{Decision, Operation, Policy, Verdict};
 use crate::core::policy_change::{
     Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, NvidiaDriver, PolicyChange, PolicyKind,
-    PolicyReview, decide_policy,
+    PolicyReview, Shift, decide_policy, shifts,
 };
 use crate::k8s::{cluster_policy, nvidia_driver};
 use std::sync::Arc;
@@ -232,6 +232,36 @@ pub fn decide_objects(
     fleet: Option<&crate::k8s::fleet::Fleet>,
     policy: &Policy,
 ) -> Result<Verdict, BadRequest> {
+    let verdict = on_review(change, facts, |review| {
+        over_groups(fleet, |groups| decide_policy(review, groups, policy))
+    })?;
+    Ok(verdict.unwrap_or_else(|| status_verdict(facts, policy)))
+}
+
+/// Where each operand runs before and after `change` over `fleet`'s node records: what
+/// `check-policy` and the plugin's preview print beside the decision. Empty for a change that
+/// decides nothing (a ClusterPolicy's DELETE) and before the nodes are listed.
+pub fn predict_objects(
+    change: &ObjectChange<'_>,
+    facts: &ClusterFacts,
+    fleet: &crate::k8s::fleet::Fleet,
+) -> Result<Vec<Shift>, BadRequest> {
+    let shifts = on_review(change, facts, |review| {
+        over_groups(Some(fleet), |groups| match groups {
+            Fleet::Known { groups, .. } => shifts(review, groups),
+            Fleet::Unknown(_) => Vec::new(),
+        })
+    })?;
+    Ok(shifts.unwrap_or_default())
+}
+
+/// Reads the objects of `change` into the review the decision judges, and hands it to `then`;
+/// None for a change that decides nothing.
+fn on_review<R>(
+    change: &ObjectChange<'_>,
+    facts: &ClusterFacts,
+    then: impl FnOnce(&PolicyReview<'_>) -> R,
+) -> Result<Option<R>, BadRequest> {
     let op = change.operation;
     let object = change.object;
     let old = change.old;
@@ -258,7 +288,7 @@ pub fn decide_objects(
                 Operation::Create | Operation::Update => {
                     object.ok_or_else(|| missing(op, "object"))?
                 }
-                _ => return Ok(status_verdict(facts, policy)),
+                _ => return Ok(None),
             };
             let after = with_policy(facts, after_obj)?;
             // A first ClusterPolicy starts the operator's work: nothing of it ran before, so
@@ -286,7 +316,7 @@ pub fn decide_objects(
                 },
                 ..base
             };
-            Ok(decide_over_fleet(fleet, policy, &review))
+            Ok(Some(then(&review)))
         }
         PolicyKind::NvidiaDriver => {
             let read = |v: Option<&Value>| -> Result<Option<NvidiaDriver>, BadRequest> {
@@ -308,7 +338,7 @@ pub fn decide_objects(
                     Some(read(object)?.ok_or_else(|| missing(op, "object"))?),
                 ),
                 Operation::Delete => (read(old)?, None),
-                Operation::Connect => return Ok(status_verdict(facts, policy)),
+                Operation::Connect => return Ok(None),
             };
             let this = after.as_ref().or(before.as_ref()).map(|d| d.name.clone());
             let others: Vec<NvidiaDriver> = all_drivers
@@ -324,32 +354,25 @@ pub fn decide_objects(
                 },
                 ..base
             };
-            Ok(decide_over_fleet(fleet, policy, &review))
+            Ok(Some(then(&review)))
         }
     }
 }
 
-/// Decides over the fleet's node records, grouped; without them, on the policy alone.
-fn decide_over_fleet(
+/// Hands `then` the fleet's node records, grouped, under its lock; without them, why not.
+fn over_groups<R>(
     fleet: Option<&crate::k8s::fleet::Fleet>,
-    policy: &Policy,
-    review: &PolicyReview<'_>,
-) -> Verdict {
+    then: impl FnOnce(Fleet<'_>) -> R,
+) -> R {
     let Some(fleet) = fleet else {
-        return decide_policy(
-            review,
-            Fleet::Unknown("the nodes are not read (no cluster watch, no node list)"),
-            policy,
-        );
+        return then(Fleet::Unknown(
+            "the nodes are not read (no cluster watch, no node list)",
+        ));
     };
     let state = fleet.lock();
     if !state.synced {
         drop(state);
-        return decide_policy(
-            review,
-            Fleet::Unknown("the nodes are not listed yet"),
-            policy,
-        );
+        return then(Fleet::Unknown("the nodes are not listed yet"));
     }
     let groups: Vec<NodeGroup<'_>> = state
         .nodes
@@ -362,14 +385,10 @@ fn decide_over_fleet(
         .collect();
     let filter = state.nodes.filter();
     let keeps = |key: &str| filter.keeps(key);
-    decide_policy(
-        review,
-        Fleet::Known {
-            groups: &groups,
-            keeps: &keeps,
-        },
-        policy,
-    )
+    then(Fleet::Known {
+        groups: &groups,
+        keeps: &keeps,
+    })
 }
 
 /// Allowed, deciding nothing: the status subresource, DELETE of a ClusterPolicy (the

@@ -239,21 +239,7 @@ fn handing_the_driver_to_nvidiadrivers_warns_for_the_nodes_none_selects() {
 #[test]
 fn sandbox_workloads_on_warns_what_each_kind_of_node_gets() {
     let before = operator_defaults();
-    let after = switched(|f| {
-        f.sandbox = Sandbox {
-            enabled: true,
-            default_workload: None,
-            mode: SandboxMode::KubeVirt,
-        };
-        f.disabled = crate::core::facts::switched_off(|field, default| {
-            Ok::<_, std::convert::Infallible>(if field == crate::core::facts::SANDBOX_WORKLOADS {
-                true
-            } else {
-                default
-            })
-        })
-        .unwrap();
-    });
+    let after = sandbox_on();
     let mut vm = gpu_labels();
     vm.insert(
         "nvidia.com/gpu.workload.config".into(),
@@ -279,6 +265,25 @@ fn sandbox_workloads_on_warns_what_each_kind_of_node_gets() {
         "container nodes keep their operands: {m}"
     );
     assert_eq!(v.decision, Decision::Allowed);
+}
+
+/// The operator's defaults with `sandboxWorkloads.enabled` (KubeVirt mode).
+fn sandbox_on() -> ClusterFacts {
+    switched(|f| {
+        f.sandbox = Sandbox {
+            enabled: true,
+            default_workload: None,
+            mode: SandboxMode::KubeVirt,
+        };
+        f.disabled = crate::core::facts::switched_off(|field, default| {
+            Ok::<_, std::convert::Infallible>(if field == crate::core::facts::SANDBOX_WORKLOADS {
+                true
+            } else {
+                default
+            })
+        })
+        .unwrap();
+    })
 }
 
 fn driver(name: &str, selector: &[(&str, &str)]) -> NvidiaDriver {
@@ -544,4 +549,73 @@ fn what_runs_now_counts_not_what_a_pass_would_sweep_anyway() {
     let groups = [group(labels, &["lab-node-0"])];
     let v = over(&cp_review(&before, &after, None), &groups);
     assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
+}
+
+#[test]
+fn shifts_say_where_each_operand_starts_and_stops() {
+    let before = operator_defaults();
+    let both = switched(|f| {
+        toolkit_off(f);
+        f.disabled.insert(Operand::DevicePlugin);
+    });
+    let groups = [
+        group(gpu_labels(), &["gpu-1", "gpu-0"]),
+        group(labels(&[]), &["cpu-0"]),
+    ];
+    let s = shifts(&cp_review(&before, &both, None), &groups);
+    let of = |op: Operand| s.iter().find(|s| s.operand == op).cloned();
+    let toolkit = of(Operand::ContainerToolkit).expect("the toolkit ran before");
+    assert_eq!((toolkit.before, toolkit.after), (2, 0));
+    assert_eq!(toolkit.stops, ["gpu-0", "gpu-1"], "sorted");
+    assert!(toolkit.starts.is_empty());
+    assert_eq!(of(Operand::DevicePlugin).map(|s| s.after), Some(0));
+    // Unchanged operands are there with equal counts and no node lists.
+    let dcgm = of(Operand::DcgmExporter).expect("dcgm-exporter runs");
+    assert_eq!((dcgm.before, dcgm.after), (2, 2));
+    assert!(dcgm.starts.is_empty() && dcgm.stops.is_empty());
+    // A node without deploy labels runs nothing, before or after.
+    assert!(
+        s.iter()
+            .all(|s| !s.starts.iter().chain(&s.stops).any(|n| n == "cpu-0"))
+    );
+
+    // Switching the driver off stops it where it ran; switching it on starts it there.
+    let driver_on = switched(|f| {
+        f.disabled.remove(Operand::Driver);
+    });
+    let driver_off = switched(|f| {
+        f.disabled.insert(Operand::Driver);
+    });
+    let off = shifts(&cp_review(&driver_on, &driver_off, None), &groups);
+    let d = off.iter().find(|s| s.operand == Operand::Driver).unwrap();
+    assert_eq!((d.before, d.after, d.stops.len()), (2, 0, 2));
+    let on = shifts(&cp_review(&driver_off, &driver_on, None), &groups);
+    let d = on.iter().find(|s| s.operand == Operand::Driver).unwrap();
+    assert_eq!((d.before, d.after, d.starts.len()), (0, 2, 2));
+
+    // Nothing runs anywhere: no shift at all.
+    assert!(
+        shifts(
+            &cp_review(&both, &both, None),
+            &[group(labels(&[]), &["cpu-0"])]
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn shifts_follow_the_relabelling_a_sandbox_change_makes() {
+    let before = operator_defaults();
+    let after = sandbox_on();
+    let mut vm = gpu_labels();
+    vm.insert(
+        "nvidia.com/gpu.workload.config".into(),
+        Workload::VmPassthrough.name().into(),
+    );
+    let groups = [group(gpu_labels(), &["c-0"]), group(vm, &["vm-0"])];
+    let s = shifts(&cp_review(&before, &after, None), &groups);
+    let of = |op: Operand| s.iter().find(|s| s.operand == op).cloned().unwrap();
+    assert_eq!(of(Operand::DevicePlugin).stops, ["vm-0"]);
+    assert_eq!(of(Operand::DevicePlugin).after, 1, "c-0 keeps it");
+    assert_eq!(of(Operand::SandboxValidator).starts, ["vm-0"]);
 }
