@@ -292,13 +292,20 @@ func runCheck(t *testing.T, args ...string) checkOutput {
 // its output; exit 1 (denied) is an answer, not an error.
 func runCheckRaw(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(framework.RequireProductBinary(t), append([]string{"check", "-o", "json"}, args...)...)
+	return runProduct(t, append([]string{"check", "-o", "json"}, args...)...)
+}
+
+// runProduct runs gpu-deploy-guard with args and returns its output; exit 1
+// (denied) is an answer, not an error.
+func runProduct(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(framework.RequireProductBinary(t), args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
 	var exit *exec.ExitError
 	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1) {
-		t.Fatalf("check %v: %v\n%s\n%s", args, err, out.String(), errb.String())
+		t.Fatalf("gpu-deploy-guard %v: %v\n%s\n%s", args, err, out.String(), errb.String())
 	}
 	return out.String()
 }
