@@ -33,6 +33,15 @@ fn gpu_node(name: &str) -> NodeView {
         "true".into(),
     );
     labels.insert("nvidia.com/gpu.present".into(), "true".into());
+    // NFD's OS labels put the node in an NVIDIADriver's pool.
+    labels.insert(
+        "feature.node.kubernetes.io/system-os_release.ID".into(),
+        "ubuntu".into(),
+    );
+    labels.insert(
+        "feature.node.kubernetes.io/system-os_release.VERSION_ID".into(),
+        "22.04".into(),
+    );
     labels.insert("kubernetes.io/hostname".into(), name.into());
     n.metadata.labels = Some(labels);
     n
@@ -208,20 +217,39 @@ async fn before_the_nodes_are_listed_the_policy_alone_decides_and_says_so() {
 #[tokio::test]
 async fn consistent_and_unrelated_changes_pass_and_status_is_not_judged() {
     let h = harness(&[gpu_node("gpu-a")], true);
-    for (object, old) in [
-        (
+    // Toolkit and device plugin off together: nothing runs without the toolkit; allowed, with
+    // the warning that the node's GPUs are no longer advertised.
+    let (_, answer) = post(
+        &h,
+        &review(
+            "ClusterPolicy",
+            "UPDATE",
             cluster_policy(false, false, json!({})),
             cluster_policy(true, true, json!({})),
         ),
-        (
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(
+        answer["response"]["warnings"],
+        json!([
+            "ClusterPolicy cluster-policy: the device plugin stops on 1 node (gpu-a); their GPUs are no longer advertised"
+        ]),
+        "{answer}"
+    );
+    // An unrelated change: nothing said.
+    let (_, answer) = post(
+        &h,
+        &review(
+            "ClusterPolicy",
+            "UPDATE",
             cluster_policy(true, true, json!({"team": "gpu"})),
             cluster_policy(true, true, json!({})),
         ),
-    ] {
-        let (_, answer) = post(&h, &review("ClusterPolicy", "UPDATE", object, old)).await;
-        assert_eq!(answer["response"]["allowed"], true, "{answer}");
-        assert!(answer["response"]["warnings"].is_null(), "{answer}");
-    }
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert!(answer["response"]["warnings"].is_null(), "{answer}");
     let mut status = review(
         "ClusterPolicy",
         "UPDATE",
@@ -262,6 +290,8 @@ async fn nvidiadrivers_that_overlap_are_refused_and_a_delete_warns() {
             name: "all".into(),
             node_selector: Some(Default::default()),
             vgpu_host_manager: false,
+            precompiled: false,
+            default: false,
         }]),
         ..ClusterFacts::default()
     };

@@ -28,6 +28,9 @@ pub struct ClusterFacts {
     /// `spec.driver.useNvidiaDriverCRD`: NVIDIADriver resources deploy the drivers, not the
     /// ClusterPolicy.
     pub driver_crd: bool,
+    /// `spec.cdi.nriPluginEnabled` (v26.3+): the toolkit configures the runtime as an NRI plugin,
+    /// and the operator deletes the `nvidia` RuntimeClasses.
+    pub nri_plugin: bool,
     /// The NVIDIADriver resources, when they were listed.
     pub nvidia_drivers: Option<Vec<crate::core::policy_change::NvidiaDriver>>,
     /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras).
@@ -49,6 +52,7 @@ impl Default for ClusterFacts {
             source: PolicySource::NotGiven,
             sandbox: Sandbox::default(),
             driver_crd: false,
+            nri_plugin: false,
             nvidia_drivers: None,
             version: OperatorVersion::newest(),
             version_source: VersionSource::Assumed(NO_VERSION.to_owned()),

@@ -27,6 +27,14 @@ pub const NFD_NVIDIA_PCI_KEYS: [&str; 3] = [
     "feature.node.kubernetes.io/pci-0302_10de.present",
     "feature.node.kubernetes.io/pci-0300_10de.present",
 ];
+/// NFD's OS labels: an NVIDIADriver's DaemonSets are one per OS pool, and a node without them
+/// is in no pool, so it gets no driver pod (`getNodePools`, `docs/gpu-operator.md` §11.4).
+pub const NFD_OS_KEYS: [&str; 2] = [
+    "feature.node.kubernetes.io/system-os_release.ID",
+    "feature.node.kubernetes.io/system-os_release.VERSION_ID",
+];
+/// NFD's kernel label: with `usePrecompiled` the pools are per OS and kernel.
+pub const NFD_KERNEL_KEY: &str = "feature.node.kubernetes.io/kernel-version.full";
 
 /// The deploy labels among these labels, in key order, found without looking at the others.
 pub fn deploy_labels(labels: &Labels) -> impl Iterator<Item = (&String, &String)> {

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{
-    DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet,
-    changed_deploy_labels,
+    DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_KERNEL_KEY, NFD_NVIDIA_PCI_KEYS, NFD_OS_KEYS,
+    Operand, OperandSet, changed_deploy_labels,
 };
 use crate::core::operator::{PASS_READS, after_pauses};
 use crate::core::rules::Ctx;
@@ -199,7 +199,7 @@ impl Verdict {
 
 /// Whether [`decide`] may read the label `key` under these facts: the deploy labels, the labels
 /// that mark a GPU node, those the operator's labelling pass reads (workload, MIG, vGPU host),
-/// and the keys of non-default operand nodeSelectors. The webhook copies only these from a
+/// NFD's OS and kernel labels (which put a node in an NVIDIADriver's pool), and the keys of non-default operand nodeSelectors. The webhook copies only these from a
 /// reviewed Node (a GPU node has ~100 labels; these are 10–20); the tests check that dropping
 /// the others never changes a verdict.
 pub fn reads_label(key: &str, facts: &ClusterFacts) -> bool {
@@ -213,6 +213,8 @@ pub fn reads_label_whatever_the_facts(key: &str) -> bool {
         || key == GPU_PRESENT_KEY
         || NFD_NVIDIA_PCI_KEYS.contains(&key)
         || PASS_READS.contains(&key)
+        || NFD_OS_KEYS.contains(&key)
+        || key == NFD_KERNEL_KEY
 }
 
 /// The label keys of the facts' custom operand nodeSelectors that [`reads_label`] reads beyond

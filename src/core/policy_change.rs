@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use super::facts::ClusterFacts;
-use super::operands::{Labels, Operand, OperandSet};
+use super::operands::{Labels, NFD_KERNEL_KEY, NFD_OS_KEYS, Operand, OperandSet};
 use super::operator::{Era, labelling_pass};
 use super::policy::{self, Operation, Policy, Verdict};
 use super::rules::{Action, Change, Finding, Rule};
@@ -69,6 +69,10 @@ pub struct NvidiaDriver {
     /// `spec.driverType` is `vgpu-host-manager`: its DaemonSets select the vGPU manager's
     /// deploy label, not the driver's.
     pub vgpu_host_manager: bool,
+    /// `spec.usePrecompiled`: its pools are per OS and kernel.
+    pub precompiled: bool,
+    /// `spec.default` (v26.7): it serves the GPU nodes no other NVIDIADriver claims.
+    pub default: bool,
 }
 
 impl NvidiaDriver {
@@ -87,14 +91,17 @@ impl NvidiaDriver {
     }
 
     /// Whether its driver DaemonSets run on a node with these labels: the deploy label, a GPU,
-    /// and its node selector.
+    /// its node selector, and the NFD labels that put the node in a pool.
     pub fn selects(&self, labels: &Labels) -> bool {
+        let pooled = NFD_OS_KEYS.iter().all(|k| labels.contains_key(*k))
+            && (!self.precompiled || labels.contains_key(NFD_KERNEL_KEY));
         let key = if self.vgpu_host_manager {
             VGPU_MANAGER_DEPLOY_KEY
         } else {
             DRIVER_DEPLOY_KEY
         };
-        labels.get(key).is_some_and(|v| v == "true")
+        pooled
+            && labels.get(key).is_some_and(|v| v == "true")
             && labels.get(GPU_PRESENT).is_some_and(|v| v == "true")
             && self
                 .node_selector
@@ -452,18 +459,24 @@ fn judge(
             return;
         }
         toolkit_switched_off(&object, before, after, outcomes, out);
+        device_plugin_switched_off(&object, before, after, outcomes, out);
         if before.sandbox != after.sandbox {
             sandbox_relabel(&object, before, after, outcomes, out);
         }
+        if let PolicyChange::ClusterPolicy { drivers, .. } = review.change {
+            driver_selected_twice(&object, before, after, drivers, outcomes, out);
+        }
+        runtime_classes_removed(&object, before, after, outcomes, out);
     }
     driver_removed(review, &object, outcomes, out);
     if let PolicyChange::NvidiaDriver {
         after: Some(this),
         others,
+        facts,
         ..
     } = review.change
     {
-        overlap(&object, this, others, outcomes, out);
+        overlap(&object, facts, this, others, outcomes, out);
     }
     state_transitions(review, &object, outcomes, policy, out);
 }
@@ -493,6 +506,127 @@ fn toolkit_switched_off(
         format!(
             "{object}: toolkit off while the device plugin runs on {count} {}",
             plural(count)
+        ),
+    ));
+}
+
+/// §11.6: `devicePlugin.enabled` true -> false. Consistent (nothing runs without the toolkit),
+/// but every node it ran on stops advertising its GPUs.
+fn device_plugin_switched_off(
+    object: &str,
+    before: &ClusterFacts,
+    after: &ClusterFacts,
+    outcomes: &[Outcome<'_, '_>],
+    out: &mut Vec<Finding>,
+) {
+    if before.off().contains(Operand::DevicePlugin) || !after.off().contains(Operand::DevicePlugin)
+    {
+        return;
+    }
+    let hit = outcomes.iter().filter(|o| {
+        o.before.contains(Operand::DevicePlugin) && !o.after.contains(Operand::DevicePlugin)
+    });
+    let (count, names) = name_nodes(hit.flat_map(|o| o.group.nodes.iter().copied()));
+    if count == 0 {
+        return;
+    }
+    out.push(finding(
+        Rule::DevicePluginSwitchedOff,
+        format!(
+            "{object}: spec.devicePlugin.enabled true -> false deletes the device plugin DaemonSets (the MPS control daemon's too) on {count} {} ({names}): \
+             their GPUs are no longer advertised, so new GPU pods stay Pending there (running ones keep their GPUs), \
+             and the operator validator rolls without its plugin check.",
+            plural(count)
+        ),
+        format!(
+            "{object}: the device plugin stops on {count} {} ({names}); their GPUs are no longer advertised",
+            plural(count)
+        ),
+    ));
+}
+
+/// §11.3: `driver.useNvidiaDriverCRD` true -> false. The ClusterPolicy's driver DaemonSet comes
+/// back while the NVIDIADriver DaemonSets stay (v26.3+ set the resources `disabled` and leave
+/// them; v25.3/v25.10 go on reconciling them).
+fn driver_selected_twice(
+    object: &str,
+    before: &ClusterFacts,
+    after: &ClusterFacts,
+    drivers: &[NvidiaDriver],
+    outcomes: &[Outcome<'_, '_>],
+    out: &mut Vec<Finding>,
+) {
+    if !before.driver_crd || after.driver_crd {
+        return;
+    }
+    let mut serving: Vec<&str> = Vec::new();
+    let hit = outcomes.iter().filter(|o| {
+        if !o.after.contains(Operand::Driver) {
+            return false;
+        }
+        match drivers.iter().find(|d| d.selects(&o.after_labels)) {
+            Some(d) => {
+                if !serving.contains(&d.name.as_str()) {
+                    serving.push(&d.name);
+                }
+                true
+            }
+            None => false,
+        }
+    });
+    let (count, names) = name_nodes(hit.flat_map(|o| o.group.nodes.iter().copied()));
+    if count == 0 {
+        return;
+    }
+    serving.sort_unstable();
+    let resources = super::echo::echo(&serving.join(", ")).into_owned();
+    let kept = if after.version.era >= Era::V26_3 {
+        "the operator sets them disabled and leaves their DaemonSets"
+    } else {
+        "this operator version goes on reconciling them"
+    };
+    out.push(finding(
+        Rule::DriverSelectedTwice,
+        format!(
+            "{object}: driver.useNvidiaDriverCRD true -> false brings nvidia-driver-daemonset back on {count} {} ({names}) that the DaemonSets of NVIDIADriver {resources} still serve ({kept}): \
+             one driver pod runs per node (pod anti-affinity), so its pods stay Pending there, and deleting those NVIDIADriver resources later restarts the driver under the nodes' GPU workloads; \
+             delete them first, node by node during a drain, or keep the flag on.",
+            plural(count)
+        ),
+        format!(
+            "{object}: {count} {} served by NVIDIADriver {resources} get nvidia-driver-daemonset too ({names})",
+            plural(count)
+        ),
+    ));
+}
+
+/// §11.6: `cdi.nriPluginEnabled` false -> true from v26.3: the operator deletes the `nvidia`
+/// RuntimeClasses, and the API server refuses pods that name one.
+fn runtime_classes_removed(
+    object: &str,
+    before: &ClusterFacts,
+    after: &ClusterFacts,
+    outcomes: &[Outcome<'_, '_>],
+    out: &mut Vec<Finding>,
+) {
+    if after.version.era < Era::V26_3 || before.nri_plugin || !after.nri_plugin {
+        return;
+    }
+    let toolkit = outcomes
+        .iter()
+        .filter(|o| o.after.contains(Operand::ContainerToolkit))
+        .map(|o| o.group.nodes.len())
+        .sum::<usize>();
+    out.push(finding(
+        Rule::RuntimeClassesRemoved,
+        format!(
+            "{object}: cdi.nriPluginEnabled false -> true makes the GPU Operator delete the RuntimeClasses nvidia, nvidia-cdi and nvidia-legacy \
+             (the toolkit on {toolkit} {} becomes an NRI plugin): from then on the API server refuses every pod that names runtimeClassName: nvidia \
+             (running ones keep running); remove runtimeClassName from GPU workloads and their templates first.",
+            plural(toolkit)
+        ),
+        format!(
+            "{object}: the nvidia RuntimeClasses are deleted; pods naming runtimeClassName: nvidia are refused from then on"
         ),
     ));
 }
@@ -624,12 +758,19 @@ fn driver_removed(
 
 fn overlap(
     object: &str,
+    facts: &ClusterFacts,
     this: &NvidiaDriver,
     others: &[NvidiaDriver],
     outcomes: &[Outcome<'_, '_>],
     out: &mut Vec<Finding>,
 ) {
     for other in others {
+        // From v26.7 a default NVIDIADriver takes the nodes no other one claims: sharing a node
+        // with a non-default one is the design, not a conflict (`AssignOwners`). Two defaults
+        // conflict, as two non-defaults do.
+        if facts.version.era >= Era::V26_7 && this.default != other.default {
+            continue;
+        }
         let shared = outcomes
             .iter()
             .filter(|o| this.claims(&o.after_labels) && other.claims(&o.after_labels))

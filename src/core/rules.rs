@@ -30,6 +30,9 @@ pub enum Rule {
     SandboxRelabel,
     NvidiaDriverOverlap,
     ClusterPolicyIgnored,
+    DevicePluginSwitchedOff,
+    DriverSelectedTwice,
+    RuntimeClassesRemoved,
 }
 
 /// What happens when a rule finds something.
@@ -90,7 +93,7 @@ pub struct RuleSpec {
 
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs` or `rules/change.rs`).
-pub const RULES: [RuleSpec; 13] = [
+pub const RULES: [RuleSpec; 16] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -219,6 +222,36 @@ pub const RULES: [RuleSpec; 13] = [
         severity: "low",
         pass: "one ClusterPolicy",
         summary: "a second ClusterPolicy, which the operator ignores",
+        check: Check::Fleet,
+    },
+    RuleSpec {
+        rule: Rule::DevicePluginSwitchedOff,
+        id: "device-plugin-switched-off",
+        kind: Kind::Policy,
+        default: Action::Warn,
+        severity: "medium",
+        pass: "no policy change stops the device plugin where it runs",
+        summary: "a ClusterPolicy change stops the device plugin on nodes: their GPUs are no longer advertised, new GPU pods stay Pending there",
+        check: Check::Fleet,
+    },
+    RuleSpec {
+        rule: Rule::DriverSelectedTwice,
+        id: "driver-selected-twice",
+        kind: Kind::Policy,
+        default: Action::Warn,
+        severity: "high",
+        pass: "no node is selected by two driver DaemonSets",
+        summary: "driver.useNvidiaDriverCRD true -> false brings the ClusterPolicy's driver DaemonSet back on nodes NVIDIADriver DaemonSets still serve",
+        check: Check::Fleet,
+    },
+    RuleSpec {
+        rule: Rule::RuntimeClassesRemoved,
+        id: "runtime-classes-removed",
+        kind: Kind::Policy,
+        default: Action::Warn,
+        severity: "high",
+        pass: "no policy change deletes the nvidia RuntimeClasses",
+        summary: "cdi.nriPluginEnabled false -> true (v26.3+) deletes the nvidia RuntimeClasses: pods that name runtimeClassName nvidia are then refused",
         check: Check::Fleet,
     },
 ];

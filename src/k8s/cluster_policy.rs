@@ -84,22 +84,25 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
             _ => SandboxMode::KubeVirt,
         },
     };
-    let driver_crd = match object.pointer("/spec/driver/useNvidiaDriverCRD") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => {
-            return Err(ClusterPolicyError::Field {
+    let flag = |field: &str| -> Result<bool, ClusterPolicyError> {
+        match object.pointer(&format!("/spec/{}", field.replace('.', "/"))) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(ClusterPolicyError::Field {
                 name: name.clone(),
-                field: "spec.driver.useNvidiaDriverCRD".to_owned(),
+                field: format!("spec.{field}"),
                 problem: format!("expected true or false, found {other}"),
-            });
+            }),
         }
     };
+    let driver_crd = flag("driver.useNvidiaDriverCRD")?;
+    let nri_plugin = flag("cdi.nriPluginEnabled")?;
     Ok(ClusterPolicy {
         name,
         facts: ClusterFacts {
             sandbox,
             driver_crd,
+            nri_plugin,
             ..ClusterFacts::from_switches(disabled)
         },
     })
@@ -305,7 +308,20 @@ mod tests {
                 "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: cp}\nspec: {toolkit: {enabled: \"false\"}}\n",
                 "ClusterPolicy cp: spec.toolkit.enabled: expected true or false, found \"false\"",
             ),
+            (
+                "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: cp}\nspec: {cdi: {nriPluginEnabled: 1}}\n",
+                "ClusterPolicy cp: spec.cdi.nriPluginEnabled: expected true or false, found 1",
+            ),
+            (
+                "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: cp}\nspec: {driver: {useNvidiaDriverCRD: yes}}\n",
+                "ClusterPolicy cp: spec.driver.useNvidiaDriverCRD: expected true or false, found \"yes\"",
+            ),
         ];
+        let nri = parse_str(
+            "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: cp}\nspec: {cdi: {nriPluginEnabled: true}}\n",
+        )
+        .unwrap();
+        assert!(nri.facts.nri_plugin && !nri.facts.driver_crd);
         for (text, want) in cases {
             let got = parse_str(text).unwrap_err().to_string();
             assert_eq!(got, want, "{text}");

@@ -55,7 +55,16 @@ pub fn from_object(object: &Value) -> Result<NvidiaDriver, String> {
             ));
         }
     };
+    let flag = |field: &str| match object.pointer(&format!("/spec/{field}")) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(format!(
+            "NVIDIADriver {name}: spec.{field}: expected true or false, found {other}"
+        )),
+    };
     Ok(NvidiaDriver {
+        precompiled: flag("usePrecompiled")?,
+        default: flag("default")?,
         name,
         node_selector,
         vgpu_host_manager,
@@ -75,7 +84,18 @@ mod tests {
         .unwrap();
         assert_eq!(d.name, "a100");
         assert_eq!(d.node_selector.map(|s| s.len()), Some(1));
-        assert!(!d.vgpu_host_manager);
+        assert!(!d.vgpu_host_manager && !d.precompiled && !d.default);
+        let flags = from_object(&serde_json::json!({"metadata": {"name": "f"},
+            "spec": {"usePrecompiled": true, "default": true}}))
+        .unwrap();
+        assert!(flags.precompiled && flags.default);
+        assert_eq!(
+            from_object(
+                &serde_json::json!({"metadata": {"name": "f"}, "spec": {"default": "yes"}})
+            )
+            .unwrap_err(),
+            "NVIDIADriver f: spec.default: expected true or false, found \"yes\""
+        );
         let none =
             from_object(&serde_json::json!({"metadata": {"name": "all"}, "spec": {}})).unwrap();
         assert_eq!(

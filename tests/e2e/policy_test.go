@@ -75,6 +75,10 @@ func installOperatorCRDs(t *testing.T) {
 	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", report.Name)
 }
 
+// devicePluginStops is the warning for the device plugin switched off over
+// the lab's two device-plugin nodes.
+const devicePluginStops = "ClusterPolicy cluster-policy: the device plugin stops on 2 nodes (lab-node-0, lab-node-1); their GPUs are no longer advertised"
+
 // setUpPolicyLab resets the lab, serves the operator's CRDs and points the
 // webhook configuration at a watching serve, which it returns. lab-node-0
 // and lab-node-1 get the label NFD gives a node with an NVIDIA GPU: the GPU
@@ -327,8 +331,10 @@ func TestClusterPolicyChangesThatKeepTheToolkitUnderThePluginPass(t *testing.T) 
 	}
 	cp.WaitForKubectlOutput(t, watchFollow, "notReady", "get", "clusterpolicy", clusterPolicyName, "-o", "jsonpath={.status.state}")
 
+	// Consistent, so allowed; the nodes that stop advertising their GPUs are named.
 	expectResult(t, "kubectl patch clusterpolicy toolkit.enabled=false devicePlugin.enabled=false",
-		patch(`{"spec":{"toolkit":{"enabled":false},"devicePlugin":{"enabled":false}}}`), 0, patched, "")
+		patch(`{"spec":{"toolkit":{"enabled":false},"devicePlugin":{"enabled":false}}}`), 0, patched,
+		"Warning: "+devicePluginStops+"\n")
 	if got := clusterPolicySwitches(t); got != "driver=true toolkit=false devicePlugin=false" {
 		t.Errorf("after switching both off the ClusterPolicy has %s", got)
 	}
@@ -358,6 +364,12 @@ func nvidiaDriver(name, selector string) string {
 		`"spec":{"driverType":"gpu","image":"driver","repository":"nvcr.io/nvidia","version":"570.172.08"%s}}`, name, sel)
 }
 
+// NFD's OS labels, which put a node in an NVIDIADriver's pool.
+const (
+	nfdOSID      = "feature.node.kubernetes.io/system-os_release.ID"
+	nfdOSVersion = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+)
+
 // TestNVIDIADriverOverlapIsRefusedAndARemovedDriverWarned: NVIDIADriver
 // pool-a selects lab-node-0 by a pool label of the suite's. A second one
 // with an empty nodeSelector (every node) is refused, naming both and
@@ -380,9 +392,11 @@ func TestNVIDIADriverOverlapIsRefusedAndARemovedDriverWarned(t *testing.T) {
 	manifest = strings.Replace(manifest, "  driver:\n    enabled: true\n", "  driver:\n    enabled: true\n    useNvidiaDriverCRD: true\n", 1)
 	expectResult(t, "kubectl apply -f "+policyClusterPolicy+" (driver.useNvidiaDriverCRD: true)", kubectlWithInput(manifest, "apply", "-f", "-"),
 		0, "clusterpolicy.nvidia.com/cluster-policy created\n", "")
+	// NFD's OS labels too: the operator runs an NVIDIADriver's DaemonSets per OS pool, and a
+	// node without them gets no driver pod.
 	for node, pool := range map[string]string{"lab-node-0": "a", "lab-node-1": "b"} {
-		expectResult(t, "kubectl label node "+node+" "+driverPoolKey+"="+pool,
-			kubectl("label", "node", node, driverPoolKey+"="+pool), 0, "node/"+node+" labeled\n", "")
+		expectResult(t, "kubectl label node "+node+" "+driverPoolKey+"="+pool+" (and NFD's OS labels)",
+			kubectl("label", "node", node, driverPoolKey+"="+pool, nfdOSID+"=ubuntu", nfdOSVersion+"=22.04"), 0, "node/"+node+" labeled\n", "")
 	}
 
 	expectResult(t, "kubectl create NVIDIADriver pool-a", kubectlWithInput(nvidiaDriver("pool-a", `{"`+driverPoolKey+`":"a"}`), "create", "-f", "-"),

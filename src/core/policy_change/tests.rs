@@ -19,6 +19,11 @@ fn gpu_labels() -> Labels {
         ("dcgm-exporter", "true"),
         ("operator-validator", "true"),
         ("node-status-exporter", "true"),
+        ("feature.node.kubernetes.io/system-os_release.ID", "ubuntu"),
+        (
+            "feature.node.kubernetes.io/system-os_release.VERSION_ID",
+            "22.04",
+        ),
     ])
 }
 
@@ -213,6 +218,8 @@ fn handing_the_driver_to_nvidiadrivers_warns_for_the_nodes_none_selects() {
         name: "a100".into(),
         node_selector: Some([("nvidia.com/gpu.product".to_owned(), "A100".to_owned())].into()),
         vgpu_host_manager: false,
+        precompiled: false,
+        default: false,
     }];
     let groups = [group(a100, &["a-0"]), group(gpu_labels(), &["h-0"])];
     let review = PolicyReview {
@@ -296,6 +303,8 @@ fn driver(name: &str, selector: &[(&str, &str)]) -> NvidiaDriver {
                 .collect(),
         ),
         vgpu_host_manager: false,
+        precompiled: false,
+        default: false,
     }
 }
 
@@ -361,6 +370,8 @@ fn overlapping_nvidiadrivers_are_denied_naming_both_and_a_node() {
         name: "default".into(),
         node_selector: None,
         vgpu_host_manager: false,
+        precompiled: false,
+        default: false,
     };
     let v = over(
         &nd_review(&facts, Operation::Create, None, Some(&default), &existing),
@@ -618,4 +629,248 @@ fn shifts_follow_the_relabelling_a_sandbox_change_makes() {
     assert_eq!(of(Operand::DevicePlugin).stops, ["vm-0"]);
     assert_eq!(of(Operand::DevicePlugin).after, 1, "c-0 keeps it");
     assert_eq!(of(Operand::SandboxValidator).starts, ["vm-0"]);
+}
+
+/// The findings of this rule.
+fn of_rule(v: &Verdict, rule: Rule) -> Vec<&Finding> {
+    v.findings.iter().filter(|f| f.rule == rule).collect()
+}
+
+#[test]
+fn the_device_plugin_switched_off_warns_that_gpus_are_no_longer_advertised() {
+    let before = operator_defaults();
+    let both = switched(|f| {
+        toolkit_off(f);
+        f.disabled.insert(Operand::DevicePlugin);
+    });
+    let groups = [
+        group(gpu_labels(), &["gpu-0", "gpu-1"]),
+        group(labels(&[]), &["cpu-0"]),
+    ];
+    // The consistent change the toolkit refusal points to: allowed, and said.
+    let v = over(&cp_review(&before, &both, None), &groups);
+    assert_eq!(v.decision, Decision::Allowed, "{:?}", v.message);
+    let found = of_rule(&v, Rule::DevicePluginSwitchedOff);
+    assert_eq!(found.len(), 1, "{:?}", v.findings);
+    let m = &found[0].message;
+    assert!(
+        m.contains("spec.devicePlugin.enabled true -> false")
+            && m.contains("on 2 nodes (gpu-0, gpu-1)")
+            && m.contains("no longer advertised"),
+        "{m}"
+    );
+    assert!(!m.contains("cpu-0"), "{m}");
+    assert_eq!(
+        v.warnings,
+        [
+            "ClusterPolicy cluster-policy: the device plugin stops on 2 nodes (gpu-0, gpu-1); their GPUs are no longer advertised"
+        ]
+    );
+    // Switched back on, or already off, or only CPU nodes: nothing to say.
+    let on = over(&cp_review(&both, &before, None), &groups);
+    assert!(of_rule(&on, Rule::DevicePluginSwitchedOff).is_empty());
+    let cpu = [group(labels(&[]), &["cpu-0"])];
+    assert!(
+        of_rule(
+            &over(&cp_review(&before, &both, None), &cpu),
+            Rule::DevicePluginSwitchedOff
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn handing_the_driver_back_to_the_cluster_policy_warns_for_nodes_nvidiadrivers_still_serve() {
+    for (version, kept) in [
+        ("v25.3.4", "goes on reconciling them"),
+        ("v26.3.3", "sets them disabled and leaves their DaemonSets"),
+    ] {
+        let era = |f: &mut ClusterFacts| {
+            f.version = crate::core::operator::OperatorVersion::parse(version).unwrap()
+        };
+        let before = switched(|f| {
+            era(f);
+            f.driver_crd = true;
+        });
+        let after = switched(era);
+        let a100 = {
+            let mut l = gpu_labels();
+            l.insert("nvidia.com/gpu.product".into(), "A100".into());
+            l
+        };
+        let drivers = [driver("a100", &[("nvidia.com/gpu.product", "A100")])];
+        let groups = [group(a100, &["a-0", "a-1"]), group(gpu_labels(), &["h-0"])];
+        let review = PolicyReview {
+            change: PolicyChange::ClusterPolicy {
+                before: &before,
+                after: &after,
+                host_toolkit: None,
+                others: &[],
+                drivers: &drivers,
+            },
+            ..cp_review(&before, &after, None)
+        };
+        let v = over(&review, &groups);
+        assert_eq!(v.decision, Decision::Allowed);
+        let found = of_rule(&v, Rule::DriverSelectedTwice);
+        assert_eq!(found.len(), 1, "{version}: {:?}", v.findings);
+        let m = &found[0].message;
+        assert!(
+            m.contains("driver.useNvidiaDriverCRD true -> false")
+                && m.contains("on 2 nodes (a-0, a-1)")
+                && m.contains("NVIDIADriver a100")
+                && m.contains(kept),
+            "{version}: {m}"
+        );
+        assert!(!m.contains("h-0"), "no NVIDIADriver serves h-0: {m}");
+        // With the ClusterPolicy's driver switched off, nothing comes back.
+        let off = switched(|f| {
+            era(f);
+            f.disabled.insert(Operand::Driver);
+        });
+        let review = PolicyReview {
+            change: PolicyChange::ClusterPolicy {
+                before: &before,
+                after: &off,
+                host_toolkit: None,
+                others: &[],
+                drivers: &drivers,
+            },
+            ..cp_review(&before, &off, None)
+        };
+        assert!(of_rule(&over(&review, &groups), Rule::DriverSelectedTwice).is_empty());
+    }
+}
+
+#[test]
+fn the_nri_plugin_switched_on_warns_that_the_runtime_classes_go_from_v26_3() {
+    for (version, warns) in [("v25.10.1", false), ("v26.3.3", true), ("v26.7.0", true)] {
+        let era = |f: &mut ClusterFacts| {
+            f.version = crate::core::operator::OperatorVersion::parse(version).unwrap()
+        };
+        let before = switched(era);
+        let after = switched(|f| {
+            era(f);
+            f.nri_plugin = true;
+        });
+        let groups = [group(gpu_labels(), &["gpu-0"])];
+        let v = over(&cp_review(&before, &after, None), &groups);
+        assert_eq!(v.decision, Decision::Allowed);
+        let found = of_rule(&v, Rule::RuntimeClassesRemoved);
+        assert_eq!(
+            found.len(),
+            usize::from(warns),
+            "{version}: {:?}",
+            v.findings
+        );
+        if warns {
+            let m = &found[0].message;
+            assert!(
+                m.contains("nvidia, nvidia-cdi and nvidia-legacy")
+                    && m.contains("runtimeClassName: nvidia")
+                    && m.contains("on 1 node"),
+                "{m}"
+            );
+        }
+        // Turned off again, or left on: nothing is deleted.
+        assert!(
+            of_rule(
+                &over(&cp_review(&after, &before, None), &groups),
+                Rule::RuntimeClassesRemoved
+            )
+            .is_empty()
+        );
+        assert!(
+            of_rule(
+                &over(&cp_review(&after, &after, None), &groups),
+                Rule::RuntimeClassesRemoved
+            )
+            .is_empty()
+        );
+    }
+}
+
+#[test]
+fn a_node_without_nfd_os_labels_is_in_no_pool_and_gets_no_nvidiadriver_pod() {
+    let facts = switched(|f| f.driver_crd = true);
+    let mut bare = gpu_labels();
+    for k in crate::core::operands::NFD_OS_KEYS {
+        bare.remove(k);
+    }
+    let groups = [
+        group(gpu_labels(), &["os-0"]),
+        group(bare.clone(), &["bare-0"]),
+    ];
+    // Deleting the NVIDIADriver takes the driver from the pooled node only: the other had none.
+    let all = driver("all", &[]);
+    let v = over(
+        &nd_review(&facts, Operation::Delete, Some(&all), None, &[]),
+        &groups,
+    );
+    assert_eq!(
+        v.warnings,
+        ["NVIDIADriver all: 1 node loses the driver DaemonSet (os-0)"]
+    );
+    // Its overlap check still counts the node (the operator's validator lists nodes by the
+    // nodeSelector alone).
+    let other = [driver("other", &[])];
+    let v = over(
+        &nd_review(&facts, Operation::Create, None, Some(&all), &other),
+        &[group(bare, &["bare-0"])],
+    );
+    assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
+    // usePrecompiled pools need NFD's kernel label as well.
+    let mut precompiled = driver("pre", &[]);
+    precompiled.precompiled = true;
+    let mut kernel = gpu_labels();
+    kernel.insert(
+        crate::core::operands::NFD_KERNEL_KEY.into(),
+        "5.15.0-1026-nvidia".into(),
+    );
+    assert!(!precompiled.selects(&gpu_labels()));
+    assert!(precompiled.selects(&kernel));
+}
+
+#[test]
+fn from_v26_7_a_default_nvidiadriver_shares_nodes_without_conflict_but_two_defaults_do_not() {
+    let v26_7 = switched(|f| f.driver_crd = true);
+    let v26_3 = switched(|f| {
+        f.driver_crd = true;
+        f.version = crate::core::operator::OperatorVersion::parse("v26.3.3").unwrap();
+    });
+    let pool_a = {
+        let mut l = gpu_labels();
+        l.insert("example.com/pool".into(), "a".into());
+        l
+    };
+    let groups = [group(pool_a, &["a-0"]), group(gpu_labels(), &["h-0"])];
+    let mut fallback = driver("fallback", &[]);
+    fallback.default = true;
+    let pinned = [driver("pool-a", &[("example.com/pool", "a")])];
+    let v = over(
+        &nd_review(&v26_7, Operation::Create, None, Some(&fallback), &pinned),
+        &groups,
+    );
+    assert_eq!(v.decision, Decision::Allowed, "{:?}", v.findings);
+    assert!(of_rule(&v, Rule::NvidiaDriverOverlap).is_empty());
+    // Before v26.7 there is no default: the same two claim a-0 both.
+    let v = over(
+        &nd_review(&v26_3, Operation::Create, None, Some(&fallback), &pinned),
+        &groups,
+    );
+    assert_eq!(v.decision, Decision::Denied);
+    // Two defaults conflict.
+    let mut second = driver("second", &[]);
+    second.default = true;
+    let v = over(
+        &nd_review(
+            &v26_7,
+            Operation::Create,
+            None,
+            Some(&second),
+            &[fallback.clone()],
+        ),
+        &groups,
+    );
+    assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
 }
