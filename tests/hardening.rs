@@ -383,6 +383,61 @@ async fn sigterm_tells_clients_to_go_when_the_shutdown_delay_starts() {
 // ---------------------------------------------------------------------------
 // 5. Rejected input echoed whole
 
+/// A Node review whose `field` (a pointer into the review) is replaced by `value`.
+fn review_with(field: &str, value: Value) -> Vec<u8> {
+    let mut v: Value = serde_json::from_slice(&review(
+        "gpu-0",
+        &[],
+        &[("nvidia.com/gpu.deploy.dcgm".into(), "true".into())],
+    ))
+    .unwrap();
+    *v.pointer_mut(field).unwrap() = value;
+    serde_json::to_vec(&v).unwrap()
+}
+
+#[tokio::test]
+async fn large_wrongly_typed_fields_are_refused_at_the_cost_of_one_copy() {
+    // The default body limit, the chart's in-flight budget: 16 at once, as many as the budget
+    // lets in. U+0085 is two bytes in UTF-8 and is escaped by Debug formatting, so an error
+    // that echoed the field whole would cost several times the body.
+    let serve = Serve::start(&[]).await;
+    let nel = "\u{85}".repeat(1_700_000);
+    let bodies = [
+        ("/request/dryRun", Value::String(nel.clone())),
+        ("/request/userInfo/groups", Value::String(nel.clone())),
+        ("/request/object/metadata/labels", Value::String(nel)),
+    ];
+    for (field, value) in bodies {
+        let body = review_with(field, value);
+        let mut posts = Vec::new();
+        for _ in 0..16 {
+            let (addr, ca, body) = (serve.addr, serve.ca.clone(), body.clone());
+            posts.push(tokio::spawn(async move {
+                post_review_to(addr, &ca, body).await
+            }));
+        }
+        for p in posts {
+            let (status, reply) = p.await.unwrap();
+            assert!(status == 400 || status == 503, "{field}: status {status}");
+            assert!(
+                reply.len() <= SHORT_REPLY,
+                "{field}: a reply of {} bytes",
+                reply.len()
+            );
+            if status == 400 {
+                let text = String::from_utf8_lossy(&reply);
+                let name = field.rsplit('/').next().unwrap();
+                assert!(text.contains(name), "{field}: {}", truncate(&text, 300));
+            }
+        }
+        serve.assert_livez(Duration::from_secs(2)).await;
+        assert_peak_under_limit(
+            &serve,
+            &format!("16 reviews of 3.4 MB with a wrongly typed {field}"),
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_8_mb_bad_kind_is_not_echoed() {
     let serve = Serve::start(&["--max-body-bytes", "8388608"]).await;

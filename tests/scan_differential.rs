@@ -560,3 +560,44 @@ fn a_body_the_scanner_refuses_gets_serde_s_answer() {
         assert_eq!(uid, serde_uid);
     }
 }
+
+#[test]
+fn a_long_string_of_the_wrong_type_gets_serde_s_answer_from_a_shortened_body() {
+    // Raw two-byte characters serde's message escapes (U+0085), JSON escapes, a surrogate pair
+    // and four-byte characters: cut anywhere, the shortened string must stay one serde reads
+    // the same way, and the answer must be the one serde gives for the whole body.
+    let fills = [
+        "\u{85}".repeat(5_000),
+        "\\u0085\\n".repeat(3_000),
+        "\\ud83d\\ude00x".repeat(2_000),
+        "😀ab".repeat(3_000),
+    ];
+    let head = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1","kind":{"group":"","version":"v1","kind":"Node"},"resource":{"group":"","version":"v1","resource":"nodes"},"name":"n","#;
+    for fill in &fills {
+        for field in [
+            format!(r#""operation":"UPDATE","dryRun":"{fill}""#),
+            format!(r#""operation":"UPDATE","userInfo":{{"groups":"{fill}"}}"#),
+            format!(r#""operation":"UPDATE","object":{{"metadata":{{"labels":"{fill}"}}}}"#),
+            format!(r#""operation":"UPDATE","oldObject":"{fill}""#),
+            format!(r#""operation":"{fill}""#),
+        ] {
+            let body = format!("{head}{field}}}}}");
+            let body = body.as_bytes();
+            let why = scan::scan(body).map(|_| ()).unwrap_err();
+            let (by_webhook, uid) = parse_review(body).map(|_| ()).unwrap_err();
+            let (by_serde, serde_uid) = parse_with_serde(body).map(|_| ()).unwrap_err();
+            assert_eq!(
+                by_webhook.to_string(),
+                by_serde.to_string(),
+                "{why:?} in {}",
+                &field[..60.min(field.len())]
+            );
+            assert_eq!(uid, serde_uid);
+            let short = scan::with_short_string(body, &why, 300);
+            assert!(
+                short.as_ref().is_some_and(|s| s.len() < body.len()),
+                "{why:?}: the string was not cut"
+            );
+        }
+    }
+}

@@ -91,6 +91,12 @@ pub struct Webhook {
     /// all it needs here, finishes and frees the rest.
     body_overdraft: Arc<Semaphore>,
     overdraft_turn: Arc<Semaphore>,
+    /// One slow reading at a time: a body the scanner refused or cannot read, read again with
+    /// serde to say why (serde's message for a wrongly typed string repeats it, escaped: up to
+    /// six times its size before it is cut to [`MAX_ERROR_BYTES`]), and a GPU-policy review,
+    /// whose objects are read into trees. The API server sends neither often; a client that
+    /// sends many waits its turn, and the memory they take stays that of one body.
+    slow_read: Arc<Semaphore>,
 }
 
 impl Webhook {
@@ -122,6 +128,7 @@ impl Webhook {
             body_budget: Arc::new(Semaphore::new(budget)),
             body_overdraft: Arc::new(Semaphore::new(max_body)),
             overdraft_turn: Arc::new(Semaphore::new(1)),
+            slow_read: Arc::new(Semaphore::new(1)),
         }
     }
 }
@@ -266,9 +273,16 @@ async fn validate(
         Ok(read) => read,
         Err(response) => return response,
     };
-    let request = match parse_review(&bytes) {
-        Ok(request) => request,
-        Err((bad, uid)) => return refuse(&hook, bad, uid),
+    let request = match scan_review(&bytes) {
+        Scanned::Read(request) => request,
+        Scanned::Refused(bad, uid) => return refuse(&hook, bad, uid),
+        Scanned::ToSerde(why) => {
+            let _turn = hook.slow_read.acquire().await.expect("never closed");
+            match explain(&bytes, why.as_ref()) {
+                Ok(request) => request,
+                Err((bad, uid)) => return refuse(&hook, bad, uid),
+            }
+        }
     };
     let facts = hook.facts.borrow().clone();
     let verdict = match review_request(&request, &facts, &hook.policy) {
@@ -429,15 +443,52 @@ fn is_length_limit(error: &axum::Error) -> bool {
 /// Reads the body as a v1 Node AdmissionReview. On failure, returns the uid when it was readable,
 /// so the API server can match even an error answer.
 pub fn parse_review(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option<String>)> {
-    // The scanner reads what the webhook needs and skips the rest unbuilt (`scan`). It refuses
-    // exactly what serde refuses (tests/scan_differential.rs), so a body it refuses is read again
-    // with serde, to say where and why, or to read one of the rare forms it leaves to serde.
+    match scan_review(bytes) {
+        Scanned::Read(request) => Ok(request),
+        Scanned::Refused(bad, uid) => Err((bad, uid)),
+        Scanned::ToSerde(why) => explain(bytes, why.as_ref()),
+    }
+}
+
+/// [`parse_with_serde`] of a body the scanner did not read (`why`, when it refused it). A long
+/// string it refused by its type is cut first (`scan::with_short_string`): the answer is the
+/// same, without a message that repeats the string whole.
+pub fn explain<'a>(
+    bytes: &'a [u8],
+    why: Option<&scan::ScanError>,
+) -> Result<RequestView<'a>, (BadRequest, Option<String>)> {
+    if let Some(short) = why.and_then(|w| scan::with_short_string(bytes, w, MAX_ERROR_BYTES)) {
+        // Refused, as the scanner found: that is the answer. Read (never seen), the whole body
+        // is read below.
+        parse_with_serde(&short)?;
+    }
+    parse_with_serde(bytes)
+}
+
+/// What the scanner makes of a body.
+pub enum Scanned<'a> {
+    Read(RequestView<'a>),
+    Refused(BadRequest, Option<String>),
+    /// Refused (why, when the scanner said), or in a form the scanner leaves to serde:
+    /// [`explain`] says why, or reads it.
+    ToSerde(Option<scan::ScanError>),
+}
+
+/// [`parse_review`]'s fast part: the scanner reads what the webhook needs and skips the rest
+/// unbuilt (`scan`). It refuses exactly what serde refuses (tests/scan_differential.rs), so a
+/// body it refuses is read again with serde, to say where and why, or to read one of the rare
+/// forms it leaves to serde.
+pub fn scan_review(bytes: &[u8]) -> Scanned<'_> {
     let review = match scan::scan(bytes) {
         Ok(review) => review,
-        Err(_) => return parse_with_serde(bytes),
+        Err(why) => return Scanned::ToSerde(Some(why)),
     };
-    check_review(&review.kind, &review.api_version)?;
-    let request = review.request.ok_or((BadRequest::NoRequest, None))?;
+    if let Err((bad, uid)) = check_review(&review.kind, &review.api_version) {
+        return Scanned::Refused(bad, uid);
+    }
+    let Some(request) = review.request else {
+        return Scanned::Refused(BadRequest::NoRequest, None);
+    };
     // A label outside Kubernetes syntax is refused before any work per label. serde's reader
     // refuses it too, and names the field: let it say so, so both paths give the same answer.
     let labels = [&request.object, &request.old_object];
@@ -447,11 +498,13 @@ pub fn parse_review(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option
         .flat_map(|node| node.labels.iter().flatten())
         .any(|(key, value)| label_syntax::check(key, value).is_err())
     {
-        return parse_with_serde(bytes);
+        return Scanned::ToSerde(None);
     }
     let request = RequestView::from(request);
-    check_bounds(&request)?;
-    Ok(request)
+    match check_bounds(&request) {
+        Ok(()) => Scanned::Read(request),
+        Err((bad, uid)) => Scanned::Refused(bad, uid),
+    }
 }
 
 /// `parse_review` with serde alone: the reference reading of a review.
@@ -463,7 +516,8 @@ pub fn parse_with_serde(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Op
     // large Node's ~200 labels included. Only a body that fails is read again, to say where.
     let review: ReviewBody<'_> = match serde_json::from_slice(bytes) {
         Ok(review) => review,
-        Err(error) => return Err(unreadable(bytes, error)),
+        // Its message, cut short, before the next reading builds another: one at a time.
+        Err(error) => return Err(unreadable(bytes, bounded_display(&error, MAX_ERROR_BYTES))),
     };
     check_review(review.kind.as_str(), review.api_version.as_str())?;
     let request = review.request.ok_or((BadRequest::NoRequest, None))?;
@@ -509,19 +563,14 @@ fn check_review(kind: &str, api_version: &str) -> Result<(), (BadRequest, Option
     Ok(())
 }
 
-/// Why serde_json refused a body, with the path to the field at fault and the uid when it can
-/// still be found.
-fn unreadable(bytes: &[u8], error: serde_json::Error) -> (BadRequest, Option<String>) {
+/// Why serde_json refused a body (`first`: its message), with the path to the field at fault
+/// and the uid when it can still be found.
+fn unreadable(bytes: &[u8], first: String) -> (BadRequest, Option<String>) {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let e = match serde_path_to_error::deserialize::<_, ReviewBody<'_>>(&mut de) {
         Err(e) => e,
         // The document itself was fine; what follows it is not.
-        Ok(_) => {
-            return (
-                BadRequest::NotJson(bounded_display(&error, MAX_ERROR_BYTES)),
-                None,
-            );
-        }
+        Ok(_) => return (BadRequest::NotJson(first), None),
     };
     // Messages repeat what they refuse (an unknown variant, a string of the wrong type): bounded.
     let path = bounded_display(e.path(), MAX_ERROR_BYTES);

@@ -74,6 +74,8 @@ pub(super) async fn validate_policy(
         Ok(read) => read,
         Err(response) => return response,
     };
+    // Its objects become trees, and a refused field's message repeats it: one at a time.
+    let _turn = hook.slow_read.acquire().await.expect("never closed");
     let request = match parse(&bytes) {
         Ok(r) => r,
         Err((bad, uid)) => return refuse(&hook, bad, uid),

@@ -282,6 +282,72 @@ fn skip_escape(b: &[u8], i: usize) -> Skip {
     }
 }
 
+/// What the scanner says when a value has the wrong type (or, for the operation, the wrong
+/// word): serde's message for such a string repeats it.
+const TYPE_ERRORS: [&str; 6] = [
+    "expected a boolean",
+    "expected a string",
+    "expected an array",
+    "expected an object",
+    "expected a map of label keys to string values",
+    "unknown operation",
+];
+
+/// The body with the string the scanner refused by its type (`error`) cut to its first `keep`
+/// characters, when it is longer: serde, reading that body to say why it is refused, then builds
+/// a message of `keep` characters instead of one that repeats the string whole (escaped, up to
+/// three times its size). The message up to its first `keep` bytes is the same. None when the
+/// error is of another kind or the string is short.
+pub fn with_short_string(body: &[u8], error: &ScanError, keep: usize) -> Option<Vec<u8>> {
+    let ScanError::Invalid { offset, what } = *error else {
+        return None;
+    };
+    if !TYPE_ERRORS.contains(&what) {
+        return None;
+    }
+    // The operation is refused after its opening quote, every other value at its first byte.
+    let start = match (body.get(offset), what) {
+        (Some(b'"'), _) => offset,
+        (_, "unknown operation") if offset > 0 && body[offset - 1] == b'"' => offset - 1,
+        _ => return None,
+    };
+    // After the closing quote.
+    let end = skip_str(body, start + 1, false).ok()?;
+    let mut i = start + 1;
+    for _ in 0..keep {
+        i = match body.get(i)? {
+            b'"' => return None,
+            b'\\' => {
+                let next = skip_escape(body, i + 1).ok()?;
+                // A high surrogate and the low one after it are one character.
+                let high = body[i + 1] == b'u'
+                    && std::str::from_utf8(&body[i + 2..next])
+                        .ok()
+                        .and_then(|h| u16::from_str_radix(h, 16).ok())
+                        .is_some_and(|h| (0xD800..0xDC00).contains(&h));
+                if high && body.get(next..next + 2) == Some(b"\\u") {
+                    skip_escape(body, next + 1).ok()?
+                } else {
+                    next
+                }
+            }
+            c if *c < 0x80 => i + 1,
+            c if *c & 0xE0 == 0xC0 => i + 2,
+            c if *c & 0xF0 == 0xE0 => i + 3,
+            c if *c & 0xF8 == 0xF0 => i + 4,
+            _ => return None,
+        };
+    }
+    if i >= end - 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() - (end - 1 - i));
+    out.extend_from_slice(&body[..i]);
+    out.push(b'"');
+    out.extend_from_slice(&body[end..]);
+    Some(out)
+}
+
 /// The index after `"key":` in an object being skipped, from `i`.
 #[inline(always)]
 fn skip_key(b: &[u8], i: usize, compact: bool) -> Skip {

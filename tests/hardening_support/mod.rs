@@ -101,6 +101,7 @@ impl Serve {
         command
             .args(extra)
             .env("RUST_LOG", "info")
+            .env("GLIBC_TUNABLES", chart_malloc_tunables())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
@@ -539,4 +540,19 @@ where
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The chart's `mallocTunables`: `serve` runs here with the allocator settings it has in the
+/// Deployment.
+pub fn chart_malloc_tunables() -> String {
+    let values = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/helm/gpu-deploy-guard/values.yaml"
+    ))
+    .unwrap();
+    let line = values
+        .lines()
+        .find_map(|l| l.strip_prefix("mallocTunables: "))
+        .expect("the chart's values.yaml sets mallocTunables");
+    line.trim_matches('"').to_owned()
 }
