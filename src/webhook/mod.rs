@@ -20,6 +20,7 @@ use tower_http::timeout::TimeoutLayer;
 
 pub mod label_syntax;
 pub mod policy_review;
+mod pruned;
 pub mod response;
 pub mod review;
 pub mod scan;

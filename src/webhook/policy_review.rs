@@ -13,10 +13,12 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::pruned::Keep;
 use super::review::UserInfo;
 use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, json_response, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
+use crate::core::operands::OPERANDS;
 use crate::core::policy::{Decision, Operation, Policy, Verdict};
 use crate::core::policy_change::{
     Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, NvidiaDriver, PolicyChange, PolicyKind,
@@ -47,12 +49,58 @@ struct Request {
     sub_resource: Option<String>,
     #[serde(default)]
     user_info: UserInfo,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "policy_fields")]
     object: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "policy_fields")]
     old_object: Option<Value>,
     #[serde(default)]
     dry_run: bool,
+}
+
+/// A ClusterPolicy or NVIDIADriver with only the fields the decision reads
+/// (`cluster_policy::from_object`, `nvidia_driver::from_object`, the host-toolkit annotation):
+/// a large object costs those, not a tree of all of it.
+fn policy_fields<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    super::pruned::read(d, policy_keeps)
+}
+
+fn policy_keeps(path: &[String]) -> Keep {
+    let switch = |field: &str| {
+        field == crate::core::facts::SANDBOX_WORKLOADS
+            || OPERANDS
+                .iter()
+                .any(|i| i.switch.is_some_and(|s| s.field == field))
+    };
+    match path {
+        [top] if top == "apiVersion" || top == "kind" => Keep::Value,
+        [top] if top == "metadata" || top == "spec" => Keep::Fields,
+        [m, name] if m == "metadata" && name == "name" => Keep::Value,
+        [m, a] if m == "metadata" && a == "annotations" => Keep::Fields,
+        [m, a, key] if m == "metadata" && a == "annotations" && key == HOST_TOOLKIT_ANNOTATION => {
+            Keep::Value
+        }
+        // NVIDIADriver.
+        [s, f]
+            if s == "spec" && matches!(f.as_str(), "driverType" | "usePrecompiled" | "default") =>
+        {
+            Keep::Value
+        }
+        [s, f] if s == "spec" && f == "nodeSelector" => Keep::Fields,
+        [s, f, _] if s == "spec" && f == "nodeSelector" => Keep::Value,
+        // ClusterPolicy: the operand switches and the flags beside them.
+        [s, f] if s == "spec" && (switch(f) || f == "cdi") => Keep::Fields,
+        [s, f, e] if s == "spec" && switch(f) && e == "enabled" => Keep::Value,
+        [s, f, e] if s == "spec" && f == "driver" && e == "useNvidiaDriverCRD" => Keep::Value,
+        [s, f, e] if s == "spec" && f == "cdi" && e == "nriPluginEnabled" => Keep::Value,
+        [s, f, e]
+            if s == "spec"
+                && f == crate::core::facts::SANDBOX_WORKLOADS
+                && (e == "defaultWorkload" || e == "mode") =>
+        {
+            Keep::Value
+        }
+        _ => Keep::No,
+    }
 }
 
 #[derive(Deserialize)]

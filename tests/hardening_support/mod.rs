@@ -303,9 +303,14 @@ fn https_client(ca: &str) -> reqwest::ClientBuilder {
 
 /// POSTs `body` to `/validate` over HTTP/1.1: status and body; status 0 if the exchange failed.
 pub async fn post_review_to(addr: SocketAddr, ca: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
+    post_to(addr, ca, "/validate", body).await
+}
+
+/// POSTs `body` to `path` over HTTP/1.1: status and body; status 0 if the exchange failed.
+pub async fn post_to(addr: SocketAddr, ca: &str, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
     let client = https_client(ca).http1_only().build().unwrap();
     let response = match client
-        .post(format!("https://{addr}/validate"))
+        .post(format!("https://{addr}{path}"))
         .header("content-type", "application/json")
         .body(body)
         .send()
