@@ -62,6 +62,8 @@ pub const MAX_UID_CHARS: usize = 128;
 
 /// The most bytes of a parser's error message repeated in an answer or a log line.
 const MAX_ERROR_BYTES: usize = 300;
+/// Labels in a review (object and old object) beyond which it is decided in its turn.
+const MANY_LABELS: usize = 2_000;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -284,6 +286,13 @@ async fn validate(
                 Err((bad, uid)) => return refuse(&hook, bad, uid),
             }
         }
+    };
+    // The decision copies the labels it reads: a review of thousands of labels (a real GPU
+    // node has 100 to 300) is decided in its turn, one at a time.
+    let _turn = if request.label_count() > MANY_LABELS {
+        Some(hook.slow_read.acquire().await.expect("never closed"))
+    } else {
+        None
     };
     let facts = hook.facts.borrow().clone();
     let verdict = match review_request(&request, &facts, &hook.policy) {

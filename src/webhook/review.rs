@@ -177,6 +177,17 @@ impl<'a> From<super::scan::Node<'a>> for NodeLabels<'a> {
     }
 }
 
+impl RequestView<'_> {
+    /// Labels of the object and the old object together, as given.
+    pub fn label_count(&self) -> usize {
+        [&self.object, &self.old_object]
+            .into_iter()
+            .flatten()
+            .map(|n| n.metadata.labels.as_ref().map_or(0, |l| l.0.len()))
+            .sum()
+    }
+}
+
 impl NodeLabels<'_> {
     pub fn name(&self) -> &str {
         self.metadata.name.as_ref().map_or("", Text::as_str)
