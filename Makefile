@@ -112,7 +112,7 @@ SOAK_DURATION ?= 10m
 SOAK_RATE ?= 200
 soak: build
 	cd tests/e2e && GOFLAGS="-mod=readonly -buildvcs=false" go build -o $(CURDIR)/target/soak ./cmd/soak
-	target/soak -bin $(BIN) -fixtures tests/fixtures/reviews -duration $(SOAK_DURATION) -rate $(SOAK_RATE)
+	target/soak -bin $(BIN) -fixtures tests/fixtures/reviews -duration $(SOAK_DURATION) -rate $(SOAK_RATE) -attack -rss-limit-mib 64
 
 ## bench-scale: `serve` (SCALE_REPLICAS, default 2, with the chart's args and RBAC) and `audit` against the
 ## e2e control plane filled with SCALE_NODES large nodes (default 1000,5000,10000), each with 5 Running

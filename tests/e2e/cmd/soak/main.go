@@ -9,6 +9,16 @@
 //   - the webhook's metrics count exactly the reviews and bad requests that were sent;
 //   - every rotation was loaded (tls_certificate_reloads_total{result="success"}).
 //
+// With -attack (issue 21's mix, `make soak` sets it) a second client source, 127.0.0.9, also
+// holds silent TCP connections, idle HTTP/2 connections answering PINGs and idle keep-alive
+// connections to the admin port, and opens HTTP/2 streams that declare 3.5 MiB and send
+// nothing; the hostile bodies include 3.4 MB reviews with wrongly typed U+0085 strings, 80,000
+// unknown labels and ClusterPolicy reviews of 150,000 small fields. Then /livez and /readyz,
+// probed every second as the kubelet does, must never fail, and the peak must stay under
+// -rss-limit-mib (`make soak`: the Deployment's 64).
+//
+// serve runs with the chart's GLIBC_TUNABLES (mallocTunables in -chart-values).
+//
 // It prints its figures and exits 1 if any check fails. `make soak` runs it for ten minutes.
 package main
 
@@ -41,7 +51,9 @@ import (
 	"time"
 )
 
-const memoryLimit = 64 << 20
+// The attackers' source address: a loopback address of its own, so that the server sees two
+// client sources.
+var attackerIP = net.ParseIP("127.0.0.9")
 
 func main() {
 	bin := flag.String("bin", "target/release/gpu-deploy-guard", "gpu-deploy-guard binary")
@@ -49,8 +61,12 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Minute, "how long to send load")
 	rate := flag.Int("rate", 200, "requests per second, all kinds together")
 	rotate := flag.Duration("rotate", time.Minute, "certificate rotation interval")
+	attack := flag.Bool("attack", false, "add issue 21's connection and body attacks from 127.0.0.9")
+	rssLimit := flag.Int64("rss-limit-mib", 64, "peak RSS limit in MiB")
+	values := flag.String("chart-values", "deploy/helm/gpu-deploy-guard/values.yaml", "the chart's values (mallocTunables)")
 	flag.Parse()
-	if err := run(*bin, *fixtures, *duration, *rate, *rotate); err != nil {
+	opts := options{attack: *attack, rssLimit: *rssLimit << 20, chartValues: *values}
+	if err := run(*bin, *fixtures, *duration, *rate, *rotate, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(1)
 	}
@@ -69,6 +85,14 @@ type kind struct {
 	// The server answers (413) before the body is sent and closes: the client may see its
 	// write fail instead of the answer. The server still counts the request.
 	refusedEarly bool
+	// The path it is sent to; "" is /validate.
+	path string
+}
+
+type options struct {
+	attack      bool
+	rssLimit    int64
+	chartValues string
 }
 
 type tally struct {
@@ -95,7 +119,11 @@ func (t *tally) fail(what string) {
 	t.firstFailure.CompareAndSwap(nil, what)
 }
 
-func run(bin, fixtures string, duration time.Duration, rate int, rotateEvery time.Duration) error {
+func run(bin, fixtures string, duration time.Duration, rate int, rotateEvery time.Duration, opts options) error {
+	tunables, err := chartMallocTunables(opts.chartValues)
+	if err != nil {
+		return err
+	}
 	dir, err := os.MkdirTemp("", "gdg-soak-")
 	if err != nil {
 		return err
@@ -120,7 +148,7 @@ func run(bin, fixtures string, duration time.Duration, rate int, rotateEvery tim
 		"--admin-listen", fmt.Sprintf("127.0.0.1:%d", admin),
 		"--tls-cert", certPath, "--tls-key", keyPath,
 		"--tls-reload-interval", "2s", "--shutdown-delay", "0s")
-	cmd.Env = append(os.Environ(), "RUST_LOG=warn")
+	cmd.Env = append(os.Environ(), "RUST_LOG=warn", "GLIBC_TUNABLES="+tunables)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		return err
@@ -132,9 +160,10 @@ func run(bin, fixtures string, duration time.Duration, rate int, rotateEvery tim
 		return fmt.Errorf("%v; log:\n%s", err, readFile(logPath))
 	}
 
-	url := fmt.Sprintf("https://127.0.0.1:%d/validate", port)
+	base := fmt.Sprintf("https://127.0.0.1:%d", port)
+	url := base + "/validate"
 	clients := []*http.Client{ca.client(true), ca.client(false)}
-	kinds, err := loadKinds(fixtures)
+	kinds, err := loadKinds(fixtures, opts.attack)
 	if err != nil {
 		return err
 	}
@@ -198,8 +227,15 @@ func run(bin, fixtures string, duration time.Duration, rate int, rotateEvery tim
 	// Hostile connections besides the requests: a slowloris head every 5 s, cut by the
 	// header timeout, and an idle HTTP/2 connection that answers PINGs, every 30 s.
 	go hostileConnections(ctx, port, ca)
+	var probes probeTally
+	if opts.attack {
+		go attackConnections(ctx, port, admin, ca)
+	}
+	go probe(ctx, adminURL, &probes)
 
 	tallies := map[string]*tally{"good": {}, "bad": {}, "hostile": {}}
+	// 200 answers of GPU-policy reviews: counted apart from node reviews.
+	var policy200 atomic.Int64
 	var wg sync.WaitGroup
 	interval := time.Second / time.Duration(rate)
 	ticker := time.NewTicker(interval)
@@ -232,7 +268,14 @@ loop:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			code, allowed, err := send(client, url, k)
+			target := url
+			if k.path != "" {
+				target = base + k.path
+			}
+			code, allowed, err := send(client, target, k)
+			if code == 200 && k.path != "" {
+				policy200.Add(1)
+			}
 			if err != nil && k.refusedEarly {
 				code, err = 413, nil
 			}
@@ -293,7 +336,26 @@ loop:
 		baseline.sum("gpu_deploy_guard_admission_reviews_total")
 	bad := final.sum("gpu_deploy_guard_admission_bad_requests_total") -
 		baseline.sum("gpu_deploy_guard_admission_bad_requests_total")
-	check(int64(reviews) == total200, "metrics: %d reviews counted, %d answered 200", int64(reviews), total200)
+	check(int64(reviews) == total200-policy200.Load(), "metrics: %d reviews counted, %d answered 200", int64(reviews), total200-policy200.Load())
+	if opts.attack {
+		policyReviews := final.sum("gpu_deploy_guard_policy_reviews_total") - baseline.sum("gpu_deploy_guard_policy_reviews_total")
+		check(int64(policyReviews) == policy200.Load(), "metrics: %d policy reviews counted, %d answered 200", int64(policyReviews), policy200.Load())
+		evicted := final.sum("gpu_deploy_guard_connection_pool_evictions_total")
+		fmt.Printf("     connection pools: %.0f connections closed to make room\n", evicted)
+	}
+	check(probes.failed.Load() == 0, "probes: %d of /livez and /readyz, %d failed %s",
+		probes.sent.Load(), probes.failed.Load(), probes.first())
+	if opts.attack {
+		// The attackers' streams that declare a body and send none end as body-read errors
+		// (the client gave up) or body timeouts; they are not in the tallies.
+		var theirs float64
+		for _, reason := range []string{"body-read", "body-timeout"} {
+			series := `gpu_deploy_guard_admission_bad_requests_total{reason="` + reason + `"}`
+			theirs += final.sum(series) - baseline.sum(series)
+		}
+		fmt.Printf("     attackers' unsent bodies: %.0f refused\n", theirs)
+		bad -= theirs
+	}
 	check(int64(bad) == total4xx, "metrics: %d bad requests counted, %d refused with a 4xx", int64(bad), total4xx)
 	reloads := final.sum(`gpu_deploy_guard_tls_certificate_reloads_total{result="success"}`)
 	check(int64(reloads) == rotations.Load(), "certificate: %d rotations, %d loaded, %d failed",
@@ -304,7 +366,7 @@ loop:
 	rssMu.Unlock()
 	check(late <= early*11/10+2<<20, "RSS flat: median %.1f MiB after warm-up, %.1f MiB at the end",
 		mib(early), mib(late))
-	check(peak < memoryLimit, "RSS peak %.1f MiB (limit 64 MiB)", mib(peak))
+	check(peak < opts.rssLimit, "RSS peak %.1f MiB (limit %.0f MiB)", mib(peak), mib(opts.rssLimit))
 	if failed {
 		return fmt.Errorf("checks failed; serve log: %s", tail(readFile(logPath), 20))
 	}
@@ -364,7 +426,7 @@ func send(client *http.Client, url string, k *kind) (int, *bool, error) {
 }
 
 // The request mix: the good and bad fixtures, and hostile requests built here.
-func loadKinds(dir string) ([]kind, error) {
+func loadKinds(dir string, attack bool) ([]kind, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -413,6 +475,9 @@ func loadKinds(dir string) ([]kind, error) {
 		{name: "deep-nesting", body: []byte(strings.Repeat("[", 100000)), statuses: []int{400}},
 		{name: "wrong-content-type", body: []byte(`{}`), ctype: "text/plain", statuses: []int{415}},
 		{name: "over-the-body-limit", body: bytes.Repeat([]byte(" "), 9<<20), statuses: []int{413}, refusedEarly: true},
+	}
+	if attack {
+		hostile = append(hostile, attackKinds(review)...)
 	}
 	for _, k := range hostile {
 		k.class = "hostile"
