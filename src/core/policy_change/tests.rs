@@ -74,6 +74,32 @@ fn cp_review<'a>(
     }
 }
 
+/// The operator's defaults with the toolkit and the device plugin switched off together.
+fn both_off() -> ClusterFacts {
+    switched(|f| {
+        toolkit_off(f);
+        f.disabled.insert(Operand::DevicePlugin);
+    })
+}
+
+/// A ClusterPolicy UPDATE from `before` to `after` with these NVIDIADriver resources.
+fn cp_review_with_drivers<'a>(
+    before: &'a ClusterFacts,
+    after: &'a ClusterFacts,
+    drivers: &'a [NvidiaDriver],
+) -> PolicyReview<'a> {
+    PolicyReview {
+        change: PolicyChange::ClusterPolicy {
+            before,
+            after,
+            host_toolkit: None,
+            others: &[],
+            drivers,
+        },
+        ..cp_review(before, after, None)
+    }
+}
+
 fn toolkit_off(f: &mut ClusterFacts) {
     f.toolkit_managed = false;
     f.disabled.insert(Operand::ContainerToolkit);
@@ -138,10 +164,7 @@ fn the_host_toolkit_annotation_lets_it_through_and_is_recorded() {
 #[test]
 fn toolkit_and_device_plugin_off_together_or_nowhere_running_is_allowed() {
     let before = operator_defaults();
-    let both = switched(|f| {
-        toolkit_off(f);
-        f.disabled.insert(Operand::DevicePlugin);
-    });
+    let both = both_off();
     let groups = [group(gpu_labels(), &["gpu-0"])];
     let v = over(&cp_review(&before, &both, None), &groups);
     assert_eq!(v.decision, Decision::Allowed, "{:?}", v.message);
@@ -222,16 +245,7 @@ fn handing_the_driver_to_nvidiadrivers_warns_for_the_nodes_none_selects() {
         default: false,
     }];
     let groups = [group(a100, &["a-0"]), group(gpu_labels(), &["h-0"])];
-    let review = PolicyReview {
-        change: PolicyChange::ClusterPolicy {
-            before: &before,
-            after: &after,
-            host_toolkit: None,
-            others: &[],
-            drivers: &drivers,
-        },
-        ..cp_review(&before, &after, None)
-    };
+    let review = cp_review_with_drivers(&before, &after, &drivers);
     let v = over(&review, &groups);
     assert_eq!(v.findings.len(), 1, "{:?}", v.findings);
     assert_eq!(v.findings[0].rule, Rule::DriverRemoved);
@@ -565,10 +579,7 @@ fn what_runs_now_counts_not_what_a_pass_would_sweep_anyway() {
 #[test]
 fn shifts_say_where_each_operand_starts_and_stops() {
     let before = operator_defaults();
-    let both = switched(|f| {
-        toolkit_off(f);
-        f.disabled.insert(Operand::DevicePlugin);
-    });
+    let both = both_off();
     let groups = [
         group(gpu_labels(), &["gpu-1", "gpu-0"]),
         group(labels(&[]), &["cpu-0"]),
@@ -639,10 +650,7 @@ fn of_rule(v: &Verdict, rule: Rule) -> Vec<&Finding> {
 #[test]
 fn the_device_plugin_switched_off_warns_that_gpus_are_no_longer_advertised() {
     let before = operator_defaults();
-    let both = switched(|f| {
-        toolkit_off(f);
-        f.disabled.insert(Operand::DevicePlugin);
-    });
+    let both = both_off();
     let groups = [
         group(gpu_labels(), &["gpu-0", "gpu-1"]),
         group(labels(&[]), &["cpu-0"]),
@@ -700,16 +708,7 @@ fn handing_the_driver_back_to_the_cluster_policy_warns_for_nodes_nvidiadrivers_s
         };
         let drivers = [driver("a100", &[("nvidia.com/gpu.product", "A100")])];
         let groups = [group(a100, &["a-0", "a-1"]), group(gpu_labels(), &["h-0"])];
-        let review = PolicyReview {
-            change: PolicyChange::ClusterPolicy {
-                before: &before,
-                after: &after,
-                host_toolkit: None,
-                others: &[],
-                drivers: &drivers,
-            },
-            ..cp_review(&before, &after, None)
-        };
+        let review = cp_review_with_drivers(&before, &after, &drivers);
         let v = over(&review, &groups);
         assert_eq!(v.decision, Decision::Allowed);
         let found = of_rule(&v, Rule::DriverSelectedTwice);
@@ -728,16 +727,7 @@ fn handing_the_driver_back_to_the_cluster_policy_warns_for_nodes_nvidiadrivers_s
             era(f);
             f.disabled.insert(Operand::Driver);
         });
-        let review = PolicyReview {
-            change: PolicyChange::ClusterPolicy {
-                before: &before,
-                after: &off,
-                host_toolkit: None,
-                others: &[],
-                drivers: &drivers,
-            },
-            ..cp_review(&before, &off, None)
-        };
+        let review = cp_review_with_drivers(&before, &off, &drivers);
         assert!(of_rule(&over(&review, &groups), Rule::DriverSelectedTwice).is_empty());
     }
 }
