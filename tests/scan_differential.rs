@@ -562,6 +562,28 @@ fn a_body_the_scanner_refuses_gets_serde_s_answer() {
 }
 
 #[test]
+fn a_long_wrongly_typed_string_broken_after_the_cut_gets_serde_s_answer() {
+    // The string is refused by its type, but serde reads it whole first: a lone surrogate or
+    // invalid UTF-8 far into it is what serde says, so cutting it must not hide that.
+    let head = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1","kind":{"group":"","version":"v1","kind":"Node"},"operation":"UPDATE","dryRun":""#;
+    for tail in [&b"\\ud800 and more"[..], b"\xff\xfe", b"\\udc00"] {
+        let mut body = head.to_vec();
+        body.extend(std::iter::repeat_n(b'x', 2_000));
+        body.extend_from_slice(tail);
+        body.extend_from_slice(br#""}}"#);
+        let (by_webhook, uid) = parse_review(&body).map(|_| ()).unwrap_err();
+        let (by_serde, serde_uid) = parse_with_serde(&body).map(|_| ()).unwrap_err();
+        assert_eq!(
+            by_webhook.to_string(),
+            by_serde.to_string(),
+            "{:?}",
+            String::from_utf8_lossy(tail)
+        );
+        assert_eq!(uid, serde_uid);
+    }
+}
+
+#[test]
 fn a_long_string_of_the_wrong_type_gets_serde_s_answer_from_a_shortened_body() {
     // Raw two-byte characters serde's message escapes (U+0085), JSON escapes, a surrogate pair
     // and four-byte characters: cut anywhere, the shortened string must stay one serde reads

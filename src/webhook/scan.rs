@@ -297,7 +297,8 @@ const TYPE_ERRORS: [&str; 6] = [
 /// characters, when it is longer: serde, reading that body to say why it is refused, then builds
 /// a message of `keep` characters instead of one that repeats the string whole (escaped, up to
 /// three times its size). The message up to its first `keep` bytes is the same. None when the
-/// error is of another kind or the string is short.
+/// error is of another kind, the string is short, or the string itself is not one serde reads
+/// (then that is the answer).
 pub fn with_short_string(body: &[u8], error: &ScanError, keep: usize) -> Option<Vec<u8>> {
     let ScanError::Invalid { offset, what } = *error else {
         return None;
@@ -311,39 +312,22 @@ pub fn with_short_string(body: &[u8], error: &ScanError, keep: usize) -> Option<
         (_, "unknown operation") if offset > 0 && body[offset - 1] == b'"' => offset - 1,
         _ => return None,
     };
-    // After the closing quote.
-    let end = skip_str(body, start + 1, false).ok()?;
-    let mut i = start + 1;
-    for _ in 0..keep {
-        i = match body.get(i)? {
-            b'"' => return None,
-            b'\\' => {
-                let next = skip_escape(body, i + 1).ok()?;
-                // A high surrogate and the low one after it are one character.
-                let high = body[i + 1] == b'u'
-                    && std::str::from_utf8(&body[i + 2..next])
-                        .ok()
-                        .and_then(|h| u16::from_str_radix(h, 16).ok())
-                        .is_some_and(|h| (0xD800..0xDC00).contains(&h));
-                if high && body.get(next..next + 2) == Some(b"\\u") {
-                    skip_escape(body, next + 1).ok()?
-                } else {
-                    next
-                }
-            }
-            c if *c < 0x80 => i + 1,
-            c if *c & 0xE0 == 0xC0 => i + 2,
-            c if *c & 0xF0 == 0xE0 => i + 3,
-            c if *c & 0xF8 == 0xF0 => i + 4,
-            _ => return None,
-        };
-    }
-    if i >= end - 1 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(body.len() - (end - 1 - i));
-    out.extend_from_slice(&body[..i]);
-    out.push(b'"');
+    // Read as serde reads it (a string broken anywhere is serde's answer, not a type's), then
+    // its first `keep` characters written back in its place.
+    let mut s = Scanner {
+        b: body,
+        text: None,
+        compact: false,
+        i: start + 1,
+        error: None,
+    };
+    let whole = s.read_str().ok()?;
+    let end = s.i;
+    let cut = whole.char_indices().nth(keep)?.0;
+    let short = serde_json::to_vec(&whole[..cut]).ok()?;
+    let mut out = Vec::with_capacity(start + short.len() + body.len() - end);
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(&short);
     out.extend_from_slice(&body[end..]);
     Some(out)
 }
