@@ -136,6 +136,13 @@ impl Webhook {
     }
 }
 
+impl Webhook {
+    /// Waits for the one slow reading at a time ([`slow_read`](Self::slow_read)).
+    async fn slow_turn(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.slow_read.acquire().await.expect("never closed")
+    }
+}
+
 /// The webhook's HTTP routes, without any socket: tests drive it with `oneshot`.
 pub fn router(webhook: Arc<Webhook>) -> Router {
     let request_timeout = webhook.limits.request_timeout;
@@ -280,7 +287,7 @@ async fn validate(
         Scanned::Read(request) => request,
         Scanned::Refused(bad, uid) => return refuse(&hook, bad, uid),
         Scanned::ToSerde(why) => {
-            let _turn = hook.slow_read.acquire().await.expect("never closed");
+            let _turn = hook.slow_turn().await;
             match explain(&bytes, why.as_ref()) {
                 Ok(request) => request,
                 Err((bad, uid)) => return refuse(&hook, bad, uid),
@@ -290,7 +297,7 @@ async fn validate(
     // The decision copies the labels it reads: a review of thousands of labels (a real GPU
     // node has 100 to 300) is decided in its turn, one at a time.
     let _turn = if request.label_count() > MANY_LABELS {
-        Some(hook.slow_read.acquire().await.expect("never closed"))
+        Some(hook.slow_turn().await)
     } else {
         None
     };
@@ -727,5 +734,56 @@ fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Response 
             format!("cannot encode response: {e}\n"),
         )
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+
+    fn review(labels: usize) -> Vec<u8> {
+        let labels: serde_json::Map<String, serde_json::Value> = (0..labels)
+            .map(|i| (format!("nvidia.com/gpu.deploy.u{i}"), "true".into()))
+            .collect();
+        serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Node"},
+                        "name": "n", "operation": "UPDATE",
+                        "object": {"metadata": {"name": "n", "labels": labels}},
+                        "oldObject": {"metadata": {"name": "n"}}}
+        }))
+        .unwrap()
+    }
+
+    fn post(app: &Router, body: Vec<u8>) -> tokio::task::JoinHandle<StatusCode> {
+        let request = axum::http::Request::post("/validate")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body))
+            .unwrap();
+        let app = app.clone();
+        tokio::spawn(async move { app.oneshot(request).await.unwrap().status() })
+    }
+
+    #[tokio::test]
+    async fn a_review_of_thousands_of_labels_waits_for_the_slow_turn_and_a_real_one_does_not() {
+        let hook = Arc::new(Webhook::new(
+            Policy::default(),
+            ClusterFacts::default(),
+            Arc::new(Metrics::new()),
+            Limits::default(),
+        ));
+        let app = router(hook.clone());
+        let held = hook.slow_turn().await;
+        // A node's worth of labels is decided while the turn is held elsewhere.
+        assert_eq!(post(&app, review(200)).await.unwrap(), StatusCode::OK);
+        let many = post(&app, review(MANY_LABELS + 1));
+        // It has read its body and waits: the only permit is held here.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!many.is_finished(), "decided while the slow turn was held");
+        drop(held);
+        assert_eq!(many.await.unwrap(), StatusCode::OK);
     }
 }

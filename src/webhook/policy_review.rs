@@ -123,7 +123,7 @@ pub(super) async fn validate_policy(
         Err(response) => return response,
     };
     // Its objects become trees, and a refused field's message repeats it: one at a time.
-    let _turn = hook.slow_read.acquire().await.expect("never closed");
+    let _turn = hook.slow_turn().await;
     let request = match parse(&bytes) {
         Ok(r) => r,
         Err((bad, uid)) => return refuse(&hook, bad, uid),
