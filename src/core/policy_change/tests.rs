@@ -46,6 +46,18 @@ fn group<'a>(labels: Labels, nodes: &[&'a str]) -> NodeGroup<'a> {
     }
 }
 
+/// A GPU node's labels with one more.
+fn gpu_labels_with(key: &str, value: &str) -> Labels {
+    let mut l = gpu_labels();
+    l.insert(key.into(), value.into());
+    l
+}
+
+/// Sets the facts' operator version.
+fn at(version: &str) -> impl Fn(&mut ClusterFacts) + Copy + '_ {
+    move |f| f.version = crate::core::operator::OperatorVersion::parse(version).unwrap()
+}
+
 fn switched(f: impl FnOnce(&mut ClusterFacts)) -> ClusterFacts {
     let mut facts = operator_defaults();
     f(&mut facts);
@@ -224,19 +236,13 @@ fn the_driver_switched_off_warns_with_the_nodes() {
 #[test]
 fn handing_the_driver_to_nvidiadrivers_warns_for_the_nodes_none_selects() {
     // v25.3 to v26.3 delete the ClusterPolicy's driver pods at once (v26.7 orphans them).
-    let era = |f: &mut ClusterFacts| {
-        f.version = crate::core::operator::OperatorVersion::parse("v25.3.4").unwrap()
-    };
+    let era = at("v25.3.4");
     let before = switched(era);
     let after = switched(|f| {
         era(f);
         f.driver_crd = true;
     });
-    let a100 = {
-        let mut l = gpu_labels();
-        l.insert("nvidia.com/gpu.product".into(), "A100".into());
-        l
-    };
+    let a100 = gpu_labels_with("nvidia.com/gpu.product", "A100");
     let drivers = [NvidiaDriver {
         name: "a100".into(),
         node_selector: Some([("nvidia.com/gpu.product".to_owned(), "A100".to_owned())].into()),
@@ -348,11 +354,7 @@ fn nd_review<'a>(
 #[test]
 fn overlapping_nvidiadrivers_are_denied_naming_both_and_a_node() {
     let facts = switched(|f| f.driver_crd = true);
-    let pool = |p: &str| {
-        let mut l = gpu_labels();
-        l.insert("example.com/pool".into(), p.into());
-        l
-    };
+    let pool = |p: &str| gpu_labels_with("example.com/pool", p);
     let groups = [
         group(pool("a"), &["a-0", "a-1"]),
         group(pool("b"), &["b-0"]),
@@ -429,11 +431,7 @@ fn a_selector_on_a_label_the_records_lack_is_said_not_checked_and_never_refused(
 #[test]
 fn an_nvidiadriver_deleted_or_narrowed_warns_for_the_nodes_left_without_a_driver() {
     let facts = switched(|f| f.driver_crd = true);
-    let pool = |p: &str| {
-        let mut l = gpu_labels();
-        l.insert("example.com/pool".into(), p.into());
-        l
-    };
+    let pool = |p: &str| gpu_labels_with("example.com/pool", p);
     let groups = [group(pool("a"), &["a-0"]), group(pool("b"), &["b-0"])];
     let all = driver("all", &[]);
     let v = over(
@@ -458,7 +456,7 @@ fn an_nvidiadriver_deleted_or_narrowed_warns_for_the_nodes_left_without_a_driver
     // Before v26.3 the dropped pool's DaemonSet keeps running: nothing is lost.
     let old = switched(|f| {
         f.driver_crd = true;
-        f.version = crate::core::operator::OperatorVersion::parse("v25.10.1").unwrap();
+        at("v25.10.1")(f);
     });
     let v = over(
         &nd_review(&old, Operation::Update, Some(&all), Some(&narrowed), &[]),
@@ -693,19 +691,13 @@ fn handing_the_driver_back_to_the_cluster_policy_warns_for_nodes_nvidiadrivers_s
         ("v25.3.4", "goes on reconciling them"),
         ("v26.3.3", "sets them disabled and leaves their DaemonSets"),
     ] {
-        let era = |f: &mut ClusterFacts| {
-            f.version = crate::core::operator::OperatorVersion::parse(version).unwrap()
-        };
+        let era = at(version);
         let before = switched(|f| {
             era(f);
             f.driver_crd = true;
         });
         let after = switched(era);
-        let a100 = {
-            let mut l = gpu_labels();
-            l.insert("nvidia.com/gpu.product".into(), "A100".into());
-            l
-        };
+        let a100 = gpu_labels_with("nvidia.com/gpu.product", "A100");
         let drivers = [driver("a100", &[("nvidia.com/gpu.product", "A100")])];
         let groups = [group(a100, &["a-0", "a-1"]), group(gpu_labels(), &["h-0"])];
         let review = cp_review_with_drivers(&before, &after, &drivers);
@@ -735,9 +727,7 @@ fn handing_the_driver_back_to_the_cluster_policy_warns_for_nodes_nvidiadrivers_s
 #[test]
 fn the_nri_plugin_switched_on_warns_that_the_runtime_classes_go_from_v26_3() {
     for (version, warns) in [("v25.10.1", false), ("v26.3.3", true), ("v26.7.0", true)] {
-        let era = |f: &mut ClusterFacts| {
-            f.version = crate::core::operator::OperatorVersion::parse(version).unwrap()
-        };
+        let era = at(version);
         let before = switched(era);
         let after = switched(|f| {
             era(f);
@@ -826,13 +816,9 @@ fn from_v26_7_a_default_nvidiadriver_shares_nodes_without_conflict_but_two_defau
     let v26_7 = switched(|f| f.driver_crd = true);
     let v26_3 = switched(|f| {
         f.driver_crd = true;
-        f.version = crate::core::operator::OperatorVersion::parse("v26.3.3").unwrap();
+        at("v26.3.3")(f);
     });
-    let pool_a = {
-        let mut l = gpu_labels();
-        l.insert("example.com/pool".into(), "a".into());
-        l
-    };
+    let pool_a = gpu_labels_with("example.com/pool", "a");
     let groups = [group(pool_a, &["a-0"]), group(gpu_labels(), &["h-0"])];
     let mut fallback = driver("fallback", &[]);
     fallback.default = true;
