@@ -472,3 +472,62 @@ fn log(req: &Request, kind: PolicyKind, verdict: &Verdict) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// `object` read as the webhook reads it, with only `policy_keeps`' fields.
+    fn pruned(object: &Value) -> Value {
+        let text = serde_json::to_string(object).unwrap();
+        policy_fields(&mut serde_json::Deserializer::from_str(&text))
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_kept_fields_are_every_field_the_decision_reads() {
+        // Every switch away from its default, and every other field the readers look at.
+        let mut spec = serde_json::Map::new();
+        for s in OPERANDS.iter().filter_map(|i| i.switch) {
+            spec.insert(
+                s.field.to_owned(),
+                json!({"enabled": !s.default, "image": "x"}),
+            );
+        }
+        spec.insert(
+            crate::core::facts::SANDBOX_WORKLOADS.to_owned(),
+            json!({"enabled": true, "defaultWorkload": "vm-vgpu", "mode": "kata", "other": 1}),
+        );
+        spec["driver"]["useNvidiaDriverCRD"] = json!(true);
+        spec.insert(
+            "cdi".into(),
+            json!({"enabled": true, "nriPluginEnabled": true}),
+        );
+        let policy = json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "metadata": {"name": "cp", "labels": {"a": "b"},
+                         "annotations": {HOST_TOOLKIT_ANNOTATION: "why", "other": "x"}},
+            "spec": spec, "status": {"state": "ready"}});
+        let kept = pruned(&policy);
+        assert_eq!(
+            cluster_policy::from_object(&kept).unwrap(),
+            cluster_policy::from_object(&policy).unwrap()
+        );
+        assert_eq!(
+            annotation(Some(&kept), HOST_TOOLKIT_ANNOTATION),
+            Some("why")
+        );
+        assert!(kept.pointer("/status").is_none() && kept.pointer("/metadata/labels").is_none());
+
+        let driver = json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+            "metadata": {"name": "d"},
+            "spec": {"driverType": "vgpu-host-manager", "usePrecompiled": true, "default": true,
+                     "nodeSelector": {"pool": "a"}, "image": "driver"}});
+        assert_eq!(
+            nvidia_driver::from_object(&pruned(&driver)).unwrap(),
+            nvidia_driver::from_object(&driver).unwrap()
+        );
+    }
+}
