@@ -156,6 +156,21 @@ func clusterPolicySwitches(t *testing.T) string {
 
 const policyAsShipped = "driver=true toolkit=true devicePlugin=true"
 
+// createClusterPolicy applies policyClusterPolicy, which takes nothing away
+// (a first ClusterPolicy: created, silently), deletes it when the test ends,
+// and waits for the guard to decide over the lab's nodes.
+func createClusterPolicy(t *testing.T) {
+	t.Helper()
+	t.Cleanup(func() {
+		if got := kubectl("delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"); got.code != 0 {
+			t.Errorf("cleanup: %s", got)
+		}
+	})
+	expectResult(t, "kubectl apply -f "+policyClusterPolicy, kubectlWithInput(clusterPolicyManifest(t, nil), "apply", "-f", "-"),
+		0, "clusterpolicy.nvidia.com/cluster-policy created\n", "")
+	waitFleetKnown(t)
+}
+
 // waitFleetKnown repeats a server-side dry run of the toolkit switch-off
 // until the guard refuses it naming the lab's nodes: serve's watch has
 // listed them (before that it decides on the policy alone and says so).
@@ -196,15 +211,7 @@ func expectApplyRefused(t *testing.T, what string, got result, message string) {
 // toolkit, with the annotation in the same patch, passes.
 func TestClusterPolicyToolkitSwitchOffIsRefusedEveryWayKubectlWritesIt(t *testing.T) {
 	g := setUpPolicyLab(t)
-	t.Cleanup(func() {
-		if got := kubectl("delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"); got.code != 0 {
-			t.Errorf("cleanup: %s", got)
-		}
-	})
-	// A first ClusterPolicy takes nothing away: created, silently.
-	expectResult(t, "kubectl apply -f "+policyClusterPolicy, kubectlWithInput(clusterPolicyManifest(t, nil), "apply", "-f", "-"),
-		0, "clusterpolicy.nvidia.com/cluster-policy created\n", "")
-	waitFleetKnown(t)
+	createClusterPolicy(t)
 	refused := policyForbidden + toolkitRefusal + "\n"
 	toolkitOff := `{"spec":{"toolkit":{"enabled":false}}}`
 
@@ -297,14 +304,7 @@ func TestClusterPolicyToolkitSwitchOffIsRefusedEveryWayKubectlWritesIt(t *testin
 // has driver=false).
 func TestClusterPolicyChangesThatKeepTheToolkitUnderThePluginPass(t *testing.T) {
 	g := setUpPolicyLab(t)
-	t.Cleanup(func() {
-		if got := kubectl("delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"); got.code != 0 {
-			t.Errorf("cleanup: %s", got)
-		}
-	})
-	expectResult(t, "kubectl apply -f "+policyClusterPolicy, kubectlWithInput(clusterPolicyManifest(t, nil), "apply", "-f", "-"),
-		0, "clusterpolicy.nvidia.com/cluster-policy created\n", "")
-	waitFleetKnown(t)
+	createClusterPolicy(t)
 	patched := "clusterpolicy.nvidia.com/cluster-policy patched\n"
 	patch := func(p string) result {
 		return kubectl("patch", "clusterpolicy", clusterPolicyName, "--type", "merge", "-p", p)
