@@ -20,7 +20,7 @@ use crate::k8s::daemonset::learn_daemonsets;
 use crate::k8s::fleet::{Fleet, LabelFilter, NodeIndex};
 use crate::k8s::node::NodeView;
 use crate::k8s::{list, nvidia_driver, read};
-use crate::webhook::policy_review::{ObjectChange, decide_objects, predict_objects};
+use crate::webhook::policy_review::{ObjectChange, decide_and_predict};
 
 #[derive(clap::Args)]
 pub struct CheckPolicyArgs {
@@ -214,8 +214,8 @@ pub fn report(
     fleet: &Fleet,
     policy: &Policy,
 ) -> Result<(String, u8), String> {
-    let verdict = decide_objects(change, facts, Some(fleet), policy).map_err(|e| e.to_string())?;
-    let shifts = predict_objects(change, facts, fleet).map_err(|e| e.to_string())?;
+    let (verdict, shifts) =
+        decide_and_predict(change, facts, fleet, policy).map_err(|e| e.to_string())?;
     Ok(render(
         format,
         change.kind,

@@ -288,21 +288,25 @@ pub fn decide_objects(
     Ok(verdict.unwrap_or_else(|| status_verdict(facts, policy)))
 }
 
-/// Where each operand runs before and after `change` over `fleet`'s node records: what
-/// `check-policy` and the plugin's preview print beside the decision. Empty for a change that
-/// decides nothing (a ClusterPolicy's DELETE) and before the nodes are listed.
-pub fn predict_objects(
+/// [`decide_objects`] over `fleet`'s node records, and where each operand runs before and after
+/// the change: what `check-policy` and the plugin's preview print. The shifts are empty for a
+/// change that decides nothing (a ClusterPolicy's DELETE) and before the nodes are listed.
+pub fn decide_and_predict(
     change: &ObjectChange<'_>,
     facts: &ClusterFacts,
     fleet: &crate::k8s::fleet::Fleet,
-) -> Result<Vec<Shift>, BadRequest> {
-    let shifts = on_review(change, facts, |review| {
-        over_groups(Some(fleet), |groups| match groups {
-            Fleet::Known { groups, .. } => shifts(review, groups),
-            Fleet::Unknown(_) => Vec::new(),
+    policy: &Policy,
+) -> Result<(Verdict, Vec<Shift>), BadRequest> {
+    let both = on_review(change, facts, |review| {
+        over_groups(Some(fleet), |groups| {
+            let moved = match groups {
+                Fleet::Known { groups, .. } => shifts(review, groups),
+                Fleet::Unknown(_) => Vec::new(),
+            };
+            (decide_policy(review, groups, policy), moved)
         })
     })?;
-    Ok(shifts.unwrap_or_default())
+    Ok(both.unwrap_or_else(|| (status_verdict(facts, policy), Vec::new())))
 }
 
 /// Reads the objects of `change` into the review the decision judges, and hands it to `then`;
