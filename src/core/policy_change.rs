@@ -559,27 +559,25 @@ fn driver_selected_twice(
     if !before.driver_crd || after.driver_crd {
         return;
     }
-    let mut serving: Vec<&str> = Vec::new();
-    let hit = outcomes.iter().filter(|o| {
-        if !o.after.contains(Operand::Driver) {
-            return false;
+    // The nodes the ClusterPolicy's driver comes back on that an NVIDIADriver serves, and which
+    // NVIDIADrivers those are.
+    let mut serving = std::collections::BTreeSet::new();
+    let mut nodes = Vec::new();
+    for o in outcomes
+        .iter()
+        .filter(|o| o.after.contains(Operand::Driver))
+    {
+        if let Some(d) = drivers.iter().find(|d| d.selects(&o.after_labels)) {
+            serving.insert(d.name.as_str());
+            nodes.extend(o.group.nodes.iter().copied());
         }
-        match drivers.iter().find(|d| d.selects(&o.after_labels)) {
-            Some(d) => {
-                if !serving.contains(&d.name.as_str()) {
-                    serving.push(&d.name);
-                }
-                true
-            }
-            None => false,
-        }
-    });
-    let (count, names) = name_nodes(hit.flat_map(|o| o.group.nodes.iter().copied()));
+    }
+    let (count, names) = name_nodes(nodes);
     if count == 0 {
         return;
     }
-    serving.sort_unstable();
-    let resources = super::echo::echo(&serving.join(", ")).into_owned();
+    let resources =
+        super::echo::echo(&serving.into_iter().collect::<Vec<_>>().join(", ")).into_owned();
     let kept = if after.version.era >= Era::V26_3 {
         "the operator sets them disabled and leaves their DaemonSets"
     } else {
