@@ -96,17 +96,7 @@ func setUpPolicyLab(t *testing.T) *framework.Guard {
 			kubectl("label", "node", node, nfdNvidiaPCI+"=true"), 0, "node/"+node+" labeled\n", "")
 	}
 	installOperatorCRDs(t)
-	g := startWatchingGuard(t)
-	root := repoRoot(t)
-	if err := cp.RegisterGuard(root, g); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cp.RegisterGuard(root, guard); err != nil {
-			t.Errorf("cleanup: registering the shared webhook again: %v", err)
-		}
-	})
-	return g
+	return registerWatchingGuard(t)
 }
 
 // policyReviews reads the watching guard's policy_reviews_total for one

@@ -68,6 +68,24 @@ func startWatchingGuard(t *testing.T, extraArgs ...string) *framework.Guard {
 	return startWatchingReplica(t, watchingRBAC(t), "gpu-deploy-guard-watching", extraArgs...)
 }
 
+// registerWatchingGuard starts a watching guard and points the webhook
+// configuration at it for this test; when the test ends (before the guard
+// stops) the shared webhook is registered again for the other tests.
+func registerWatchingGuard(t *testing.T) *framework.Guard {
+	t.Helper()
+	g := startWatchingGuard(t)
+	root := repoRoot(t)
+	if err := cp.RegisterGuard(root, g); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cp.RegisterGuard(root, guard); err != nil {
+			t.Errorf("cleanup: registering the shared webhook again: %v", err)
+		}
+	})
+	return g
+}
+
 // watchingRBAC applies deploy/base's Namespace, ServiceAccount and RBAC as
 // shipped (removed when the test ends) and returns a kubeconfig holding the
 // service account's token, once RBAC has caught up with every binding.
@@ -628,17 +646,7 @@ func TestClusterPolicyWithHostToolkitAllowsDevicePluginAlone(t *testing.T) {
 			t.Errorf("cleanup: %s", got)
 		}
 	})
-	g := startWatchingGuard(t)
-	root := repoRoot(t)
-	if err := cp.RegisterGuard(root, g); err != nil {
-		t.Fatal(err)
-	}
-	// Runs before g stops: the other tests get the shared webhook back.
-	t.Cleanup(func() {
-		if err := cp.RegisterGuard(root, guard); err != nil {
-			t.Errorf("cleanup: registering the shared webhook again: %v", err)
-		}
-	})
+	g := registerWatchingGuard(t)
 	policyAvailable := func(want float64) {
 		t.Helper()
 		framework.WaitFor(t, watchFollow, fmt.Sprintf("cluster_policy_available %v", want), func() (bool, string) {
