@@ -4,7 +4,7 @@
 CARGO ?= cargo
 BIN := target/release/gpu-deploy-guard
 
-.PHONY: all build test unit lint e2e monitoring-test helm-test image-test render-manifests cel-test playground playground-down bench bench-smoke bench-scale fuzz fuzz-smoke soak clean
+.PHONY: all build test unit lint e2e monitoring-test helm-test image-test render-manifests cel-test playground playground-down bench bench-smoke bench-scale bench-connections fuzz fuzz-smoke soak clean
 
 all: build
 
@@ -113,6 +113,14 @@ SOAK_RATE ?= 200
 soak: build
 	cd tests/e2e && GOFLAGS="-mod=readonly -buildvcs=false" go build -o $(CURDIR)/target/soak ./cmd/soak
 	target/soak -bin $(BIN) -fixtures tests/fixtures/reviews -duration $(SOAK_DURATION) -rate $(SOAK_RATE) -attack -rss-limit-mib 64
+
+## bench-connections: what each kind of webhook connection (silent TCP, idle TLS HTTP/1.1 and HTTP/2,
+## HTTP/2 with a request held open) costs `serve` in RSS, at CONN_COUNTS connections (default 64,256),
+## with the chart's GLIBC_TUNABLES: the figure --max-connections is sized by. About a minute.
+CONN_COUNTS ?= 64,256
+bench-connections: build
+	cd tests/e2e && GOFLAGS="-mod=readonly -buildvcs=false" go build -o $(CURDIR)/target/benchconns ./cmd/benchconns
+	target/benchconns -bin $(BIN) -counts $(CONN_COUNTS)
 
 ## bench-scale: `serve` (SCALE_REPLICAS, default 2, with the chart's args and RBAC) and `audit` against the
 ## e2e control plane filled with SCALE_NODES large nodes (default 1000,5000,10000), each with 5 Running

@@ -71,6 +71,17 @@ struct TopSourceLabels {
     source: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShareLabels {
+    share: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShareSourceLabels {
+    share: &'static str,
+    source: String,
+}
+
 /// All metrics of one process. Cheap to share behind an `Arc`.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -95,6 +106,10 @@ pub struct Metrics {
     pool_top_source: Family<TopSourceLabels, Gauge>,
     /// The labels of each pool's one `connection_pool_top_source_connections` series.
     pool_top_current: Mutex<Vec<TopSourceLabels>>,
+    share_refusals: Family<ShareLabels, Counter>,
+    share_last_refused: Family<ShareSourceLabels, Gauge>,
+    /// The labels of each share's one `source_share_last_refused` series.
+    share_last_current: Mutex<Vec<ShareSourceLabels>>,
     operator_version: Family<VersionLabels, Gauge>,
     /// The labels of the one `operator_version_info` series.
     operator_version_current: Mutex<Option<VersionLabels>>,
@@ -259,6 +274,24 @@ impl Metrics {
              series per pool",
             pool_top_source.clone(),
         );
+        let share_refusals = Family::<ShareLabels, Counter>::default();
+        registry.register(
+            "source_share_refusals",
+            "Webhook requests answered 503 because their client source (IP address) held its \
+             share: requests (--max-requests-per-source in flight) or body-bytes (half the \
+             in-flight body budget, for the whole body timeout)",
+            share_refusals.clone(),
+        );
+        for share in ["requests", "body-bytes"] {
+            let _ = share_refusals.get_or_create(&ShareLabels { share });
+        }
+        let share_last_refused = Family::<ShareSourceLabels, Gauge>::default();
+        registry.register(
+            "source_share_last_refused",
+            "The source refused last for holding its share, with what it held then (requests \
+             or bytes): one series per share",
+            share_last_refused.clone(),
+        );
         let operator_version = Family::<VersionLabels, Gauge>::default();
         registry.register(
             "operator_version_info",
@@ -289,6 +322,9 @@ impl Metrics {
             pool_refusals,
             pool_top_source,
             pool_top_current: Mutex::new(Vec::new()),
+            share_refusals,
+            share_last_refused,
+            share_last_current: Mutex::new(Vec::new()),
             operator_version,
             operator_version_current: Mutex::new(None),
         }
@@ -430,27 +466,26 @@ impl Metrics {
                 })
                 .set(i64::from(handshakes_full));
         }
-        let mut current = self
-            .pool_top_current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let old = current
-            .iter()
-            .position(|l| l.pool == pool)
-            .map(|i| current.remove(i));
-        let new = top.map(|(source, n)| {
-            let labels = TopSourceLabels { pool, source };
-            self.pool_top_source
-                .get_or_create(&labels)
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-            labels
-        });
-        if let Some(old) = old
-            && Some(&old) != new.as_ref()
-        {
-            self.pool_top_source.remove(&old);
-        }
-        current.extend(new);
+        replace_series(
+            &self.pool_top_source,
+            &self.pool_top_current,
+            |l| l.pool == pool,
+            top.map(|(source, n)| (TopSourceLabels { pool, source }, n)),
+        );
+    }
+
+    /// Records a request refused because its source held its `share` (`requests` or
+    /// `body-bytes`), and names the source with what it held.
+    pub fn observe_source_share_refusal(&self, share: &'static str, source: String, held: usize) {
+        self.share_refusals
+            .get_or_create(&ShareLabels { share })
+            .inc();
+        replace_series(
+            &self.share_last_refused,
+            &self.share_last_current,
+            |l| l.share == share,
+            Some((ShareSourceLabels { share, source }, held)),
+        );
     }
 
     /// Sets the expiry time of the certificate now being served.
@@ -492,6 +527,32 @@ impl Metrics {
         let _ = encode(&mut out, &registry);
         out
     }
+}
+
+/// Replaces the one series of `family` that `current` records for a group (`same`) with `new`:
+/// the new one is set before the old one goes, so no scrape finds none.
+fn replace_series<L>(
+    family: &Family<L, Gauge>,
+    current: &Mutex<Vec<L>>,
+    same: impl Fn(&L) -> bool,
+    new: Option<(L, usize)>,
+) where
+    L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+{
+    let mut current = current.lock().unwrap_or_else(|e| e.into_inner());
+    let old = current.iter().position(&same).map(|i| current.remove(i));
+    let new = new.map(|(labels, n)| {
+        family
+            .get_or_create(&labels)
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+        labels
+    });
+    if let Some(old) = old
+        && Some(&old) != new.as_ref()
+    {
+        family.remove(&old);
+    }
+    current.extend(new);
 }
 
 #[cfg(test)]

@@ -433,6 +433,163 @@ async fn a_body_that_never_finishes_gets_408() {
     drop(tx);
 }
 
+/// A POST of `body` to /validate as if it came over a socket from `ip`.
+fn post_from(ip: [u8; 4], body: Body) -> Request<Body> {
+    let mut req = Request::post("/validate")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .unwrap();
+    let addr = std::net::SocketAddr::from((ip, 40000));
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(addr));
+    req
+}
+
+/// A body that sends its first bytes and then nothing, until `tx` is dropped.
+fn held_body() -> (
+    tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>,
+    Body,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    tx.try_send(Ok(b"{\"apiVersion\":".to_vec())).unwrap();
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    (tx, body)
+}
+
+#[tokio::test]
+async fn a_source_holding_its_share_of_requests_is_refused_at_once_and_another_is_served() {
+    let h = harness_with(Limits {
+        max_requests_per_source: 2,
+        ..Limits::default()
+    });
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (tx, body) = held_body();
+        held.push(tx);
+        let app = h.app.clone();
+        tokio::spawn(app.oneshot(post_from([127, 0, 0, 9], body)));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let resp = h
+        .app
+        .clone()
+        .oneshot(post_from(
+            [127, 0, 0, 9],
+            Body::from(fixture("lab-node-2-device-plugin-only.json")),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let value: Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(
+        value["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("this client already has 2 requests in flight"),
+        "{value}"
+    );
+    // Another source is served while the first holds its share.
+    let (status, _) = send(
+        &h,
+        post_from(
+            [127, 0, 0, 1],
+            Body::from(fixture("lab-node-2-device-plugin-only.json")),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let metrics = h.metrics.encode();
+    for line in [
+        r#"gpu_deploy_guard_source_share_refusals_total{share="requests"} 1"#,
+        r#"gpu_deploy_guard_source_share_last_refused{share="requests",source="127.0.0.9"} 2"#,
+        r#"gpu_deploy_guard_admission_bad_requests_total{reason="source-requests"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    // A finished request frees its place.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _) = send(
+        &h,
+        post_from(
+            [127, 0, 0, 9],
+            Body::from(fixture("lab-node-2-device-plugin-only.json")),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_source_holding_half_the_body_budget_leaves_the_other_half_to_others() {
+    // A budget of 4,000 bytes: 1,000 of overdraft, 3,000 shared, 1,500 for one source.
+    let h = harness_with(Limits {
+        max_body_bytes: 1_000,
+        max_inflight_body_bytes: 4_000,
+        body_timeout: Duration::from_secs(2),
+        ..Limits::default()
+    });
+    // One source sends six bodies of 700 bytes that never end: without a share they would
+    // hold the whole budget and the overdraft. With it, two hold the source's share, one
+    // waits in the overdraft's turn, and three wait for their source's room. Those start
+    // first, so that they run out of time while the others still hold it.
+    let mut senders = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        senders.push(tx);
+        let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+        tasks.push(tokio::spawn(
+            h.app.clone().oneshot(post_from([127, 0, 0, 9], body)),
+        ));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in [4, 5, 3, 2, 1, 0] {
+        senders[i].send(Ok(vec![b' '; 700])).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A review of 700 bytes from another source finds room at once.
+    let review = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1","kind":{"group":"","version":"v1","kind":"Node"},"operation":"UPDATE","name":"n","object":{"metadata":{"name":"n","labels":{"nvidia.com/gpu.present":"true"}}},"oldObject":{"metadata":{"name":"n","labels":{"nvidia.com/gpu.present":"true"}}},"userInfo":{"username":"u"}}}"#;
+    let started = std::time::Instant::now();
+    let (status, value) = send(&h, post_from([127, 0, 0, 1], Body::from(&review[..]))).await;
+    assert_eq!(status, StatusCode::OK, "{value}");
+    // Without the share it waited for the overdraft's turn, until a body ran out of time.
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        started.elapsed()
+    );
+    // The bodies that waited for their source's room are told why.
+    let mut messages = Vec::new();
+    for task in tasks {
+        let resp = task.await.unwrap().unwrap();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let value: Value = serde_json::from_slice(&bytes).unwrap();
+        messages.push(
+            value["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    let at_share = messages
+        .iter()
+        .filter(|m| m.contains("hold its share of the in-flight body budget"))
+        .count();
+    assert_eq!(at_share, 3, "{messages:?}");
+    let metrics = h.metrics.encode();
+    for line in [
+        r#"gpu_deploy_guard_source_share_refusals_total{share="body-bytes"} 3"#,
+        r#"gpu_deploy_guard_source_share_last_refused{share="body-bytes",source="127.0.0.9"} 1400"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    drop(senders);
+}
+
 #[tokio::test]
 async fn wrong_method_path_and_content_type_are_refused() {
     let h = harness();

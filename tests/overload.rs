@@ -143,6 +143,74 @@ async fn streams_declaring_large_bodies_they_never_send_do_not_delay_good_review
 }
 
 // ---------------------------------------------------------------------------
+// Requests in flight per source
+
+/// Keeps one request in progress on an HTTP/2 connection from [`ATTACKER`], reconnecting when
+/// the connection closes: each request sends its first byte and never the rest, and the next
+/// one starts as soon as it is answered.
+async fn hold_a_request_open(addr: SocketAddr, ca: String) {
+    loop {
+        let Ok((send, conn)) = h2_from_attacker(addr, &ca).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let mut send = send;
+        loop {
+            let Ok(ready) = send.clone().ready().await else {
+                break;
+            };
+            send = ready;
+            let request = http::Request::post("https://localhost/validate")
+                .header("content-type", "application/json")
+                .header("content-length", "1000")
+                .body(())
+                .unwrap();
+            let Ok((response, mut body)) = send.send_request(request, false) else {
+                break;
+            };
+            let _ = body.send_data(Bytes::from_static(b"{"), false);
+            if response.await.is_err() {
+                break;
+            }
+        }
+        conn.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_request_in_progress_on_every_connection_of_one_source_does_not_shut_out_another() {
+    // A small pool, so that the test needs few connections; the share is half of it, as it
+    // is at 512.
+    let serve = Serve::start(&["--max-connections", "32"]).await;
+    let attackers: Vec<_> = (0..32)
+        .map(|_| tokio::spawn(hold_a_request_open(serve.addr, serve.ca.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Before the share, every connection held a request in progress, so the pool could close
+    // none of them for the good client, which waited for a body timeout (5 s) each time.
+    let (ok, slowest) = good_reviews(&serve, 10).await;
+    let metrics = serve.metrics().await;
+    for attacker in attackers {
+        attacker.abort();
+    }
+    assert_eq!(
+        ok, 10,
+        "{ok} of 10 good reviews answered; slowest {slowest:?}"
+    );
+    assert!(
+        slowest < Duration::from_secs(3),
+        "slowest good review took {slowest:?}"
+    );
+    assert!(
+        metrics.contains(
+            r#"gpu_deploy_guard_source_share_last_refused{share="requests",source="127.0.0.9"} 16"#
+        ),
+        "{metrics}"
+    );
+    serve.assert_livez(Duration::from_secs(2)).await;
+}
+
+// ---------------------------------------------------------------------------
 // Connection slots
 
 #[tokio::test]

@@ -64,9 +64,15 @@ pub struct ServeArgs {
     #[arg(long, env = "GDG_MAX_INFLIGHT_BODY_BYTES", default_value_t = Limits::default().max_inflight_body_bytes)]
     pub max_inflight_body_bytes: usize,
     /// Webhook connections served at once; more wait in the listen backlog. The default is
-    /// 512, or less when the open-file limit is low (it stays below it).
+    /// 256, or less when the open-file limit is low (it stays below it).
     #[arg(long, env = "GDG_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Requests in flight from one client address across all its connections (HTTP/2
+    /// streams and HTTP/1.1 requests); more are answered 503 at once. The default is half of
+    /// --max-connections, so that a source at its share leaves connections the pool may close
+    /// for another (see README "Overload").
+    #[arg(long, env = "GDG_MAX_REQUESTS_PER_SOURCE")]
+    pub max_requests_per_source: Option<usize>,
     /// HTTP/2 requests in flight per connection.
     #[arg(long, env = "GDG_MAX_CONCURRENT_STREAMS", default_value_t = 64)]
     pub max_concurrent_streams: u32,
@@ -258,11 +264,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             args.max_body_bytes
         );
     }
+    let max_connections = args
+        .max_connections
+        .unwrap_or_else(super::limits::default_max_connections);
+    if args.max_requests_per_source == Some(0) {
+        anyhow::bail!("--max-requests-per-source must be at least 1");
+    }
     let limits = Limits {
         max_body_bytes: args.max_body_bytes,
         max_inflight_body_bytes: args.max_inflight_body_bytes,
         body_timeout: args.body_timeout,
         request_timeout: args.request_timeout,
+        max_requests_per_source: args
+            .max_requests_per_source
+            .unwrap_or((max_connections / 2).max(1)),
     };
     let given = args.operator_version.given(&config);
     let mut facts = operator_defaults();
@@ -290,9 +305,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         drain_timeout: args.drain_timeout,
         shutdown_delay: args.shutdown_delay,
         write_timeout: args.write_timeout,
-        max_connections: args
-            .max_connections
-            .unwrap_or_else(super::limits::default_max_connections),
+        max_connections,
         max_concurrent_streams: args.max_concurrent_streams,
         client_ca: args.client_ca,
         client_ca_allowed_names: args.client_ca_allowed_names,

@@ -1,9 +1,11 @@
 //! Defaults derived from the process's limits.
 
 /// Connections `serve` accepts at most by default, whatever the descriptor limit: an idle
-/// HTTP/2 connection costs about 36 KB, so this keeps them within a few MiB of the
-/// Deployment's 64 Mi. API servers keep a handful of connections each.
-pub const MAX_CONNECTIONS_CAP: usize = 512;
+/// TLS HTTP/2 connection that has been answered once costs about 48 KiB (measured with
+/// `make bench-connections`), so this keeps a full pool at about 12 MiB, leaving the
+/// Deployment's 64 Mi room for the body budget and the fleet. API servers keep a handful of
+/// connections each.
+pub const MAX_CONNECTIONS_CAP: usize = 256;
 
 /// Descriptors kept for everything but webhook connections: the admin port and its
 /// connections, the cluster watch, certificate reads, the runtime itself.

@@ -4,13 +4,15 @@
 //! read as a Node AdmissionReview gets a 4xx whose body names the problem; the
 //! API server then applies the webhook's failurePolicy.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::Extension;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -24,9 +26,11 @@ mod pruned;
 pub mod response;
 pub mod review;
 pub mod scan;
+mod shares;
 
 use response::respond;
 use review::{RequestView, ReviewBody};
+use shares::{InFlight, Shares};
 
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::ClusterFacts;
@@ -48,10 +52,15 @@ pub struct Limits {
     pub body_timeout: Duration,
     /// Time allowed for the whole request, body included.
     pub request_timeout: Duration,
+    /// Requests in flight from one client address, across its connections ([`shares`]).
+    pub max_requests_per_source: usize,
 }
 
 /// 3.5 MiB: the API server's ~3 MiB per review, and room for its envelope.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024 + 512 * 1024;
+
+/// Half of the default `--max-connections` (256): see [`shares`].
+pub const DEFAULT_MAX_REQUESTS_PER_SOURCE: usize = 128;
 
 /// The longest node name Kubernetes accepts (a DNS subdomain).
 pub const MAX_NAME_CHARS: usize = 253;
@@ -72,6 +81,7 @@ impl Default for Limits {
             max_inflight_body_bytes: 4 * DEFAULT_MAX_BODY_BYTES,
             body_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
+            max_requests_per_source: DEFAULT_MAX_REQUESTS_PER_SOURCE,
         }
     }
 }
@@ -94,6 +104,8 @@ pub struct Webhook {
     /// all it needs here, finishes and frees the rest.
     body_overdraft: Arc<Semaphore>,
     overdraft_turn: Arc<Semaphore>,
+    /// Each source's share of the requests in flight and of `body_budget`.
+    shares: Arc<Shares>,
     /// One slow reading at a time: a body the scanner refused or cannot read, read again with
     /// serde to say why (serde's message for a wrongly typed string repeats it, escaped: up to
     /// six times its size before it is cut to [`MAX_ERROR_BYTES`]), and a GPU-policy review,
@@ -128,6 +140,7 @@ impl Webhook {
             metrics,
             limits,
             fleet: None,
+            shares: Arc::new(Shares::new(&limits, budget)),
             body_budget: Arc::new(Semaphore::new(budget)),
             body_overdraft: Arc::new(Semaphore::new(max_body)),
             overdraft_turn: Arc::new(Semaphore::new(1)),
@@ -174,6 +187,14 @@ pub enum BadRequest {
     TooLarge { limit: usize },
     #[error("too many request bytes in flight: no room for this body within {0:?}; retry")]
     Busy(Duration),
+    #[error(
+        "this client already has {0} requests in flight, its share of the webhook; retry when one is answered"
+    )]
+    SourceRequests(usize),
+    #[error(
+        "this client's request bodies hold its share of the in-flight body budget: no room for this body within {0:?}; retry"
+    )]
+    SourceBytes(Duration),
     #[error("request body not received within {0:?}")]
     BodyTimeout(Duration),
     #[error("request body could not be read: {0}")]
@@ -217,7 +238,9 @@ impl BadRequest {
             BadRequest::ContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             BadRequest::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             BadRequest::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            BadRequest::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            BadRequest::Busy(_) | BadRequest::SourceRequests(_) | BadRequest::SourceBytes(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -240,6 +263,8 @@ impl BadRequest {
             BadRequest::NotAPolicy(_) => "not-a-policy",
             BadRequest::MissingObject { .. } => "missing-object",
             BadRequest::Busy(_) => "busy",
+            BadRequest::SourceRequests(_) => "source-requests",
+            BadRequest::SourceBytes(_) => "source-bytes",
             BadRequest::NameTooLong { .. } => "name-too-long",
             BadRequest::UidTooLong(_) => "uid-too-long",
         }
@@ -251,16 +276,32 @@ impl BadRequest {
     }
 }
 
-/// [`read_body`], or the refusal to answer with. The body was then not read to its end, so
+/// The client's address, which every request that came over a socket has.
+pub(super) type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+/// [`read_body`] within the client source's share, or the refusal to answer with. The body was then not read to its end, so
 /// the connection cannot carry another request: an HTTP/1.1 client is told so, and does not
 /// send its next request on a connection about to close (HTTP/2 resets just the stream).
 async fn read_body_or_refuse(
     hook: &Webhook,
+    peer: Peer,
     version: Version,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(bytes::Bytes, Room), Response> {
-    read_body(hook, headers, body).await.map_err(|bad| {
+    let source = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
+    let read = match hook.shares.enter(source) {
+        Ok(in_flight) => read_body(hook, in_flight, headers, body).await,
+        Err(at_share) => {
+            hook.metrics.observe_source_share_refusal(
+                "requests",
+                at_share.source.to_string(),
+                at_share.held,
+            );
+            Err(BadRequest::SourceRequests(at_share.held))
+        }
+    };
+    read.map_err(|bad| {
         let mut response = refuse(hook, bad, None);
         if version < Version::HTTP_2 {
             response
@@ -273,13 +314,15 @@ async fn read_body_or_refuse(
 
 async fn validate(
     State(hook): State<Arc<Webhook>>,
+    peer: Peer,
     version: Version,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    // Held until the answer is made: the body's room in the budget.
-    let (bytes, _room) = match read_body_or_refuse(&hook, version, &headers, body).await {
+    // Held until the answer is made: the request's place in its source's share, the body's
+    // room in the budget.
+    let (bytes, _room) = match read_body_or_refuse(&hook, peer, version, &headers, body).await {
         Ok(read) => read,
         Err(response) => return response,
     };
@@ -327,15 +370,33 @@ fn refuse(hook: &Webhook, bad: BadRequest, uid: Option<String>) -> Response {
     bad.into_response(uid)
 }
 
-/// A body's room: in the budget, and in the overdraft once it is its turn there.
-#[derive(Default)]
+/// A request's room: its place in its source's share, its body's bytes in the budget and in
+/// its source's part of it, and in the overdraft once it is its turn there.
 struct Room {
     budget: Option<OwnedSemaphorePermit>,
+    source: Option<OwnedSemaphorePermit>,
     overdraft: Option<OwnedSemaphorePermit>,
     turn: Option<OwnedSemaphorePermit>,
+    /// Dropped last: the source's entry goes with its last request.
+    in_flight: InFlight,
 }
 
+/// What a body waits for, if anything, as [`Room::take`] sets it.
+const NOT_WAITING: u8 = 0;
+const WAITING_FOR_BUDGET: u8 = 1;
+const WAITING_FOR_SOURCE: u8 = 2;
+
 impl Room {
+    fn new(in_flight: InFlight) -> Self {
+        Room {
+            budget: None,
+            source: None,
+            overdraft: None,
+            turn: None,
+            in_flight,
+        }
+    }
+
     fn add(held: &mut Option<OwnedSemaphorePermit>, permit: OwnedSemaphorePermit) {
         match held {
             Some(h) => h.merge(permit),
@@ -343,24 +404,43 @@ impl Room {
         }
     }
 
-    /// Takes room for `n` more bytes: from the budget when it has some now; else from
-    /// whichever comes first, the budget or the overdraft's turn. The body whose turn it is
-    /// takes the rest of its room from the overdraft, which always has it (a body is at most
-    /// its size). `waiting` is set while it waits.
-    async fn take(&mut self, hook: &Webhook, n: usize, waiting: &AtomicBool) {
+    /// Takes room for `n` more bytes: from the budget and the source's part of it when both
+    /// have some now; else from whichever comes first, both of those or the overdraft's
+    /// turn. The body whose turn it is takes the rest of its room from the overdraft, which
+    /// always has it (a body is at most its size). `waiting` says what it waits for.
+    async fn take(&mut self, hook: &Webhook, n: usize, waiting: &AtomicU8) {
         // Every semaphore here is never closed.
         let n = u32::try_from(n).unwrap_or(u32::MAX);
         if self.turn.is_some() {
             let permit = hook.body_overdraft.clone().acquire_many_owned(n).await;
             return Self::add(&mut self.overdraft, permit.expect("never closed"));
         }
-        if let Ok(permit) = hook.body_budget.clone().try_acquire_many_owned(n) {
+        let source = self.in_flight.body.clone();
+        if let Ok(own) = source.clone().try_acquire_many_owned(n)
+            && let Ok(permit) = hook.body_budget.clone().try_acquire_many_owned(n)
+        {
+            Self::add(&mut self.source, own);
             return Self::add(&mut self.budget, permit);
         }
-        waiting.store(true, Ordering::Relaxed);
+        let short_of_source = source.available_permits() < n as usize;
+        waiting.store(
+            if short_of_source {
+                WAITING_FOR_SOURCE
+            } else {
+                WAITING_FOR_BUDGET
+            },
+            Ordering::Relaxed,
+        );
+        let both = async {
+            let own = source.acquire_many_owned(n).await;
+            waiting.store(WAITING_FOR_BUDGET, Ordering::Relaxed);
+            let permit = hook.body_budget.clone().acquire_many_owned(n).await;
+            (own.expect("never closed"), permit.expect("never closed"))
+        };
         tokio::select! {
-            permit = hook.body_budget.clone().acquire_many_owned(n) => {
-                Self::add(&mut self.budget, permit.expect("never closed"));
+            (own, permit) = both => {
+                Self::add(&mut self.source, own);
+                Self::add(&mut self.budget, permit);
             }
             turn = hook.overdraft_turn.clone().acquire_owned() => {
                 self.turn = Some(turn.expect("never closed"));
@@ -368,7 +448,7 @@ impl Room {
                 Self::add(&mut self.overdraft, permit.expect("never closed"));
             }
         }
-        waiting.store(false, Ordering::Relaxed);
+        waiting.store(NOT_WAITING, Ordering::Relaxed);
     }
 }
 
@@ -376,6 +456,7 @@ impl Room {
 /// it with its room in the budget, to hold until the answer is made.
 async fn read_body(
     hook: &Webhook,
+    in_flight: InFlight,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(bytes::Bytes, Room), BadRequest> {
@@ -396,13 +477,14 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BadRequest::TooLarge { limit });
     }
-    // Whether the time ran out waiting for room rather than for bytes.
-    let waiting = AtomicBool::new(false);
-    let mut held = Room::default();
-    // A body that comes as one frame is kept as it came; the bytes are copied only when a
-    // second frame arrives.
-    let mut first: Option<bytes::Bytes> = None;
-    let mut buf = Vec::new();
+    // Whether the time ran out waiting for room rather than for bytes, and for which.
+    let waiting = AtomicU8::new(NOT_WAITING);
+    let mut held = Room::new(in_flight);
+    // The frames are kept as they came, and copied once into a buffer of the body's size
+    // when the last has arrived: a buffer grown frame by frame would hold up to twice the
+    // bytes its room counts. A body of one frame is never copied.
+    let mut frames: Vec<bytes::Bytes> = Vec::new();
+    let mut len = 0;
     let read = async {
         // Room is taken for the bytes that arrived, as they arrive: a declared length alone
         // holds nothing, so streams that announce 3.5 MiB and send none cannot fill the
@@ -419,31 +501,47 @@ async fn read_body(
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            let read = buf.len() + first.as_ref().map_or(0, |f| f.len());
-            if read + data.len() > limit {
+            if len + data.len() > limit {
                 return Err(BadRequest::TooLarge { limit });
             }
-            if !data.is_empty() {
-                held.take(hook, data.len(), &waiting).await;
-            }
-            if read == 0 {
-                first = Some(data);
+            if data.is_empty() {
                 continue;
             }
-            if let Some(first) = first.take() {
-                buf.reserve(read + data.len());
-                buf.extend_from_slice(&first);
-            }
-            buf.extend_from_slice(&data);
+            held.take(hook, data.len(), &waiting).await;
+            len += data.len();
+            frames.push(data);
         }
         Ok(())
     };
     match tokio::time::timeout(limits.body_timeout, read).await {
-        Err(_) if waiting.load(Ordering::Relaxed) => Err(BadRequest::Busy(limits.body_timeout)),
-        Err(_) => Err(BadRequest::BodyTimeout(limits.body_timeout)),
+        Err(_) => match waiting.load(Ordering::Relaxed) {
+            WAITING_FOR_SOURCE => {
+                let source = held.in_flight.source();
+                hook.metrics.observe_source_share_refusal(
+                    "body-bytes",
+                    source.to_string(),
+                    hook.shares.body_share() - held.in_flight.body.available_permits(),
+                );
+                Err(BadRequest::SourceBytes(limits.body_timeout))
+            }
+            WAITING_FOR_BUDGET => Err(BadRequest::Busy(limits.body_timeout)),
+            _ => Err(BadRequest::BodyTimeout(limits.body_timeout)),
+        },
         Ok(Err(bad)) => Err(bad),
-        Ok(Ok(())) => Ok((first.unwrap_or_else(|| bytes::Bytes::from(buf)), held)),
+        Ok(Ok(())) => Ok((join(frames, len), held)),
     }
+}
+
+/// The body's frames as one buffer of exactly `len` bytes.
+fn join(mut frames: Vec<bytes::Bytes>, len: usize) -> bytes::Bytes {
+    if frames.len() <= 1 {
+        return frames.pop().unwrap_or_default();
+    }
+    let mut body = Vec::with_capacity(len);
+    for frame in frames {
+        body.extend_from_slice(&frame);
+    }
+    bytes::Bytes::from(body)
 }
 
 fn is_length_limit(error: &axum::Error) -> bool {

@@ -113,15 +113,17 @@ struct Gvk {
 
 pub(super) async fn validate_policy(
     State(hook): State<Arc<Webhook>>,
+    peer: super::Peer,
     version: Version,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let (bytes, _room) = match super::read_body_or_refuse(&hook, version, &headers, body).await {
-        Ok(read) => read,
-        Err(response) => return response,
-    };
+    let (bytes, _room) =
+        match super::read_body_or_refuse(&hook, peer, version, &headers, body).await {
+            Ok(read) => read,
+            Err(response) => return response,
+        };
     // Its objects become trees, and a refused field's message repeats it: one at a time.
     let _turn = hook.slow_turn().await;
     let request = match parse(&bytes) {

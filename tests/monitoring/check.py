@@ -62,6 +62,8 @@ KNOWN_METRICS = {
     "gpu_deploy_guard_connection_pool_evictions_total",
     "gpu_deploy_guard_connection_pool_refusals_total",
     "gpu_deploy_guard_connection_pool_top_source_connections",
+    "gpu_deploy_guard_source_share_refusals_total",
+    "gpu_deploy_guard_source_share_last_refused",
     "gpu_deploy_guard_operator_version_info",
     "gpu_deploy_guard_operand_expected",
     "gpu_deploy_guard_operand_running",
