@@ -210,6 +210,7 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         username: input.user.as_deref().unwrap_or_default(),
         groups: &input.groups,
         dry_run: false,
+        unknown_not_copied: 0,
     };
     let verdict = policy::decide(&review, facts, &config.policy);
     let operator = labelling_pass(&after, facts.version.era, &facts.sandbox);

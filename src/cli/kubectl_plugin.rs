@@ -231,6 +231,7 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
             username: &username,
             groups: &groups,
             dry_run: false,
+            unknown_not_copied: 0,
         };
         let verdict = policy::decide(&review, &snapshot.facts, &config.policy);
         rows.push(Row {

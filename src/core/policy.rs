@@ -104,6 +104,10 @@ pub struct Review<'a> {
     pub groups: &'a [String],
     /// Decided exactly like a real request; carried for the record only.
     pub dry_run: bool,
+    /// Unknown deploy keys the request writes that the caller left out of `labels` (beyond
+    /// the first ones in key order, which it kept): counted in the unknown-deploy-label
+    /// finding. 0 when every label the policy reads was given.
+    pub unknown_not_copied: usize,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
@@ -352,6 +356,7 @@ pub fn assess(node: &str, labels: &Labels, facts: &ClusterFacts, policy: &Policy
         username: "",
         groups: &[],
         dry_run: false,
+        unknown_not_copied: 0,
     };
     let running = simulate(labels, facts);
     let mut findings = state_findings(&review, facts, running, running, true);

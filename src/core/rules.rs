@@ -6,6 +6,9 @@
 mod change;
 mod state;
 
+/// How many unknown deploy keys one finding names; it counts the others.
+pub const UNKNOWN_KEYS_SHOWN: usize = 5;
+
 use std::fmt;
 
 use serde::{Deserialize, Serialize};

@@ -21,6 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower_http::timeout::TimeoutLayer;
 
 pub mod label_syntax;
+mod many_labels;
 pub mod policy_review;
 mod pruned;
 pub mod response;
@@ -748,6 +749,8 @@ pub fn review_request(
 pub struct RequestLabels {
     old: Option<Labels>,
     new: Labels,
+    /// Written unknown deploy keys left out of `new` ([`many_labels`]).
+    not_copied: usize,
 }
 
 impl RequestLabels {
@@ -767,13 +770,26 @@ impl RequestLabels {
                 field: "oldObject",
             });
         }
+        if req.label_count() > MANY_LABELS {
+            let (old, new, not_copied) =
+                many_labels::copy(req.old_object.as_ref(), req.object.as_ref(), facts);
+            return Ok(RequestLabels {
+                old,
+                new,
+                not_copied,
+            });
+        }
         let old = req.old_object.as_ref().map(|o| o.labels(facts));
         let new = match &req.object {
             Some(object) => object.labels(facts),
             // DELETE and CONNECT carry only the old object.
             None => old.clone().unwrap_or_default(),
         };
-        Ok(RequestLabels { old, new })
+        Ok(RequestLabels {
+            old,
+            new,
+            not_copied: 0,
+        })
     }
 
     /// What the policy judges: `req` with these labels.
@@ -790,6 +806,7 @@ impl RequestLabels {
             username: req.user_info.username.as_deref().unwrap_or_default(),
             groups: req.user_info.groups.as_deref().unwrap_or_default(),
             dry_run: req.dry_run,
+            unknown_not_copied: self.not_copied,
         }
     }
 }

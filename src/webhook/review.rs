@@ -202,7 +202,7 @@ impl NodeLabels<'_> {
             .collect()
     }
 
-    fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(super) fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
         self.metadata
             .labels
             .iter()

@@ -88,6 +88,7 @@ fn update_with(
         username: PERSON,
         groups: &[],
         dry_run: false,
+        unknown_not_copied: 0,
     };
     decide(&review, facts, policy)
 }
@@ -101,6 +102,7 @@ fn create(node: &str, new: &Labels, policy: &Policy) -> Verdict {
         username: "system:node:x",
         groups: &[],
         dry_run: false,
+        unknown_not_copied: 0,
     };
     decide(&review, &ClusterFacts::default(), policy)
 }
@@ -470,6 +472,7 @@ fn dry_run_is_decided_like_a_real_request() {
         username: PERSON,
         groups: &[],
         dry_run,
+        unknown_not_copied: 0,
     };
     let facts = ClusterFacts::default();
     let policy = Policy::default();
@@ -494,6 +497,7 @@ fn delete_is_allowed_without_judgement() {
         username: PERSON,
         groups: &[],
         dry_run: false,
+        unknown_not_copied: 0,
     };
     let v = decide(&review, &ClusterFacts::default(), &Policy::default());
     assert_eq!(v.decision, Decision::Allowed);
@@ -513,6 +517,7 @@ fn exempt_check(username: &str, groups: &[String], policy: &Policy) -> Verdict {
         username,
         groups,
         dry_run: false,
+        unknown_not_copied: 0,
     };
     decide(&review, &ClusterFacts::default(), policy)
 }
@@ -1324,6 +1329,7 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
                         username,
                         groups: &[],
                         dry_run: false,
+                        unknown_not_copied: 0,
                     };
                     decide(&review, facts, policy)
                 };

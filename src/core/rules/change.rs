@@ -1,15 +1,12 @@
 //! The change rules: what a request writes.
 
-use super::{Action, Change, Ctx, Finding, Rule};
+use super::{Action, Change, Ctx, Finding, Rule, UNKNOWN_KEYS_SHOWN};
 use crate::core::echo::echo;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, LabelChange, OPERANDS_KEY, Operand, Value, closest_known,
     deploy_labels, is_gpu_node,
 };
 use crate::core::operator::Plan;
-
-/// How many unknown deploy keys one finding names; it counts the others.
-const UNKNOWN_KEYS_SHOWN: usize = 5;
 
 impl Ctx<'_, '_> {
     /// Every unknown key the request writes, as one finding: a request with many of them costs
@@ -24,7 +21,8 @@ impl Ctx<'_, '_> {
         let shown: Vec<(&str, &str)> = std::iter::once(first)
             .chain(unknown.by_ref().take(UNKNOWN_KEYS_SHOWN - 1))
             .collect();
-        let more = unknown.count();
+        // Written keys a caller left out of the labels it gave (a review of thousands).
+        let more = unknown.count() + self.review.unknown_not_copied;
         // "key=value; hint" for the message, "key; hint" for the warning.
         let described = |(key, value): (&str, &str)| {
             let suggestion = closest_known(&key[DEPLOY_PREFIX.len()..]);
