@@ -327,3 +327,49 @@ fn removing_a_label_that_is_not_there_is_noted() {
         ])
     );
 }
+
+/// README's first offline example: the answer that says the operator adds the toolkit back
+/// must not also say that its pass sweeps the node's labels.
+#[test]
+fn the_readme_example_never_adds_a_label_and_sweeps_it_in_one_answer() {
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-0.yaml"),
+        "nvidia.com/gpu.deploy.container-toolkit-",
+    ]);
+    let text = stdout(&o);
+    assert!(text.contains("adds it back as \"true\""), "{text}");
+    let pass = text
+        .lines()
+        .find(|l| l.contains("its next labelling pass:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(pass.contains("container-toolkit add"), "{pass}");
+    assert!(!pass.contains("sweep"), "{pass}");
+    assert!(!text.contains("note: no NFD label"), "{text}");
+
+    // The same node before NFD labels it: the pass sweeps, and the answer says why.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no-nfd.yaml");
+    let yaml = std::fs::read_to_string(nodes("lab-node-0.yaml")).unwrap();
+    let without: String = yaml
+        .lines()
+        .filter(|l| !l.contains("pci-10de"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, without).unwrap();
+    let o = check(&[
+        "--node",
+        path.to_str().unwrap(),
+        "nvidia.com/gpu.deploy.container-toolkit-",
+    ]);
+    let text = stdout(&o);
+    assert!(
+        text.contains("note: no NFD label names an NVIDIA PCI device here"),
+        "{text}"
+    );
+    let pass = text
+        .lines()
+        .find(|l| l.contains("its next labelling pass:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(pass.contains("device-plugin sweep"), "{pass}");
+}

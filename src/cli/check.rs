@@ -13,8 +13,12 @@ use clap::ValueEnum;
 use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, VersionSource, assumed_version, operator_defaults};
-use crate::core::operands::{DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, Operand, OperandSet};
-use crate::core::operator::{LabelAction, OperatorVersion, Pass, Workload, labelling_pass};
+use crate::core::operands::{
+    DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet,
+};
+use crate::core::operator::{
+    LabelAction, OperatorVersion, Pass, Workload, has_nfd_gpu, labelling_pass,
+};
 use crate::core::policy::{self, Decision, Operation, Review, Verdict};
 use crate::core::rules::{self, Finding};
 use crate::k8s::node::NodeFileError;
@@ -214,6 +218,20 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
     };
     let verdict = policy::decide(&review, facts, &config.policy);
     let operator = labelling_pass(&after, facts.version.era, &facts.sandbox);
+    let swept = operator
+        .actions
+        .values()
+        .any(|a| matches!(a, LabelAction::Sweep));
+    if swept && operator.workload.is_none() && !operator.operands_disabled && !has_nfd_gpu(&after) {
+        // The findings judge the node as NFD labels it; the pass below is what the operator
+        // does while NFD has not: say so, or the answer would both add a label and sweep it.
+        notes.push(format!(
+            "no NFD label names an NVIDIA PCI device here ({}=true): the GPU Operator sees no GPU \
+             on this node, so its next labelling pass sweeps its deploy labels (below); the \
+             findings judge the node as it is once NFD labels it",
+            NFD_NVIDIA_PCI_KEYS[0]
+        ));
+    }
     Ok(CheckOutcome {
         node: node.name().to_owned(),
         operation,
