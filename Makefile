@@ -107,12 +107,13 @@ fuzz-smoke:
 
 ## soak: `serve` for SOAK_DURATION (default 10 minutes) under mixed good, bad and hostile reviews
 ## with a certificate rotation every minute; checks answers, flat memory and metrics totals.
-## Not part of `make test`.
+## SOAK_ARGS go to the command (e.g. -share-attacks; tests/e2e/cmd/soak, -help). Not part of `make test`.
 SOAK_DURATION ?= 10m
 SOAK_RATE ?= 200
+SOAK_ARGS ?=
 soak: build
 	cd tests/e2e && GOFLAGS="-mod=readonly -buildvcs=false" go build -o $(CURDIR)/target/soak ./cmd/soak
-	target/soak -bin $(BIN) -fixtures tests/fixtures/reviews -duration $(SOAK_DURATION) -rate $(SOAK_RATE) -attack -rss-limit-mib 64
+	target/soak -bin $(BIN) -fixtures tests/fixtures/reviews -duration $(SOAK_DURATION) -rate $(SOAK_RATE) -attack -rss-limit-mib 64 $(SOAK_ARGS)
 
 ## bench-connections: what each kind of webhook connection (silent TCP, idle TLS HTTP/1.1 and HTTP/2,
 ## HTTP/2 with a request held open) costs `serve` in RSS, at CONN_COUNTS connections (default 64,256),

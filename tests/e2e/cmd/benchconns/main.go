@@ -27,6 +27,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"gpu-deploy-guard/tests/e2e/framework"
 )
 
 var attacker = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 9)}
@@ -37,7 +39,7 @@ func main() {
 	counts := flag.String("counts", "64,256", "connection counts, comma-separated")
 	kinds := flag.String("kinds", "silent,idle-h1,idle-h2,held-h2", "connection kinds, comma-separated")
 	flag.Parse()
-	tunables, err := mallocTunables(*values)
+	tunables, err := framework.ChartMallocTunables(*values)
 	if err != nil {
 		fail(err)
 	}
@@ -63,29 +65,6 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-// mallocTunables reads mallocTunables from the chart's values.yaml.
-func mallocTunables(path string) (string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "mallocTunables: "); ok {
-			return strings.Trim(v, `"`), nil
-		}
-	}
-	return "", fmt.Errorf("%s: no mallocTunables", path)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // measure returns serve's VmRSS in KiB before and after n connections of kind.
 func measure(bin, tunables, kind string, n int) (before, after int64, err error) {
 	dir, err := os.MkdirTemp("", "benchconns")
@@ -93,11 +72,11 @@ func measure(bin, tunables, kind string, n int) (before, after int64, err error)
 		return 0, 0, err
 	}
 	defer os.RemoveAll(dir)
-	port, err := freePort()
+	port, err := framework.FreePort()
 	if err != nil {
 		return 0, 0, err
 	}
-	admin, err := freePort()
+	admin, err := framework.FreePort()
 	if err != nil {
 		return 0, 0, err
 	}

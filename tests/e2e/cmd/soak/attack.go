@@ -1,13 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -76,9 +76,12 @@ func keep(ctx context.Context, n int, f func(context.Context)) {
 }
 
 // attackConnections holds, from 127.0.0.9: 300 silent TCP connections, 100 idle HTTP/2
-// connections that answer PINGs, 40 idle keep-alive connections to the admin port, and 8 HTTP/2
-// streams a second that declare a 3.5 MiB body and send none. Each reconnects when closed.
-func attackConnections(ctx context.Context, port, admin int, ca *authority) {
+// connections that answer PINGs, 40 idle keep-alive connections to the admin port, 8 HTTP/2
+// streams a second that declare a 3.5 MiB body and send none; with shares, also 300 HTTP/2
+// connections that each keep one request in progress (its first byte sent, never the rest),
+// and 8 bodies that send 1 MiB each and then stall, holding what they can of the body budget.
+// Each reconnects when closed.
+func attackConnections(ctx context.Context, port, admin int, ca *authority, shares bool) {
 	webhook := fmt.Sprintf("127.0.0.1:%d", port)
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", admin)
 	silent := func(addr string) func(context.Context) {
@@ -138,6 +141,33 @@ func attackConnections(ctx context.Context, port, admin int, ca *authority) {
 		_, _ = conn.Write([]byte("GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"))
 		_, _ = io.Copy(io.Discard, conn) // kept alive, idle, until the server closes it
 	})
+
+	// stalled posts a body that sends prefix and then nothing until the request ends.
+	stalled := func(client *http.Client, ctx context.Context, prefix []byte) {
+		body, w := io.Pipe()
+		defer w.Close()
+		go func() { _, _ = w.Write(prefix) }()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+webhook+"/validate", body)
+		req.ContentLength = 3_670_016
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	if shares {
+		keep(ctx, 300, func(ctx context.Context) {
+			client := h2()
+			defer client.CloseIdleConnections()
+			stalled(client, ctx, []byte("{"))
+		})
+		megabyte := bytes.Repeat([]byte(" "), 1<<20)
+		keep(ctx, 8, func(ctx context.Context) {
+			client := h2()
+			defer client.CloseIdleConnections()
+			stalled(client, ctx, megabyte)
+		})
+	}
 
 	go func() {
 		client := h2()
@@ -201,18 +231,4 @@ func probe(ctx context.Context, adminURL string, t *probeTally) {
 			}
 		}
 	}
-}
-
-// chartMallocTunables reads mallocTunables from the chart's values.yaml.
-func chartMallocTunables(path string) (string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "mallocTunables: "); ok {
-			return strings.Trim(v, `"`), nil
-		}
-	}
-	return "", fmt.Errorf("%s: no mallocTunables", path)
 }

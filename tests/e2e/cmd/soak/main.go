@@ -49,6 +49,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"gpu-deploy-guard/tests/e2e/framework"
 )
 
 // The attackers' source address: a loopback address of its own, so that the server sees two
@@ -62,10 +64,11 @@ func main() {
 	rate := flag.Int("rate", 200, "requests per second, all kinds together")
 	rotate := flag.Duration("rotate", time.Minute, "certificate rotation interval")
 	attack := flag.Bool("attack", false, "add issue 21's connection and body attacks from 127.0.0.9")
+	shares := flag.Bool("share-attacks", false, "with -attack: also hold a request open on every connection and stall 1 MiB bodies, against the per-source shares")
 	rssLimit := flag.Int64("rss-limit-mib", 64, "peak RSS limit in MiB")
 	values := flag.String("chart-values", "deploy/helm/gpu-deploy-guard/values.yaml", "the chart's values (mallocTunables)")
 	flag.Parse()
-	opts := options{attack: *attack, rssLimit: *rssLimit << 20, chartValues: *values}
+	opts := options{attack: *attack, shareAttacks: *shares, rssLimit: *rssLimit << 20, chartValues: *values}
 	if err := run(*bin, *fixtures, *duration, *rate, *rotate, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(1)
@@ -90,9 +93,10 @@ type kind struct {
 }
 
 type options struct {
-	attack      bool
-	rssLimit    int64
-	chartValues string
+	attack       bool
+	shareAttacks bool
+	rssLimit     int64
+	chartValues  string
 }
 
 type tally struct {
@@ -120,7 +124,7 @@ func (t *tally) fail(what string) {
 }
 
 func run(bin, fixtures string, duration time.Duration, rate int, rotateEvery time.Duration, opts options) error {
-	tunables, err := chartMallocTunables(opts.chartValues)
+	tunables, err := framework.ChartMallocTunables(opts.chartValues)
 	if err != nil {
 		return err
 	}
@@ -229,7 +233,7 @@ func run(bin, fixtures string, duration time.Duration, rate int, rotateEvery tim
 	go hostileConnections(ctx, port, ca)
 	var probes probeTally
 	if opts.attack {
-		go attackConnections(ctx, port, admin, ca)
+		go attackConnections(ctx, port, admin, ca, opts.shareAttacks)
 	}
 	go probe(ctx, adminURL, &probes)
 
@@ -346,15 +350,21 @@ loop:
 	check(probes.failed.Load() == 0, "probes: %d of /livez and /readyz, %d failed %s",
 		probes.sent.Load(), probes.failed.Load(), probes.first())
 	if opts.attack {
-		// The attackers' streams that declare a body and send none end as body-read errors
-		// (the client gave up) or body timeouts; they are not in the tallies.
-		var theirs float64
-		for _, reason := range []string{"body-read", "body-timeout"} {
-			series := `gpu_deploy_guard_admission_bad_requests_total{reason="` + reason + `"}`
-			theirs += final.sum(series) - baseline.sum(series)
+		// The attackers' streams that declare a body and send none or part of it end as
+		// body-read errors (the client gave up) or body timeouts, and those beyond their
+		// source's share as 503s; they are not in the tallies.
+		reasons := func(names ...string) float64 {
+			var n float64
+			for _, reason := range names {
+				series := `gpu_deploy_guard_admission_bad_requests_total{reason="` + reason + `"}`
+				n += final.sum(series) - baseline.sum(series)
+			}
+			return n
 		}
-		fmt.Printf("     attackers' unsent bodies: %.0f refused\n", theirs)
-		bad -= theirs
+		unsent := reasons("body-read", "body-timeout")
+		overShare := reasons("source-requests", "source-bytes", "busy")
+		fmt.Printf("     attackers' unsent bodies: %.0f refused; beyond their share (503): %.0f\n", unsent, overShare)
+		bad -= unsent + overShare
 	}
 	check(int64(bad) == total4xx, "metrics: %d bad requests counted, %d refused with a 4xx", int64(bad), total4xx)
 	reloads := final.sum(`gpu_deploy_guard_tls_certificate_reloads_total{result="success"}`)
