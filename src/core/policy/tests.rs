@@ -886,6 +886,46 @@ fn operands_switch_only_reacts_to_exact_false() {
 }
 
 #[test]
+fn a_label_written_while_operands_false_stays_is_said_to_be_deleted() {
+    let old = with(&lab_node_0(), &[("operands", Some("false"))]);
+    let new = with(
+        &old,
+        &[
+            ("dcgm", Some("true")),
+            ("gpu-feature-discovery", Some("false")),
+            ("example", Some("true")),
+        ],
+    );
+    let v = update("lab-node-0", &old, &new);
+    let finding = v
+        .findings
+        .iter()
+        .find(|f| f.rule == Rule::OperatorWillRestore)
+        .expect("the lost labels are named");
+    assert!(
+        finding.message.contains(
+            "deletes the deploy labels this request writes (dcgm, gpu-feature-discovery)"
+        ),
+        "{}",
+        finding.message
+    );
+    assert!(v.warnings.contains(
+        &"nvidia.com/gpu.deploy.operands=false stays: the GPU Operator will delete the 2 deploy labels this request writes"
+            .to_owned()
+    ));
+    // Removing a label while it stays loses nothing, and says nothing of it.
+    let new = with(&old, &[("dcgm-exporter", None)]);
+    let v = update("lab-node-0", &old, &new);
+    assert!(
+        v.findings
+            .iter()
+            .all(|f| f.rule != Rule::OperatorWillRestore),
+        "{:?}",
+        v.findings
+    );
+}
+
+#[test]
 fn removing_a_label_on_a_gpu_node_warns_that_the_operator_restores_it() {
     let old = lab_node_1();
     let new = with(&old, &[("dcgm-exporter", None)]);

@@ -181,6 +181,36 @@ impl Ctx<'_, '_> {
                         ),
                     });
                 }
+            } else {
+                // operands=false stays: every pass deletes the labels it manages, so what the
+                // request writes there is lost.
+                let mut lost: Vec<&str> = self
+                    .changes
+                    .iter()
+                    .filter(|c| c.new.is_some())
+                    .filter_map(|c| Operand::from_key(c.key))
+                    .filter(|op| plan.sweep.contains(*op))
+                    .map(Operand::name)
+                    .collect();
+                if !lost.is_empty() {
+                    lost.sort_unstable();
+                    out.push(Finding {
+                        rule: Rule::OperatorWillRestore,
+                        action: Action::Off,
+                        change: Change::New,
+                        message: format!(
+                            "node {node}: {OPERANDS_KEY}=false stays on this node, so the GPU Operator ({version}) \
+                             deletes the deploy labels this request writes ({}) on its next labelling pass, and on \
+                             every pass while it stays; remove {OPERANDS_KEY} first (the operator then adds its \
+                             labels back as \"true\"), then set the ones to keep off to false.",
+                            lost.join(", ")
+                        ),
+                        warning: format!(
+                            "{OPERANDS_KEY}=false stays: the GPU Operator will delete the {} deploy labels this request writes",
+                            lost.len()
+                        ),
+                    });
+                }
             }
             return;
         }
