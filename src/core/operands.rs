@@ -36,6 +36,11 @@ pub const NFD_OS_KEYS: [&str; 2] = [
 /// NFD's kernel label: with `usePrecompiled` the pools are per OS and kernel.
 pub const NFD_KERNEL_KEY: &str = "feature.node.kubernetes.io/kernel-version.full";
 
+/// A deploy-label key that is neither the operands switch nor any operand's label.
+pub fn is_unknown_deploy_key(key: &str) -> bool {
+    key.starts_with(DEPLOY_PREFIX) && key != OPERANDS_KEY && Operand::from_key(key).is_none()
+}
+
 /// The deploy labels among these labels, in key order, found without looking at the others.
 pub fn deploy_labels(labels: &Labels) -> impl Iterator<Item = (&String, &String)> {
     use std::ops::Bound;

@@ -70,7 +70,7 @@ pub struct ServeArgs {
     /// Requests in flight from one client address across all its connections (HTTP/2
     /// streams and HTTP/1.1 requests); more are answered 503 at once. The default is half of
     /// --max-connections, so that a source at its share leaves connections the pool may close
-    /// for another (see README "Overload").
+    /// for another (src/webhook/shares.rs).
     #[arg(long, env = "GDG_MAX_REQUESTS_PER_SOURCE")]
     pub max_requests_per_source: Option<usize>,
     /// HTTP/2 requests in flight per connection.

@@ -18,22 +18,21 @@
 //! Everything else the decision reads is copied as for any review, so the verdict is the same
 //! as with every label copied (`tests::the_verdict_is_the_one_of_every_label_copied`).
 
+use std::cmp::Ordering;
+
 use super::review::NodeLabels;
 use crate::core::facts::ClusterFacts;
-use crate::core::operands::{DEPLOY_PREFIX, Labels, OPERANDS_KEY, Operand};
+use crate::core::operands::{Labels, is_unknown_deploy_key};
 use crate::core::operator::restored_value;
 use crate::core::policy;
 
 /// How many written (and how many removed) unknown deploy keys are copied: as many as the
 /// unknown-deploy-label finding names.
-pub const KEPT: usize = crate::core::rules::UNKNOWN_KEYS_SHOWN;
+const KEPT: usize = crate::core::rules::UNKNOWN_KEYS_SHOWN;
 
 /// A key of the deploy prefix that no operand, the operands switch or a custom selector reads.
 fn unknown_deploy_key(key: &str, facts: &ClusterFacts) -> bool {
-    key.starts_with(DEPLOY_PREFIX)
-        && key != OPERANDS_KEY
-        && Operand::from_key(key).is_none()
-        && !facts.selectors.values().any(|sel| sel.contains_key(key))
+    is_unknown_deploy_key(key) && !facts.selectors.values().any(|sel| sel.contains_key(key))
 }
 
 /// `node`'s unknown deploy keys, sorted, each with its last value (a key given twice keeps
@@ -78,27 +77,19 @@ pub fn copy(
     let mut new_labels = new.map(known).unwrap_or_default();
     let (olds, news) = (unknown_pairs(old, facts), unknown_pairs(new, facts));
     let (mut written, mut removed, mut not_copied) = (0, 0, 0);
-    let (mut o, mut n) = (olds.iter().peekable(), news.iter().peekable());
+    let (mut o, mut n) = (olds.into_iter().peekable(), news.into_iter().peekable());
     loop {
-        let (before, after) = match (o.peek(), n.peek()) {
+        // A merge of the two sorted lists: each key once, with its value before and after.
+        let step = match (o.peek(), n.peek()) {
             (None, None) => break,
-            (Some(&&b), Some(&&a)) if b.0 == a.0 => {
-                o.next();
-                n.next();
-                (Some(b), Some(a))
-            }
-            (Some(&&b), Some(&&a)) if b.0 < a.0 => {
-                o.next();
-                (Some(b), None)
-            }
-            (Some(&&b), None) => {
-                o.next();
-                (Some(b), None)
-            }
-            (_, Some(&&a)) => {
-                n.next();
-                (None, Some(a))
-            }
+            (Some(b), Some(a)) => b.0.cmp(a.0),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+        };
+        let (before, after) = match step {
+            Ordering::Equal => (o.next(), n.next()),
+            Ordering::Less => (o.next(), None),
+            Ordering::Greater => (None, n.next()),
         };
         let paused =
             |pair: Option<(&str, &str)>| pair.is_some_and(|(_, v)| restored_value(v).is_some());
@@ -112,11 +103,10 @@ pub fn copy(
                 }
                 keep
             }
-            (Some(_), None) => {
+            _ => {
                 removed += 1;
                 removed <= KEPT || paused(before)
             }
-            (None, None) => false,
         };
         if keep {
             if let (Some(labels), Some((k, v))) = (old_labels.as_mut(), before) {
@@ -137,6 +127,7 @@ pub fn copy(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::operands::{DEPLOY_PREFIX, Operand};
     use crate::core::policy::{Policy, Verdict, decide};
     use crate::webhook::{RequestLabels, parse_review};
 

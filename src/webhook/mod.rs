@@ -280,9 +280,10 @@ impl BadRequest {
 /// The client's address, which every request that came over a socket has.
 pub(super) type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
 
-/// [`read_body`] within the client source's share, or the refusal to answer with. The body was then not read to its end, so
-/// the connection cannot carry another request: an HTTP/1.1 client is told so, and does not
-/// send its next request on a connection about to close (HTTP/2 resets just the stream).
+/// [`read_body`] within the client source's share, or the refusal to answer with. The body
+/// was then not read to its end, so the connection cannot carry another request: an HTTP/1.1
+/// client is told so, and does not send its next request on a connection about to close
+/// (HTTP/2 resets just the stream).
 async fn read_body_or_refuse(
     hook: &Webhook,
     peer: Peer,
@@ -517,10 +518,9 @@ async fn read_body(
     match tokio::time::timeout(limits.body_timeout, read).await {
         Err(_) => match waiting.load(Ordering::Relaxed) {
             WAITING_FOR_SOURCE => {
-                let source = held.in_flight.source();
                 hook.metrics.observe_source_share_refusal(
                     "body-bytes",
-                    source.to_string(),
+                    held.in_flight.source.to_string(),
                     hook.shares.body_share() - held.in_flight.body.available_permits(),
                 );
                 Err(BadRequest::SourceBytes(limits.body_timeout))

@@ -44,7 +44,7 @@ struct Source {
 /// A request in flight from one source: holds its place in the source's share until dropped.
 pub(super) struct InFlight {
     shares: Arc<Shares>,
-    source: IpAddr,
+    pub(super) source: IpAddr,
     /// The source's room in the body budget.
     pub(super) body: Arc<Semaphore>,
 }
@@ -98,12 +98,6 @@ impl Shares {
     #[cfg(test)]
     fn sources(&self) -> usize {
         self.sources.lock().unwrap().len()
-    }
-}
-
-impl InFlight {
-    pub(super) fn source(&self) -> IpAddr {
-        self.source
     }
 }
 

@@ -4,7 +4,7 @@ use super::{Action, Change, Ctx, Finding, Rule, UNKNOWN_KEYS_SHOWN};
 use crate::core::echo::echo;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, LabelChange, OPERANDS_KEY, Operand, Value, closest_known,
-    deploy_labels, is_gpu_node,
+    deploy_labels, is_gpu_node, is_unknown_deploy_key,
 };
 use crate::core::operator::Plan;
 
@@ -14,7 +14,7 @@ impl Ctx<'_, '_> {
     pub(super) fn unknown_deploy_label(&self, out: &mut Vec<Finding>) {
         let mut unknown = self
             .written_deploy_labels()
-            .filter(|(key, _)| *key != OPERANDS_KEY && Operand::from_key(key).is_none());
+            .filter(|(key, _)| is_unknown_deploy_key(key));
         let Some(first) = unknown.next() else {
             return;
         };
