@@ -54,7 +54,12 @@ async fn post(h: &Harness, body: impl Into<Body>) -> (StatusCode, Value) {
 }
 
 async fn send(h: &Harness, req: Request<Body>) -> (StatusCode, Value) {
-    let resp = h.app.clone().oneshot(req).await.unwrap();
+    answer(h.app.clone(), req).await
+}
+
+/// `req`'s answer from `app`: its status and body (JSON, else the text as a string).
+async fn answer(app: axum::Router, req: Request<Body>) -> (StatusCode, Value) {
+    let resp = app.oneshot(req).await.unwrap();
     let status = resp.status();
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let value = serde_json::from_slice(&bytes)
@@ -417,9 +422,8 @@ async fn a_body_that_never_finishes_gets_408() {
         body_timeout: Duration::from_millis(200),
         ..Limits::default()
     });
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let (tx, body) = channel_body();
     tx.send(Ok(b"{\"apiVersion\":".to_vec())).await.unwrap();
-    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     let started = std::time::Instant::now();
     let (status, value) = post(&h, body).await;
     assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
@@ -445,13 +449,12 @@ fn post_from(ip: [u8; 4], body: Body) -> Request<Body> {
     req
 }
 
-/// A body that sends its first bytes and then nothing, until `tx` is dropped.
-fn held_body() -> (
+/// A body made of what is sent on the sender, which ends when the sender is dropped.
+fn channel_body() -> (
     tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>,
     Body,
 ) {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
-    tx.try_send(Ok(b"{\"apiVersion\":".to_vec())).unwrap();
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     (tx, body)
 }
@@ -464,26 +467,23 @@ async fn a_source_holding_its_share_of_requests_is_refused_at_once_and_another_i
     });
     let mut held = Vec::new();
     for _ in 0..2 {
-        let (tx, body) = held_body();
+        let (tx, body) = channel_body();
+        tx.try_send(Ok(b"{\"apiVersion\":".to_vec())).unwrap();
         held.push(tx);
-        let app = h.app.clone();
-        tokio::spawn(app.oneshot(post_from([127, 0, 0, 9], body)));
+        tokio::spawn(answer(h.app.clone(), post_from([127, 0, 0, 9], body)));
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = std::time::Instant::now();
-    let resp = h
-        .app
-        .clone()
-        .oneshot(post_from(
+    let (status, value) = send(
+        &h,
+        post_from(
             [127, 0, 0, 9],
             Body::from(fixture("lab-node-2-device-plugin-only.json")),
-        ))
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(started.elapsed() < Duration::from_secs(1));
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let value: Value = serde_json::from_slice(&bytes).unwrap();
     assert!(
         value["response"]["status"]["message"]
             .as_str()
@@ -539,12 +539,12 @@ async fn a_source_holding_half_the_body_budget_leaves_the_other_half_to_others()
     let mut senders = Vec::new();
     let mut tasks = Vec::new();
     for _ in 0..6 {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        let (tx, body) = channel_body();
         senders.push(tx);
-        let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-        tasks.push(tokio::spawn(
-            h.app.clone().oneshot(post_from([127, 0, 0, 9], body)),
-        ));
+        tasks.push(tokio::spawn(answer(
+            h.app.clone(),
+            post_from([127, 0, 0, 9], body),
+        )));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for i in [4, 5, 3, 2, 1, 0] {
@@ -565,9 +565,7 @@ async fn a_source_holding_half_the_body_budget_leaves_the_other_half_to_others()
     // The bodies that waited for their source's room are told why.
     let mut messages = Vec::new();
     for task in tasks {
-        let resp = task.await.unwrap().unwrap();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let value: Value = serde_json::from_slice(&bytes).unwrap();
+        let (_, value) = task.await.unwrap();
         messages.push(
             value["response"]["status"]["message"]
                 .as_str()

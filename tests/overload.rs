@@ -180,7 +180,7 @@ async fn hold_a_request_open(addr: SocketAddr, ca: String) {
 #[tokio::test]
 async fn a_request_in_progress_on_every_connection_of_one_source_does_not_shut_out_another() {
     // A small pool, so that the test needs few connections; the share is half of it, as it
-    // is at 512.
+    // is at the default 256.
     let serve = Serve::start(&["--max-connections", "32"]).await;
     let attackers: Vec<_> = (0..32)
         .map(|_| tokio::spawn(hold_a_request_open(serve.addr, serve.ca.clone())))
@@ -215,7 +215,7 @@ async fn a_request_in_progress_on_every_connection_of_one_source_does_not_shut_o
 
 #[tokio::test]
 async fn idle_connections_from_one_source_do_not_starve_another() {
-    // A small pool, so that the test needs few connections; the rule is the same at 512.
+    // A small pool, so that the test needs few connections; the rule is the same at 256.
     let serve = Serve::start(&["--max-connections", "32"]).await;
     let mut held = Vec::new();
     // Idle HTTP/2 connections answering PINGs, and silent TCP connections, from 127.0.0.9:

@@ -142,11 +142,14 @@ func attackConnections(ctx context.Context, port, admin int, ca *authority, shar
 		_, _ = io.Copy(io.Discard, conn) // kept alive, idle, until the server closes it
 	})
 
-	// stalled posts a body that sends prefix and then nothing until the request ends.
+	// stalled posts a body that declares 3.5 MiB, sends prefix (maybe nothing) and then nothing
+	// more until the request ends.
 	stalled := func(client *http.Client, ctx context.Context, prefix []byte) {
 		body, w := io.Pipe()
 		defer w.Close()
-		go func() { _, _ = w.Write(prefix) }()
+		if len(prefix) > 0 {
+			go func() { _, _ = w.Write(prefix) }()
+		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+webhook+"/validate", body)
 		req.ContentLength = 3_670_016
 		req.Header.Set("Content-Type", "application/json")
@@ -179,16 +182,7 @@ func attackConnections(ctx context.Context, port, admin int, ca *authority, shar
 				return
 			case <-tick.C:
 			}
-			go func() {
-				body, never := io.Pipe()
-				defer never.Close()
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+webhook+"/validate", body)
-				req.ContentLength = 3_670_016
-				req.Header.Set("Content-Type", "application/json")
-				if resp, err := client.Do(req); err == nil {
-					resp.Body.Close()
-				}
-			}()
+			go stalled(client, ctx, nil)
 		}
 	}()
 }
