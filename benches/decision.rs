@@ -17,7 +17,8 @@ fn case(name: &'static str) -> Case {
     let body: &'static [u8] = Vec::leak(common::review_body(name));
     let req = parse_review(body).unwrap_or_else(|(e, _)| panic!("{name}: {e}"));
     // Copying the labels is the webhook's work before the decision; kept out of the loop.
-    let labels = RequestLabels::of(&req, &facts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let labels = RequestLabels::of(&req, &facts, &policy.exemptions)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     // A fixture that stopped meaning what its name says would measure the wrong path.
     let decision = policy::decide(&labels.review(&req), &facts, &policy).decision;
     let denied = ["denied", "remove-toolkit", "device-plugin-only"];

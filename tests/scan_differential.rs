@@ -27,7 +27,8 @@ struct ReadRequest {
     name: String,
     operation: &'static str,
     username: Option<String>,
-    groups: Option<Vec<String>>,
+    /// Absent, `null` and `[]` alike: the decision reads the groups only as a list.
+    groups: Vec<String>,
     object: Option<ReadNode>,
     old_object: Option<ReadNode>,
     dry_run: bool,
@@ -46,7 +47,7 @@ fn from_scan(r: &scan::Review<'_>) -> Read {
         name: n.name.as_deref().unwrap_or("").to_owned(),
         labels: n
             .pairs()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
             .collect(),
     };
     Read {
@@ -66,7 +67,8 @@ fn from_scan(r: &scan::Review<'_>) -> Read {
                 .user_info
                 .groups
                 .as_ref()
-                .map(|g| g.iter().map(|s| s.to_string()).collect()),
+                .map(|g| g.iter().map(|s| s.into_owned()).collect())
+                .unwrap_or_default(),
             object: q.object.as_ref().map(node),
             old_object: q.old_object.as_ref().map(node),
             dry_run: q.dry_run,
@@ -101,7 +103,7 @@ fn from_serde(r: &ReviewBody<'_>, keys: &BTreeSet<String>) -> Read {
             name: q.name.clone(),
             operation: q.operation.as_str(),
             username: q.user_info.username.clone(),
-            groups: q.user_info.groups.clone(),
+            groups: q.user_info.groups().map(|g| g.into_owned()).collect(),
             object: q.object.as_ref().map(node),
             old_object: q.old_object.as_ref().map(node),
             dry_run: q.dry_run,
@@ -129,6 +131,16 @@ struct Tally {
     unusual: usize,
 }
 
+/// The objects of a scanned review.
+fn nodes<'b>(review: &scan::Review<'b>) -> Vec<scan::Node<'b>> {
+    review
+        .request
+        .iter()
+        .flat_map(|r| r.object.iter().chain(r.old_object.iter()))
+        .cloned()
+        .collect()
+}
+
 /// Compares both readings of one body; panics with the body when they differ.
 fn compare(body: &[u8], tally: &mut Tally) {
     let by_serde = serde_json::from_slice::<ReviewBody<'_>>(body);
@@ -136,12 +148,17 @@ fn compare(body: &[u8], tally: &mut Tally) {
     // The webhook refuses a label outside Kubernetes syntax on either path (`parse_review` checks
     // the scanned pairs; serde's reader checks while it reads): count that as the scanner refusing.
     let bad_label = by_scan.as_ref().is_ok_and(|review| {
-        review
-            .request
+        let bad = nodes(review)
             .iter()
-            .flat_map(|r| r.object.iter().chain(r.old_object.iter()))
-            .flat_map(|n| n.labels.iter().flatten())
-            .any(|(k, v)| label_syntax::check(k, v).is_err())
+            .flat_map(|n| n.pairs())
+            .any(|(k, v)| label_syntax::check(&k, &v).is_err());
+        // What the scanner noted while reading says the same.
+        let noted = nodes(review)
+            .iter()
+            .filter_map(|n| n.labels)
+            .any(|l| !l.syntax_ok());
+        assert_eq!(bad, noted, "{}", String::from_utf8_lossy(body));
+        bad
     });
     let show = || String::from_utf8_lossy(body).into_owned();
     match (&by_serde, &by_scan) {

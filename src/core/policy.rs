@@ -438,6 +438,19 @@ pub(crate) fn effective_action(policy: &Policy, operation: Operation, finding: &
 
 /// Why a requester is exempt (a listed user or group, a service account of a listed
 /// namespace), if it is.
+/// Of a user's groups, the first that `ex` names (none, or that one): all [`exemption`] reads
+/// of them, so a review need not copy a user's groups, however many, to be decided.
+pub fn exempt_groups<G: AsRef<str>>(
+    mut groups: impl Iterator<Item = G>,
+    ex: &Exemptions,
+) -> Vec<String> {
+    groups
+        .find(|g| ex.groups.iter().any(|e| e == g.as_ref()))
+        .map(|g| g.as_ref().to_owned())
+        .into_iter()
+        .collect()
+}
+
 pub(crate) fn exemption(username: &str, groups: &[String], ex: &Exemptions) -> Option<String> {
     if ex.usernames.iter().any(|u| u == username) {
         return Some(format!("user {username} is exempt"));

@@ -18,6 +18,7 @@
 //! Everything else the decision reads is copied as for any review, so the verdict is the same
 //! as with every label copied (`tests::the_verdict_is_the_one_of_every_label_copied`).
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use super::review::NodeLabels;
@@ -30,6 +31,9 @@ use crate::core::policy;
 /// unknown-deploy-label finding names.
 const KEPT: usize = crate::core::rules::UNKNOWN_KEYS_SHOWN;
 
+/// A label as the view gives it.
+type Pair<'n> = (Cow<'n, str>, Cow<'n, str>);
+
 /// A key of the deploy prefix that no operand, the operands switch or a custom selector reads.
 fn unknown_deploy_key(key: &str, facts: &ClusterFacts) -> bool {
     is_unknown_deploy_key(key) && !facts.selectors.values().any(|sel| sel.contains_key(key))
@@ -37,20 +41,17 @@ fn unknown_deploy_key(key: &str, facts: &ClusterFacts) -> bool {
 
 /// `node`'s unknown deploy keys, sorted, each with its last value (a key given twice keeps
 /// its last value, as the API server would).
-fn unknown_pairs<'n>(
-    node: Option<&'n NodeLabels<'_>>,
-    facts: &ClusterFacts,
-) -> Vec<(&'n str, &'n str)> {
+fn unknown_pairs<'n>(node: Option<&'n NodeLabels<'_>>, facts: &ClusterFacts) -> Vec<Pair<'n>> {
     let Some(node) = node else {
         return Vec::new();
     };
-    let mut pairs: Vec<(&str, &str)> = node
+    let mut pairs: Vec<Pair<'n>> = node
         .pairs()
         .filter(|(k, _)| unknown_deploy_key(k, facts))
         .collect();
     // Stable: a key's values stay in the order given, and the last one wins below.
-    pairs.sort_by(|a, b| a.0.cmp(b.0));
-    let mut last: Vec<(&str, &str)> = Vec::with_capacity(pairs.len());
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut last: Vec<Pair<'n>> = Vec::with_capacity(pairs.len());
     for pair in pairs {
         match last.last_mut() {
             Some(prev) if prev.0 == pair.0 => *prev = pair,
@@ -70,7 +71,7 @@ pub fn copy(
     let known = |node: &NodeLabels<'_>| -> Labels {
         node.pairs()
             .filter(|(k, _)| policy::reads_label(k, facts) && !unknown_deploy_key(k, facts))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
             .collect()
     };
     let mut old_labels = old.map(known);
@@ -82,7 +83,7 @@ pub fn copy(
         // A merge of the two sorted lists: each key once, with its value before and after.
         let step = match (o.peek(), n.peek()) {
             (None, None) => break,
-            (Some(b), Some(a)) => b.0.cmp(a.0),
+            (Some(b), Some(a)) => b.0.cmp(&a.0),
             (Some(_), None) => Ordering::Less,
             (None, Some(_)) => Ordering::Greater,
         };
@@ -91,13 +92,15 @@ pub fn copy(
             Ordering::Less => (o.next(), None),
             Ordering::Greater => (None, n.next()),
         };
-        let paused =
-            |pair: Option<(&str, &str)>| pair.is_some_and(|(_, v)| restored_value(v).is_some());
-        let keep = match (before, after) {
-            (Some(b), Some(a)) if b.1 == a.1 => paused(before),
+        let paused = |pair: &Option<Pair<'_>>| {
+            pair.as_ref()
+                .is_some_and(|(_, v)| restored_value(v).is_some())
+        };
+        let keep = match (&before, &after) {
+            (Some(b), Some(a)) if b.1 == a.1 => paused(&before),
             (_, Some(_)) => {
                 written += 1;
-                let keep = written <= KEPT || paused(before) || paused(after);
+                let keep = written <= KEPT || paused(&before) || paused(&after);
                 if !keep {
                     not_copied += 1;
                 }
@@ -105,15 +108,15 @@ pub fn copy(
             }
             _ => {
                 removed += 1;
-                removed <= KEPT || paused(before)
+                removed <= KEPT || paused(&before)
             }
         };
         if keep {
             if let (Some(labels), Some((k, v))) = (old_labels.as_mut(), before) {
-                labels.insert(k.to_owned(), v.to_owned());
+                labels.insert(k.into_owned(), v.into_owned());
             }
             if let Some((k, v)) = after {
-                new_labels.insert(k.to_owned(), v.to_owned());
+                new_labels.insert(k.into_owned(), v.into_owned());
             }
         }
     }
@@ -205,7 +208,7 @@ mod tests {
             "the case must take the path"
         );
         let policy = Policy::default();
-        let cheap = RequestLabels::of(&req, facts).unwrap();
+        let cheap = RequestLabels::of(&req, facts, &policy.exemptions).unwrap();
         let full = RequestLabels {
             old: req.old_object.as_ref().map(|o| o.labels(facts)),
             new: match &req.object {
@@ -217,6 +220,7 @@ mod tests {
                     .unwrap_or_default(),
             },
             not_copied: 0,
+            groups: Vec::new(),
         };
         let a = decide(&cheap.review(&req), facts, &policy);
         let b = decide(&full.review(&req), facts, &policy);

@@ -36,7 +36,7 @@ use shares::{InFlight, Shares};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
-use crate::core::policy::{self, Decision, Operation, Policy, Review, Verdict};
+use crate::core::policy::{self, Decision, Exemptions, Operation, Policy, Review, Verdict};
 use crate::k8s::fleet::Fleet;
 use crate::metrics::Metrics;
 
@@ -582,6 +582,8 @@ pub fn explain<'a>(
 }
 
 /// What the scanner makes of a body.
+// Made once per request and matched at once: boxing the view would allocate per review.
+#[allow(clippy::large_enum_variant)]
 pub enum Scanned<'a> {
     Read(RequestView<'a>),
     Refused(BadRequest, Option<String>),
@@ -611,8 +613,8 @@ pub fn scan_review(bytes: &[u8]) -> Scanned<'_> {
     if labels
         .into_iter()
         .flatten()
-        .flat_map(|node| node.labels.iter().flatten())
-        .any(|(key, value)| label_syntax::check(key, value).is_err())
+        .filter_map(|node| node.labels)
+        .any(|labels| !labels.syntax_ok())
     {
         return Scanned::ToSerde(None);
     }
@@ -741,22 +743,30 @@ pub fn review_request(
             echo(&kind.kind)
         )));
     }
-    let labels = RequestLabels::of(req, facts)?;
+    let labels = RequestLabels::of(req, facts, &policy.exemptions)?;
     Ok(policy::decide(&labels.review(req), facts, policy))
 }
 
-/// A request's labels as the policy reads them: before (`None` for CREATE) and after.
+/// A request's labels as the policy reads them: before (`None` for CREATE) and after; and the
+/// user's groups it reads.
 pub struct RequestLabels {
     old: Option<Labels>,
     new: Labels,
     /// Written unknown deploy keys left out of `new` ([`many_labels`]).
     not_copied: usize,
+    /// The user's group `exemptions` name first, if any ([`policy::exempt_groups`]).
+    groups: Vec<String>,
 }
 
 impl RequestLabels {
     /// Checks that the request carries the objects its operation needs, and copies the labels
-    /// the policy reads under `facts` (`policy::reads_label`).
-    pub fn of(req: &RequestView<'_>, facts: &ClusterFacts) -> Result<Self, BadRequest> {
+    /// the policy reads under `facts` (`policy::reads_label`) and the groups `exemptions` name.
+    pub fn of(
+        req: &RequestView<'_>,
+        facts: &ClusterFacts,
+        exemptions: &Exemptions,
+    ) -> Result<Self, BadRequest> {
+        let groups = policy::exempt_groups(req.user_info.groups(), exemptions);
         let operation = req.operation;
         if req.object.is_none() && matches!(operation, Operation::Create | Operation::Update) {
             return Err(BadRequest::MissingObject {
@@ -777,6 +787,7 @@ impl RequestLabels {
                 old,
                 new,
                 not_copied,
+                groups,
             });
         }
         let old = req.old_object.as_ref().map(|o| o.labels(facts));
@@ -789,6 +800,7 @@ impl RequestLabels {
             old,
             new,
             not_copied: 0,
+            groups,
         })
     }
 
@@ -804,7 +816,7 @@ impl RequestLabels {
             old_labels: self.old.as_ref(),
             labels: &self.new,
             username: req.user_info.username.as_deref().unwrap_or_default(),
-            groups: req.user_info.groups.as_deref().unwrap_or_default(),
+            groups: &self.groups,
             dry_run: req.dry_run,
             unknown_not_copied: self.not_copied,
         }

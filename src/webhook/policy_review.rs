@@ -19,7 +19,7 @@ use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, json_response, r
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::operands::OPERANDS;
-use crate::core::policy::{Decision, Operation, Policy, Verdict};
+use crate::core::policy::{self, Decision, Operation, Policy, Verdict};
 use crate::core::policy_change::{
     Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, NvidiaDriver, PolicyChange, PolicyKind,
     PolicyReview, Shift, decide_policy, shifts,
@@ -48,7 +48,7 @@ struct Request {
     #[serde(default)]
     sub_resource: Option<String>,
     #[serde(default)]
-    user_info: UserInfo,
+    user_info: UserInfo<'static>,
     #[serde(default, deserialize_with = "policy_fields")]
     object: Option<Value>,
     #[serde(default, deserialize_with = "policy_fields")]
@@ -248,6 +248,7 @@ fn review(
         // The operator writes its status; nothing a person changes there reaches a node.
         return Ok(status_verdict(facts, &hook.policy));
     }
+    let groups = policy::exempt_groups(request.user_info.groups(), &hook.policy.exemptions);
     let change = ObjectChange {
         kind,
         operation: request.operation,
@@ -255,7 +256,7 @@ fn review(
         object: request.object.as_ref(),
         old: request.old_object.as_ref(),
         username: request.user_info.username.as_deref().unwrap_or_default(),
-        groups: request.user_info.groups.as_deref().unwrap_or_default(),
+        groups: &groups,
         dry_run: request.dry_run,
     };
     decide_objects(&change, facts, hook.fleet.as_deref(), &hook.policy)

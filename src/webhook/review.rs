@@ -2,16 +2,20 @@
 //!
 //! The API server sends the whole Node twice (object and oldObject): on a real GPU node that is
 //! ~100 labels, images and managedFields each, tens of kilobytes. The decision reads a handful
-//! of labels (see [`policy::reads_label`]), so this view skips everything else unparsed and keeps
-//! the labels as strings borrowed from the body; [`NodeLabels::labels`] then copies only the
-//! ones the policy reads. Every label is still checked to be a string, so a malformed object is
-//! refused whatever label is wrong.
+//! of labels (see [`policy::reads_label`]), so this view skips everything else unparsed;
+//! [`NodeLabels::labels`] then copies only the labels the policy reads. Every label is still
+//! checked to be a string, so a malformed object is refused whatever label is wrong.
+//!
+//! What the view holds of labels and groups is bounded by the body whatever their number: the
+//! scanner's view reads them again from the body when they are walked (`scan::Labels`), and
+//! serde's keeps their text in one buffer ([`Table`]), a few bytes more per string than the
+//! body gave.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::label_syntax;
 use crate::core::facts::ClusterFacts;
@@ -72,7 +76,7 @@ pub struct RequestView<'a> {
     pub name: String,
     pub operation: Operation,
     #[serde(default)]
-    pub user_info: UserInfo,
+    pub user_info: UserInfo<'a>,
     #[serde(default, borrow)]
     pub object: Option<NodeLabels<'a>>,
     #[serde(default, borrow)]
@@ -90,11 +94,90 @@ pub struct GroupVersionKind {
 }
 
 #[derive(Debug, Default, Deserialize)]
-pub struct UserInfo {
+pub struct UserInfo<'a> {
     #[serde(default)]
     pub username: Option<String>,
     #[serde(default)]
-    pub groups: Option<Vec<String>>,
+    groups: Option<Groups<'a>>,
+}
+
+impl UserInfo<'_> {
+    /// The user's groups, in the order given.
+    pub fn groups(&self) -> impl Iterator<Item = Cow<'_, str>> {
+        let (read, scanned) = match &self.groups {
+            Some(Groups::Read(table)) => (Some(table.iter().map(Cow::Borrowed)), None),
+            Some(Groups::Scanned(strings)) => (None, Some(strings.iter())),
+            None => (None, None),
+        };
+        read.into_iter()
+            .flatten()
+            .chain(scanned.into_iter().flatten())
+    }
+}
+
+/// Strings read by serde, in order, kept in one buffer: each costs its text and four bytes,
+/// where a `Vec` of `String`s would cost 24 more (a body of empty groups, three bytes each,
+/// was 16 times its size as `Vec<String>`).
+#[derive(Debug, Default)]
+pub struct Table {
+    text: String,
+    ends: Vec<u32>,
+}
+
+impl Table {
+    fn push<E: serde::de::Error>(&mut self, s: &str) -> Result<(), E> {
+        self.text.push_str(s);
+        let end = u32::try_from(self.text.len())
+            .map_err(|_| E::custom("more than 4 GiB of strings in one field"))?;
+        self.ends.push(end);
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let end = end as usize;
+            // Each end was the text's length just after a whole string was pushed.
+            let s = self.text.get(start..end).unwrap_or_default();
+            start = end;
+            s
+        })
+    }
+}
+
+/// A user's groups: serde's [`Table`], or the scanner's place in the body.
+#[derive(Debug)]
+enum Groups<'a> {
+    Read(Table),
+    Scanned(super::scan::Strings<'a>),
+}
+
+impl<'de> Deserialize<'de> for Groups<'_> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct GroupsVisitor;
+        impl<'de> Visitor<'de> for GroupsVisitor {
+            type Value = Table;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a sequence of strings")
+            }
+            fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Table, S::Error> {
+                let mut table = Table::default();
+                while let Some(group) = seq.next_element::<Text<'de>>()? {
+                    table.push(group.as_str())?;
+                }
+                Ok(table)
+            }
+        }
+        d.deserialize_seq(GroupsVisitor).map(Groups::Read)
+    }
 }
 
 /// A Node reduced to its name and its labels, in the body's order.
@@ -112,30 +195,44 @@ struct Metadata<'a> {
     labels: Option<LabelPairs<'a>>,
 }
 
-#[derive(Debug, Default)]
-struct LabelPairs<'a>(Vec<(Text<'a>, Text<'a>)>);
+/// A Node's labels: serde's [`Table`] of keys and values in turn, or the scanner's place in
+/// the body.
+#[derive(Debug)]
+enum LabelPairs<'a> {
+    Read(Table),
+    Scanned(super::scan::Labels<'a>),
+}
 
-impl<'de: 'a, 'a> Deserialize<'de> for LabelPairs<'a> {
+impl LabelPairs<'_> {
+    fn len(&self) -> usize {
+        match self {
+            LabelPairs::Read(table) => table.len() / 2,
+            LabelPairs::Scanned(labels) => labels.len(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LabelPairs<'_> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct PairsVisitor;
         impl<'de> Visitor<'de> for PairsVisitor {
-            type Value = LabelPairs<'de>;
+            type Value = Table;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a map of label keys to string values")
             }
-            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-                // A GPU node has ~100 labels; JSON does not say how many are coming.
-                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(128));
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Table, M::Error> {
+                let mut table = Table::default();
                 while let Some((key, value)) = map.next_entry::<Text<'de>, Text<'de>>()? {
                     // Refused here, before any work per label: see `label_syntax`.
                     label_syntax::check(key.as_str(), value.as_str())
                         .map_err(serde::de::Error::custom)?;
-                    pairs.push((key, value));
+                    table.push(key.as_str())?;
+                    table.push(value.as_str())?;
                 }
-                Ok(LabelPairs(pairs))
+                Ok(table)
             }
         }
-        d.deserialize_map(PairsVisitor)
+        d.deserialize_map(PairsVisitor).map(LabelPairs::Read)
     }
 }
 
@@ -152,10 +249,7 @@ impl<'a> From<super::scan::Request<'a>> for RequestView<'a> {
             operation: r.operation,
             user_info: UserInfo {
                 username: r.user_info.username.map(Cow::into_owned),
-                groups: r
-                    .user_info
-                    .groups
-                    .map(|g| g.into_iter().map(Cow::into_owned).collect()),
+                groups: r.user_info.groups.map(Groups::Scanned),
             },
             object: r.object.map(NodeLabels::from),
             old_object: r.old_object.map(NodeLabels::from),
@@ -169,9 +263,7 @@ impl<'a> From<super::scan::Node<'a>> for NodeLabels<'a> {
         NodeLabels {
             metadata: Metadata {
                 name: n.name.map(Text),
-                labels: n.labels.map(|pairs| {
-                    LabelPairs(pairs.into_iter().map(|(k, v)| (Text(k), Text(v))).collect())
-                }),
+                labels: n.labels.map(LabelPairs::Scanned),
             },
         }
     }
@@ -183,7 +275,7 @@ impl RequestView<'_> {
         [&self.object, &self.old_object]
             .into_iter()
             .flatten()
-            .map(|n| n.metadata.labels.as_ref().map_or(0, |l| l.0.len()))
+            .map(|n| n.metadata.labels.as_ref().map_or(0, LabelPairs::len))
             .sum()
     }
 }
@@ -196,18 +288,36 @@ impl NodeLabels<'_> {
     /// The labels the policy reads under `facts`, copied; a key given twice keeps its last value,
     /// as the API server would.
     pub fn labels(&self, facts: &ClusterFacts) -> Labels {
-        self.pairs()
-            .filter(|(key, _)| policy::reads_label(key, facts))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect()
+        let wanted = |key: &str| policy::reads_label(key, facts);
+        let owned = |(k, v): (Cow<'_, str>, Cow<'_, str>)| (k.into_owned(), v.into_owned());
+        match &self.metadata.labels {
+            // The values of the labels it does not read are skipped.
+            Some(LabelPairs::Scanned(labels)) => labels.read(wanted).map(owned).collect(),
+            _ => self
+                .pairs()
+                .filter(|(key, _)| wanted(key))
+                .map(owned)
+                .collect(),
+        }
     }
 
-    pub(super) fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.metadata
-            .labels
-            .iter()
-            .flat_map(|l| l.0.iter())
-            .map(|(k, v)| (k.as_str(), v.as_str()))
+    /// The labels in the body's order, a key given twice twice.
+    pub(super) fn pairs(&self) -> impl Iterator<Item = (Cow<'_, str>, Cow<'_, str>)> {
+        let (read, scanned) = match &self.metadata.labels {
+            Some(LabelPairs::Read(table)) => {
+                let mut texts = table.iter();
+                let pairs = std::iter::from_fn(move || Some((texts.next()?, texts.next()?)));
+                (
+                    Some(pairs.map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)))),
+                    None,
+                )
+            }
+            Some(LabelPairs::Scanned(labels)) => (None, Some(labels.iter())),
+            None => (None, None),
+        };
+        read.into_iter()
+            .flatten()
+            .chain(scanned.into_iter().flatten())
     }
 }
 
@@ -225,22 +335,36 @@ mod tests {
     /// Every label, copied: what `labels` would give if the policy read them all.
     fn all_labels(n: &NodeLabels<'_>) -> Labels {
         n.pairs()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
             .collect()
     }
 
     #[test]
-    fn labels_are_borrowed_from_the_body_unless_escaped() {
+    fn labels_are_read_in_order_with_escapes_decoded() {
         let n = node(
-            r#"{"metadata":{"name":"n1","labels":{"a":"b","nvidia.com\/gpu.present":"tr\u0075e"}}}"#,
+            r#"{"metadata":{"name":"n1","labels":{"a":"b","nvidia.com\/gpu.present":"tr\u0075e","e":""}}}"#,
         );
-        let pairs = &n.metadata.labels.as_ref().unwrap().0;
-        assert!(matches!(pairs[0].0.0, Cow::Borrowed("a")));
-        assert!(matches!(pairs[0].1.0, Cow::Borrowed("b")));
-        assert!(matches!(&pairs[1].0.0, Cow::Owned(k) if k == "nvidia.com/gpu.present"));
-        assert_eq!(pairs[1].1.as_str(), "true");
+        let pairs: Vec<(Cow<'_, str>, Cow<'_, str>)> = n.pairs().collect();
+        assert_eq!(pairs[0], ("a".into(), "b".into()));
+        assert_eq!(pairs[1], ("nvidia.com/gpu.present".into(), "true".into()));
+        assert_eq!(pairs[2], ("e".into(), "".into()));
         assert_eq!(n.name(), "n1");
-        assert_eq!(n.pairs().count(), 2);
+        assert_eq!(n.pairs().count(), 3);
+    }
+
+    #[test]
+    fn groups_are_read_in_order_and_empty_ones_kept() {
+        let user: UserInfo<'_> =
+            serde_json::from_str(r#"{"username":"u","groups":["b","","a\u00e9"]}"#).unwrap();
+        assert_eq!(user.groups().collect::<Vec<_>>(), ["b", "", "aé"]);
+        let none: UserInfo<'_> = serde_json::from_str(r#"{"groups":null}"#).unwrap();
+        assert_eq!(none.groups().count(), 0);
+        let err = serde_json::from_str::<UserInfo<'_>>(r#"{"groups":"admins"}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("invalid type: string \"admins\", expected a sequence"),
+            "{err}"
+        );
     }
 
     #[test]

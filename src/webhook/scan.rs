@@ -21,12 +21,16 @@
 //! reads the body with serde, which decides. Every other error is final, and the caller reads the
 //! body with serde again only to say where and why.
 //!
-//! Labels are handed out as pairs borrowed from the body, in order, so a check of their syntax
-//! (name length, key and value grammar) can walk them before any per-label work.
+//! Labels and groups are not collected: the view keeps where they are in the body and how many
+//! there are ([`Labels`], [`Strings`]), and reads them again, in order, each time they are
+//! walked. A view therefore costs the same few words whatever a body holds; collected, the
+//! 3.5 MiB body's worth of one-byte labels was 24 MiB of pairs, and of empty groups 48 MiB.
+//! Each label's syntax (`label_syntax`) is checked as it is first read.
 
 use std::borrow::Cow;
 use std::fmt;
 
+use super::label_syntax;
 pub use crate::core::policy::Operation;
 
 /// A JSON string: borrowed from the body unless it contains escapes.
@@ -66,7 +70,7 @@ pub struct GroupVersionKind<'a> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UserInfo<'a> {
     pub username: Option<Str<'a>>,
-    pub groups: Option<Vec<Str<'a>>>,
+    pub groups: Option<Strings<'a>>,
 }
 
 /// A Node reduced to its name and labels.
@@ -74,19 +78,155 @@ pub struct UserInfo<'a> {
 pub struct Node<'a> {
     /// `metadata.name`; `None` when absent or `null`.
     pub name: Option<Str<'a>>,
-    /// `metadata.labels` in the body's order, repeated keys included; `None` when absent or
-    /// `null`.
-    pub labels: Option<Vec<(Str<'a>, Str<'a>)>>,
+    /// `metadata.labels`, repeated keys included; `None` when absent or `null`.
+    pub labels: Option<Labels<'a>>,
 }
 
 impl<'a> Node<'a> {
     /// The labels in the body's order (empty when there are none). A key given twice appears
     /// twice; the later value is the one that counts.
-    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.labels
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.as_ref(), v.as_ref()))
+    pub fn pairs(&self) -> impl Iterator<Item = (Str<'a>, Str<'a>)> + use<'a> {
+        self.labels.into_iter().flat_map(|l| l.iter())
+    }
+}
+
+/// Where a map or an array the scanner has read is in the body, and how many items it has:
+/// enough to read them again, the same way, without keeping them.
+#[derive(Clone, Copy)]
+struct Reread<'a> {
+    b: &'a [u8],
+    text: Option<&'a str>,
+    compact: bool,
+    /// Just after the opening `{` or `[`.
+    start: usize,
+    len: usize,
+}
+
+impl<'a> Reread<'a> {
+    /// A scanner at the first item.
+    fn scanner(self) -> Scanner<'a> {
+        Scanner {
+            b: self.b,
+            text: self.text,
+            compact: self.compact,
+            i: self.start,
+            error: None,
+        }
+    }
+
+    /// Each item in turn, as `item` reads it from just before it (its comma, if any).
+    #[inline]
+    fn items<T: 'a>(
+        self,
+        mut item: impl FnMut(&mut Scanner<'a>) -> Result<T> + 'a,
+    ) -> impl Iterator<Item = T> + 'a {
+        let mut s = self.scanner();
+        let mut left = self.len;
+        std::iter::from_fn(move || {
+            // Read once already without error, so it reads the same again.
+            left = left.checked_sub(1)?;
+            item(&mut s).ok()
+        })
+    }
+}
+
+/// A Node's labels: a map of label keys to strings, read again each time they are walked.
+#[derive(Clone, Copy)]
+pub struct Labels<'a> {
+    at: Reread<'a>,
+    /// Every pair is within `label_syntax`.
+    syntax_ok: bool,
+}
+
+impl<'a> Labels<'a> {
+    /// The pairs in the body's order, repeated keys included.
+    pub fn iter(&self) -> impl Iterator<Item = (Str<'a>, Str<'a>)> + use<'a> {
+        self.at.items(Scanner::next_pair)
+    }
+
+    /// The pairs whose key `wanted` accepts, in the body's order: the others' values are
+    /// skipped, not read.
+    pub fn read<F: FnMut(&str) -> bool>(
+        &self,
+        mut wanted: F,
+    ) -> impl Iterator<Item = (Str<'a>, Str<'a>)> + use<'a, F> {
+        let at = self.at;
+        let mut s = at.scanner();
+        let mut left = at.len;
+        std::iter::from_fn(move || {
+            loop {
+                left = left.checked_sub(1)?;
+                let key = s.next_key().ok()?;
+                if wanted(&key) {
+                    return Some((key, s.string().ok()?));
+                }
+                s.expect(b'"', "expected a string").ok()?;
+                let skipped = skip_str(s.b, s.i, s.compact);
+                s.skipped(skipped).ok()?;
+            }
+        })
+    }
+
+    /// Pairs given, repeated keys counted each time.
+    pub fn len(&self) -> usize {
+        self.at.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.at.len == 0
+    }
+
+    /// Whether every label is within Kubernetes label syntax (`label_syntax::check`).
+    pub fn syntax_ok(&self) -> bool {
+        self.syntax_ok
+    }
+}
+
+/// An array of strings (a user's groups), read again each time it is walked.
+#[derive(Clone, Copy)]
+pub struct Strings<'a> {
+    at: Reread<'a>,
+}
+
+impl<'a> Strings<'a> {
+    pub fn iter(&self) -> impl Iterator<Item = Str<'a>> + use<'a> {
+        self.at.items(Scanner::next_string)
+    }
+
+    pub fn len(&self) -> usize {
+        self.at.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.at.len == 0
+    }
+}
+
+impl PartialEq for Labels<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.syntax_ok == other.syntax_ok && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Labels<'_> {}
+
+impl PartialEq for Strings<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Strings<'_> {}
+
+impl fmt::Debug for Labels<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl fmt::Debug for Strings<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 
@@ -882,25 +1022,67 @@ impl<'a> Scanner<'a> {
         Ok(info)
     }
 
+    /// Where a map or an array that starts at `start` (just after its bracket) is, once `len`
+    /// items of it have been read.
+    fn reread(&self, start: usize, len: usize) -> Reread<'a> {
+        Reread {
+            b: self.b,
+            text: self.text,
+            compact: self.compact,
+            start,
+            len,
+        }
+    }
+
     /// An array of strings.
-    fn strings(&mut self) -> Result<Vec<Str<'a>>> {
+    fn strings(&mut self) -> Result<Strings<'a>> {
         self.expect(b'[', "expected an array")?;
-        let mut items = Vec::new();
+        let start = self.i;
+        let mut len = 0;
         if self.peek()? == b']' {
             self.i += 1;
-            return Ok(items);
+            return Ok(Strings {
+                at: self.reread(start, 0),
+            });
         }
         loop {
-            items.push(self.string()?);
+            self.string()?;
+            len += 1;
             match self.peek()? {
                 b',' => self.i += 1,
                 b']' => {
                     self.i += 1;
-                    return Ok(items);
+                    return Ok(Strings {
+                        at: self.reread(start, len),
+                    });
                 }
                 _ => return self.fail("expected a comma or the end of an array"),
             }
         }
+    }
+
+    /// The next string of an array read before: its comma, if any, then the string.
+    fn next_string(&mut self) -> Result<Str<'a>> {
+        if self.peek()? == b',' {
+            self.i += 1;
+        }
+        self.string()
+    }
+
+    /// The next pair of a map of labels read before: its comma, if any, key, colon, value.
+    fn next_pair(&mut self) -> Result<(Str<'a>, Str<'a>)> {
+        let key = self.next_key()?;
+        Ok((key, self.string()?))
+    }
+
+    /// The next key of a map read before, and its colon: the value is next.
+    fn next_key(&mut self) -> Result<Str<'a>> {
+        if self.peek()? == b',' {
+            self.i += 1;
+        }
+        let key = self.string()?;
+        self.expect(b':', "expected a colon")?;
+        Ok(key)
     }
 
     /// A Node: `metadata` read, everything else (spec, status) skipped.
@@ -944,19 +1126,23 @@ impl<'a> Scanner<'a> {
         Ok(node)
     }
 
-    /// A map of label keys to string values, every pair kept in order.
-    fn labels(&mut self) -> Result<Vec<(Str<'a>, Str<'a>)>> {
+    /// A map of label keys to string values: each pair read and its syntax checked, none kept.
+    fn labels(&mut self) -> Result<Labels<'a>> {
         if self.peek()? != b'{' {
             return self.fail("expected a map of label keys to string values");
         }
-        // A GPU node has ~100 labels.
-        let mut pairs = Vec::with_capacity(128);
+        let start = self.i + 1;
+        let (mut len, mut syntax_ok) = (0, true);
         self.object(|s, key| {
             let value = s.string()?;
-            pairs.push((key, value));
+            syntax_ok &= label_syntax::check(&key, &value).is_ok();
+            len += 1;
             Ok(())
         })?;
-        Ok(pairs)
+        Ok(Labels {
+            at: self.reread(start, len),
+            syntax_ok,
+        })
     }
 }
 
@@ -1006,6 +1192,11 @@ mod tests {
 
     const REQUEST: &str = r#"{"uid":"u1","kind":{"group":"","version":"v1","kind":"Node"},"name":"n1","operation":"UPDATE","userInfo":{"username":"alice","groups":["a","b"]},"object":{"metadata":{"name":"n1","labels":{"a":"1","b":"2"}}},"oldObject":{"metadata":{"labels":{"a":"0"}}},"dryRun":true}"#;
 
+    /// A node's labels as `key=value`, in order.
+    fn pairs(node: &Node<'_>) -> Vec<String> {
+        node.pairs().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+
     fn invalid(body: &str) -> &'static str {
         match scan(body.as_bytes()) {
             Err(ScanError::Invalid { what, .. }) => what,
@@ -1032,14 +1223,13 @@ mod tests {
         assert_eq!(req.name, "n1");
         assert_eq!(req.operation, Operation::Update);
         assert_eq!(req.user_info.username.as_deref(), Some("alice"));
-        assert_eq!(req.user_info.groups.unwrap(), ["a", "b"]);
+        let groups = req.user_info.groups.unwrap();
+        assert_eq!(groups.iter().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(groups.len(), 2);
         let object = req.object.unwrap();
         assert_eq!(object.name.as_deref(), Some("n1"));
-        assert_eq!(object.pairs().collect::<Vec<_>>(), [("a", "1"), ("b", "2")]);
-        assert_eq!(
-            req.old_object.unwrap().pairs().collect::<Vec<_>>(),
-            [("a", "0")]
-        );
+        assert_eq!(pairs(&object), ["a=1", "b=2"]);
+        assert_eq!(pairs(&req.old_object.unwrap()), ["a=0"]);
         assert!(req.dry_run);
     }
 
@@ -1055,7 +1245,7 @@ mod tests {
         assert_eq!(req.name, "");
         assert_eq!(req.operation, Operation::Create);
         assert_eq!(req.user_info, UserInfo::default());
-        assert_eq!(req.object.unwrap().labels.unwrap(), []);
+        assert!(req.object.unwrap().labels.unwrap().is_empty());
         assert_eq!(req.old_object, None);
         assert!(!req.dry_run);
     }
@@ -1067,7 +1257,7 @@ mod tests {
         );
         let req = scan(body.as_bytes()).unwrap().request.unwrap();
         assert_eq!(req.operation, Operation::Update);
-        let labels = req.object.unwrap().labels.unwrap();
+        let labels: Vec<_> = req.object.unwrap().pairs().collect();
         assert!(matches!(&labels[0].0, Cow::Owned(k) if k == "nvidia.com/gpu.present"));
         assert!(matches!(&labels[0].1, Cow::Owned(v) if v == "true"));
         assert!(matches!(
