@@ -589,6 +589,65 @@ async fn a_source_holding_half_the_body_budget_leaves_the_other_half_to_others()
 }
 
 #[tokio::test]
+async fn few_bodies_of_one_source_wait_for_room_and_the_next_is_refused_at_once() {
+    // A budget of 4,000 bytes: 1,000 of overdraft, 3,000 shared, 1,500 for one source.
+    let h = harness_with(Limits {
+        max_body_bytes: 1_000,
+        max_inflight_body_bytes: 4_000,
+        body_timeout: Duration::from_secs(3),
+        ..Limits::default()
+    });
+    // Eight bodies of one source send 700 bytes each and stall: two hold the source's share,
+    // one takes the overdraft's turn, four wait for their source's room (holding what the
+    // budget does not count: the frame in hand, and their HTTP/2 window), and the eighth
+    // finds no place to wait.
+    let mut senders = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (tx, body) = channel_body();
+        senders.push(tx);
+        tasks.push(tokio::spawn(answer(
+            h.app.clone(),
+            post_from([127, 0, 0, 9], body),
+        )));
+    }
+    let started = std::time::Instant::now();
+    for tx in &senders {
+        tx.send(Ok(vec![b' '; 700])).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last = tasks.pop().unwrap();
+    let (status, value) = last.await.unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{value}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused after {:?}, not at once",
+        started.elapsed()
+    );
+    let message = value["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("4 bodies (4 of this client) already wait for it"),
+        "{message}"
+    );
+    assert!(
+        tasks.iter().all(|t| !t.is_finished()),
+        "the others still wait"
+    );
+    let metrics = h.metrics.encode();
+    for line in [
+        r#"gpu_deploy_guard_source_share_refusals_total{share="body-waits"} 1"#,
+        r#"gpu_deploy_guard_source_share_last_refused{share="body-waits",source="127.0.0.9"} 4"#,
+        r#"gpu_deploy_guard_admission_bad_requests_total{reason="too-many-waiting"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    drop(senders);
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+#[tokio::test]
 async fn wrong_method_path_and_content_type_are_refused() {
     let h = harness();
     let get = Request::get("/validate").body(Body::empty()).unwrap();

@@ -64,7 +64,7 @@ pub struct ServeArgs {
     #[arg(long, env = "GDG_MAX_INFLIGHT_BODY_BYTES", default_value_t = Limits::default().max_inflight_body_bytes)]
     pub max_inflight_body_bytes: usize,
     /// Webhook connections served at once; more wait in the listen backlog. The default is
-    /// 256, or less when the open-file limit is low (it stays below it).
+    /// 128, or less when the open-file limit is low (it stays below it).
     #[arg(long, env = "GDG_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
     /// Requests in flight from one client address across all its connections (HTTP/2
@@ -279,6 +279,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .max_requests_per_source
             .unwrap_or((max_connections / 2).max(1)),
     };
+    tracing::info!(
+        "{}",
+        super::limits::RequestMemory::of(max_connections, &limits)
+    );
     let given = args.operator_version.given(&config);
     let mut facts = operator_defaults();
     (facts.version, facts.version_source) = if no_cluster_watch {

@@ -2,10 +2,73 @@
 
 /// Connections `serve` accepts at most by default, whatever the descriptor limit: an idle
 /// TLS HTTP/2 connection that has been answered once costs about 48 KiB (measured with
-/// `make bench-connections`), so this keeps a full pool at about 12 MiB, leaving the
-/// Deployment's 64 Mi room for the body budget and the fleet. API servers keep a handful of
-/// connections each.
-pub const MAX_CONNECTIONS_CAP: usize = 256;
+/// `make bench-connections`), so this keeps a full pool at about 6 MiB, its part of the
+/// memory bound (`webhook::memory`). API servers keep a handful of connections each.
+pub const MAX_CONNECTIONS_CAP: usize = 128;
+
+/// What an idle TLS HTTP/2 connection that has been answered once costs: the dearest kind
+/// (`make bench-connections`).
+pub const CONNECTION_BYTES: usize = 48 * 1024;
+
+/// The most HTTP/2 frame a client sends at once (the protocol's default, which `serve` keeps).
+const FRAME_BYTES: usize = 16 * 1024;
+
+/// The memory requests can make `serve` hold at most, beyond its idle footprint and its fleet
+/// records, part by part. Each part is held down by one limit:
+///
+/// - `connections`: the pool full of the dearest connections (`--max-connections`).
+/// - `bodies`: the bytes of request bodies (`--max-inflight-body-bytes`, the overdraft
+///   included). A body's memory is the bytes that came (`webhook::Collected`), and its view
+///   holds no copy of its labels or groups (`webhook::scan`), a few hundred bytes whatever it
+///   carries (`tests/view_memory.rs`).
+/// - `waiting`: what a body waiting for room holds that the budget does not count, the frame
+///   it could not place and its stream's HTTP/2 window, for the few that may wait
+///   (`webhook::shares::MAX_WAITING`).
+/// - `slow_reading`: the one reading at a time of a body the scanner leaves to serde, or of
+///   thousands of labels (`Webhook::slow_read`): serde keeps the text of labels and groups and
+///   4 bytes each (at most 1.4 times the body), the many-label comparison a pair of string
+///   handles per unknown deploy key (1.7 times): twice the largest body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestMemory {
+    pub connections: usize,
+    pub bodies: usize,
+    pub waiting: usize,
+    pub slow_reading: usize,
+}
+
+impl RequestMemory {
+    pub fn of(max_connections: usize, limits: &crate::webhook::Limits) -> Self {
+        RequestMemory {
+            connections: max_connections.saturating_mul(CONNECTION_BYTES),
+            bodies: limits.max_inflight_body_bytes.max(limits.max_body_bytes),
+            waiting: crate::webhook::MAX_WAITING
+                * (super::conn::H2_STREAM_WINDOW as usize + FRAME_BYTES),
+            slow_reading: limits.max_body_bytes.saturating_mul(2),
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.connections
+            .saturating_add(self.bodies)
+            .saturating_add(self.waiting)
+            .saturating_add(self.slow_reading)
+    }
+}
+
+impl std::fmt::Display for RequestMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |n: usize| n as f64 / (1024.0 * 1024.0);
+        write!(
+            f,
+            "requests can hold at most {:.1} MiB: connections {:.1}, bodies {:.1}, bodies waiting {:.1}, slow reading {:.1}",
+            mib(self.total()),
+            mib(self.connections),
+            mib(self.bodies),
+            mib(self.waiting),
+            mib(self.slow_reading)
+        )
+    }
+}
 
 /// Descriptors kept for everything but webhook connections: the admin port and its
 /// connections, the cluster watch, certificate reads, the runtime itself.
@@ -62,12 +125,34 @@ mod tests {
         assert!(open_file_limit().is_some());
     }
 
+    /// The chart's memory limit, and what `serve` holds apart from requests at 5,000 nodes:
+    /// the auditor's peak RSS there (BENCHMARKS.md, "Fleet scale"), its idle footprint
+    /// included.
+    const CHART_LIMIT: usize = 64 << 20;
+    const FLEET_OF_5000: usize = 30 << 20;
+
+    #[test]
+    fn at_the_defaults_the_worst_requests_and_a_fleet_of_5000_fit_the_chart_with_room() {
+        let bound = RequestMemory::of(MAX_CONNECTIONS_CAP, &crate::webhook::Limits::default());
+        let worst = bound.total() + FLEET_OF_5000;
+        assert!(
+            worst <= CHART_LIMIT * 7 / 8,
+            "{bound}; with the fleet {} MiB of the chart's 64",
+            worst >> 20
+        );
+        assert_eq!(
+            bound.to_string(),
+            "requests can hold at most 25.6 MiB: connections 6.0, bodies 10.5, bodies waiting 2.1, slow reading 7.0"
+        );
+    }
+
     #[test]
     fn the_default_stays_below_the_descriptor_limit() {
         assert_eq!(max_connections_for(Some(1_048_576)), MAX_CONNECTIONS_CAP);
         assert_eq!(max_connections_for(Some(u64::MAX)), MAX_CONNECTIONS_CAP);
         assert_eq!(max_connections_for(Some(1024)), MAX_CONNECTIONS_CAP);
-        assert_eq!(max_connections_for(Some(256)), 160);
+        assert_eq!(max_connections_for(Some(256)), MAX_CONNECTIONS_CAP);
+        assert_eq!(max_connections_for(Some(160)), 80);
         assert_eq!(max_connections_for(Some(128)), 64);
         assert_eq!(max_connections_for(Some(1)), 1);
         assert_eq!(max_connections_for(None), MAX_CONNECTIONS_CAP);

@@ -31,6 +31,7 @@ mod shares;
 
 use response::respond;
 use review::{RequestView, ReviewBody};
+pub use shares::MAX_WAITING;
 use shares::{InFlight, Shares};
 
 use crate::core::echo::{bounded_display, echo};
@@ -60,8 +61,8 @@ pub struct Limits {
 /// 3.5 MiB: the API server's ~3 MiB per review, and room for its envelope.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024 + 512 * 1024;
 
-/// Half of the default `--max-connections` (256): see [`shares`].
-pub const DEFAULT_MAX_REQUESTS_PER_SOURCE: usize = 128;
+/// Half of the default `--max-connections` (128): see [`shares`].
+pub const DEFAULT_MAX_REQUESTS_PER_SOURCE: usize = 64;
 
 /// The longest node name Kubernetes accepts (a DNS subdomain).
 pub const MAX_NAME_CHARS: usize = 253;
@@ -79,7 +80,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-            max_inflight_body_bytes: 4 * DEFAULT_MAX_BODY_BYTES,
+            max_inflight_body_bytes: 3 * DEFAULT_MAX_BODY_BYTES,
             body_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             max_requests_per_source: DEFAULT_MAX_REQUESTS_PER_SOURCE,
@@ -196,6 +197,10 @@ pub enum BadRequest {
         "this client's request bodies hold its share of the in-flight body budget: no room for this body within {0:?}; retry"
     )]
     SourceBytes(Duration),
+    #[error(
+        "no room for this body in the in-flight body budget, and {waiting} bodies ({of_source} of this client) already wait for it; retry"
+    )]
+    TooManyWaiting { waiting: usize, of_source: usize },
     #[error("request body not received within {0:?}")]
     BodyTimeout(Duration),
     #[error("request body could not be read: {0}")]
@@ -239,14 +244,25 @@ impl BadRequest {
             BadRequest::ContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             BadRequest::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             BadRequest::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            BadRequest::Busy(_) | BadRequest::SourceRequests(_) | BadRequest::SourceBytes(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            BadRequest::Busy(_)
+            | BadRequest::SourceRequests(_)
+            | BadRequest::SourceBytes(_)
+            | BadRequest::TooManyWaiting { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_REQUEST,
         }
     }
 
     /// A short, fixed reason for the metrics label.
+    /// Whether a refused HTTP/1.1 body is read to its end ([`linger`]) so that the client,
+    /// still sending, gets the answer: yes when it was refused for want of room or for its
+    /// content type, not when its size, its slowness or its stream was the problem.
+    fn lingers(&self) -> bool {
+        !matches!(
+            self,
+            BadRequest::TooLarge { .. } | BadRequest::BodyTimeout(_) | BadRequest::BodyRead(_)
+        )
+    }
+
     fn reason(&self) -> &'static str {
         match self {
             BadRequest::ContentType(_) => "content-type",
@@ -266,6 +282,7 @@ impl BadRequest {
             BadRequest::Busy(_) => "busy",
             BadRequest::SourceRequests(_) => "source-requests",
             BadRequest::SourceBytes(_) => "source-bytes",
+            BadRequest::TooManyWaiting { .. } => "too-many-waiting",
             BadRequest::NameTooLong { .. } => "name-too-long",
             BadRequest::UidTooLong(_) => "uid-too-long",
         }
@@ -289,11 +306,11 @@ async fn read_body_or_refuse(
     peer: Peer,
     version: Version,
     headers: &HeaderMap,
-    body: Body,
+    mut body: Body,
 ) -> Result<(bytes::Bytes, Room), Response> {
     let source = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
     let read = match hook.shares.enter(source) {
-        Ok(in_flight) => read_body(hook, in_flight, headers, body).await,
+        Ok(in_flight) => read_body(hook, in_flight, headers, &mut body).await,
         Err(at_share) => {
             hook.metrics.observe_source_share_refusal(
                 "requests",
@@ -304,14 +321,39 @@ async fn read_body_or_refuse(
         }
     };
     read.map_err(|bad| {
+        let http1 = version < Version::HTTP_2;
+        if http1 && bad.lingers() {
+            linger(body, hook.limits);
+        }
         let mut response = refuse(hook, bad, None);
-        if version < Version::HTTP_2 {
+        if http1 {
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     })
+}
+
+/// Reads and drops what is left of a refused HTTP/1.1 body, for at most the body timeout and
+/// the body limit, while the refusal is written. A connection closed with bytes unread is
+/// reset, and a client still sending its body then loses the answer with it: it would see a
+/// broken connection where a retryable 503 was sent. Nothing read is kept (each frame is
+/// freed as it comes), and an HTTP/1.1 connection carries one request at a time, so this
+/// costs no more than the connection it runs on.
+fn linger(mut body: Body, limits: Limits) {
+    tokio::spawn(async move {
+        let drain = async {
+            let mut read = 0usize;
+            while let Some(Ok(frame)) = body.frame().await {
+                read += frame.data_ref().map_or(0, |d| d.len());
+                if read > limits.max_body_bytes {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(limits.body_timeout, drain).await;
+    });
 }
 
 async fn validate(
@@ -407,23 +449,45 @@ impl Room {
     }
 
     /// Takes room for `n` more bytes: from the budget and the source's part of it when both
-    /// have some now; else from whichever comes first, both of those or the overdraft's
-    /// turn. The body whose turn it is takes the rest of its room from the overdraft, which
-    /// always has it (a body is at most its size). `waiting` says what it waits for.
-    async fn take(&mut self, hook: &Webhook, n: usize, waiting: &AtomicU8) {
+    /// have some now; else, in a place among the bodies waiting ([`Shares::wait`]), from
+    /// whichever comes first, both of those or the overdraft's turn. The body whose turn it
+    /// is takes the rest of its room from the overdraft, which always has it (a body is at
+    /// most its size). `waiting` says what it waits for. With no place to wait, the body is
+    /// refused.
+    async fn take(
+        &mut self,
+        hook: &Webhook,
+        n: usize,
+        waiting: &AtomicU8,
+    ) -> Result<(), BadRequest> {
         // Every semaphore here is never closed.
         let n = u32::try_from(n).unwrap_or(u32::MAX);
         if self.turn.is_some() {
             let permit = hook.body_overdraft.clone().acquire_many_owned(n).await;
-            return Self::add(&mut self.overdraft, permit.expect("never closed"));
+            Self::add(&mut self.overdraft, permit.expect("never closed"));
+            return Ok(());
         }
         let source = self.in_flight.body.clone();
         if let Ok(own) = source.clone().try_acquire_many_owned(n)
             && let Ok(permit) = hook.body_budget.clone().try_acquire_many_owned(n)
         {
             Self::add(&mut self.source, own);
-            return Self::add(&mut self.budget, permit);
+            Self::add(&mut self.budget, permit);
+            return Ok(());
         }
+        let _place = hook.shares.wait(&self.in_flight).map_err(|none| {
+            if none.of_source >= shares::MAX_WAITING_PER_SOURCE {
+                hook.metrics.observe_source_share_refusal(
+                    "body-waits",
+                    self.in_flight.source.to_string(),
+                    none.of_source,
+                );
+            }
+            BadRequest::TooManyWaiting {
+                waiting: none.waiting,
+                of_source: none.of_source,
+            }
+        })?;
         let short_of_source = source.available_permits() < n as usize;
         waiting.store(
             if short_of_source {
@@ -451,6 +515,7 @@ impl Room {
             }
         }
         waiting.store(NOT_WAITING, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -460,7 +525,7 @@ async fn read_body(
     hook: &Webhook,
     in_flight: InFlight,
     headers: &HeaderMap,
-    body: Body,
+    body: &mut Body,
 ) -> Result<(bytes::Bytes, Room), BadRequest> {
     let limits = &hook.limits;
     let content_type = headers
@@ -482,16 +547,12 @@ async fn read_body(
     // Whether the time ran out waiting for room rather than for bytes, and for which.
     let waiting = AtomicU8::new(NOT_WAITING);
     let mut held = Room::new(in_flight);
-    // The frames are kept as they came, and copied once into a buffer of the body's size
-    // when the last has arrived: a buffer grown frame by frame would hold up to twice the
-    // bytes its room counts. A body of one frame is never copied.
-    let mut frames: Vec<bytes::Bytes> = Vec::new();
+    let mut collected = Collected::new(declared.and_then(|n| usize::try_from(n).ok()));
     let mut len = 0;
     let read = async {
         // Room is taken for the bytes that arrived, as they arrive: a declared length alone
         // holds nothing, so streams that announce 3.5 MiB and send none cannot fill the
         // budget and make every other body wait. Nor is memory allocated ahead of bytes.
-        let mut body = body;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
                 if is_length_limit(&e) {
@@ -509,9 +570,9 @@ async fn read_body(
             if data.is_empty() {
                 continue;
             }
-            held.take(hook, data.len(), &waiting).await;
+            held.take(hook, data.len(), &waiting).await?;
             len += data.len();
-            frames.push(data);
+            collected.push(data);
         }
         Ok(())
     };
@@ -529,20 +590,60 @@ async fn read_body(
             _ => Err(BadRequest::BodyTimeout(limits.body_timeout)),
         },
         Ok(Err(bad)) => Err(bad),
-        Ok(Ok(())) => Ok((join(frames, len), held)),
+        Ok(Ok(())) => Ok((collected.finish(len), held)),
     }
 }
 
-/// The body's frames as one buffer of exactly `len` bytes.
-fn join(mut frames: Vec<bytes::Bytes>, len: usize) -> bytes::Bytes {
-    if frames.len() <= 1 {
-        return frames.pop().unwrap_or_default();
+/// A body as its frames arrive, held so that its memory is the bytes that came.
+///
+/// With a declared length, a buffer of that capacity is made at the first byte, and each
+/// frame is copied in and freed as it comes: the buffer's pages become resident only as they
+/// are written, so a length declared and not sent costs address space, not memory, and no
+/// frame (nor the codec buffer it is a slice of) outlives its copy. Without one, the frames
+/// are kept as they came and copied once at the end into a buffer of the body's size (grown
+/// frame by frame, it would hold up to twice the bytes its room counts). A body of one frame
+/// is never copied.
+struct Collected {
+    declared: Option<usize>,
+    buf: Vec<u8>,
+    frames: Vec<bytes::Bytes>,
+}
+
+impl Collected {
+    fn new(declared: Option<usize>) -> Self {
+        Collected {
+            declared,
+            buf: Vec::new(),
+            frames: Vec::new(),
+        }
     }
-    let mut body = Vec::with_capacity(len);
-    for frame in frames {
-        body.extend_from_slice(&frame);
+
+    fn push(&mut self, data: bytes::Bytes) {
+        match self.declared {
+            Some(n) if !(self.buf.is_empty() && data.len() == n) => {
+                if self.buf.capacity() == 0 {
+                    self.buf.reserve_exact(n);
+                }
+                self.buf.extend_from_slice(&data);
+            }
+            _ => self.frames.push(data),
+        }
     }
-    bytes::Bytes::from(body)
+
+    /// The body, `len` bytes, as one buffer.
+    fn finish(mut self, len: usize) -> bytes::Bytes {
+        if !self.buf.is_empty() {
+            return bytes::Bytes::from(self.buf);
+        }
+        if self.frames.len() <= 1 {
+            return self.frames.pop().unwrap_or_default();
+        }
+        let mut body = Vec::with_capacity(len);
+        for frame in self.frames {
+            body.extend_from_slice(&frame);
+        }
+        bytes::Bytes::from(body)
+    }
 }
 
 fn is_length_limit(error: &axum::Error) -> bool {

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// attackKinds: issue 21's hostile bodies. review builds a Node review with these labels.
+// attackKinds: issue 21's hostile bodies, and bodies of many tiny labels or groups. review builds a Node review with these labels.
 func attackKinds(review func(string, map[string]string) []byte) []kind {
 	nel := strings.Repeat("\u0085", 1_700_000)
 	withField := func(set func(req map[string]any)) []byte {
@@ -26,6 +26,15 @@ func attackKinds(review func(string, map[string]string) []byte) []kind {
 	unknown := map[string]string{}
 	for i := 0; i < 80_000; i++ {
 		unknown[fmt.Sprintf("nvidia.com/gpu.deploy.u%d", i)] = "true"
+	}
+	// About 3 MB each: many tiny labels, many tiny groups (each read where it lies, not copied).
+	tiny := map[string]string{}
+	for i := 0; i < 250_000; i++ {
+		tiny[fmt.Sprintf("k%d", i)] = ""
+	}
+	groups := make([]string, 300_000)
+	for i := range groups {
+		groups[i] = fmt.Sprintf("g%d", i)
 	}
 	spec := map[string]any{"toolkit": map[string]any{"enabled": true}}
 	for i := 0; i < 150_000; i++ {
@@ -50,6 +59,8 @@ func attackKinds(review func(string, map[string]string) []byte) []kind {
 	return []kind{
 		{name: "nel-dry-run", body: withField(func(r map[string]any) { r["dryRun"] = nel }), statuses: []int{400}},
 		{name: "nel-groups", body: withField(func(r map[string]any) { r["userInfo"] = map[string]any{"groups": nel} }), statuses: []int{400}},
+		{name: "250k-tiny-labels", body: review("n", tiny), statuses: []int{200}},
+		{name: "300k-groups", body: withField(func(r map[string]any) { r["userInfo"] = map[string]any{"username": "soak", "groups": groups} }), statuses: []int{200}},
 		{name: "80k-unknown-keys", body: review("n", unknown), statuses: []int{200}},
 		{name: "policy-150k-fields", body: policyReview, path: "/validate/gpu-policy", statuses: []int{200}},
 	}
