@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode, header};
+use axum::http::{HeaderValue, Request, StatusCode, header};
 use gpu_deploy_guard::core::facts::ClusterFacts;
 use gpu_deploy_guard::core::policy::Policy;
 use gpu_deploy_guard::metrics::Metrics;
@@ -535,16 +535,17 @@ async fn a_source_holding_half_the_body_budget_leaves_the_other_half_to_others()
     // One source sends six bodies of 700 bytes that never end: without a share they would
     // hold the whole budget and the overdraft. With it, two hold the source's share, one
     // waits in the overdraft's turn, and three wait for their source's room. Those start
-    // first, so that they run out of time while the others still hold it.
+    // first, so that they run out of time while the others still hold it. Each declares
+    // 1,000 bytes, so that all three find a place among the small bodies waiting.
     let mut senders = Vec::new();
     let mut tasks = Vec::new();
     for _ in 0..6 {
         let (tx, body) = channel_body();
         senders.push(tx);
-        tasks.push(tokio::spawn(answer(
-            h.app.clone(),
-            post_from([127, 0, 0, 9], body),
-        )));
+        let mut req = post_from([127, 0, 0, 9], body);
+        req.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("1000"));
+        tasks.push(tokio::spawn(answer(h.app.clone(), req)));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for i in [4, 5, 3, 2, 1, 0] {
@@ -588,63 +589,118 @@ async fn a_source_holding_half_the_body_budget_leaves_the_other_half_to_others()
     drop(senders);
 }
 
-#[tokio::test]
-async fn few_bodies_of_one_source_wait_for_room_and_the_next_is_refused_at_once() {
-    // A budget of 4,000 bytes: 1,000 of overdraft, 3,000 shared, 1,500 for one source.
-    let h = harness_with(Limits {
-        max_body_bytes: 1_000,
-        max_inflight_body_bytes: 4_000,
-        body_timeout: Duration::from_secs(3),
-        ..Limits::default()
-    });
-    // Eight bodies of one source send 700 bytes each and stall: two hold the source's share,
-    // one takes the overdraft's turn, four wait for their source's room (holding what the
-    // budget does not count: the frame in hand, and their HTTP/2 window), and the eighth
-    // finds no place to wait.
+/// `count` bodies of 127.0.0.9, each sending 700 bytes then stalling, in a budget of 4,000 bytes
+/// (1,000 of overdraft, 3,000 shared, 1,500 for one source): two hold the source's share, one
+/// takes the overdraft's turn, and the rest wait for room; `declared` is each one's
+/// Content-Length, if any. The answers of those that finished at once, the tasks of the
+/// others, and the senders that keep them open.
+async fn stalled_bodies(h: &Harness, count: usize, declared: Option<usize>) -> Stalled {
     let mut senders = Vec::new();
     let mut tasks = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..count {
         let (tx, body) = channel_body();
         senders.push(tx);
-        tasks.push(tokio::spawn(answer(
-            h.app.clone(),
-            post_from([127, 0, 0, 9], body),
-        )));
+        let mut req = post_from([127, 0, 0, 9], body);
+        if let Some(n) = declared {
+            req.headers_mut()
+                .insert(header::CONTENT_LENGTH, n.to_string().parse().unwrap());
+        }
+        tasks.push(tokio::spawn(answer(h.app.clone(), req)));
     }
-    let started = std::time::Instant::now();
     for tx in &senders {
         tx.send(Ok(vec![b' '; 700])).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let last = tasks.pop().unwrap();
-    let (status, value) = last.await.unwrap();
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{value}");
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "refused after {:?}, not at once",
-        started.elapsed()
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut answered = Vec::new();
+    let mut open = Vec::new();
+    for t in tasks {
+        if t.is_finished() {
+            answered.push(t.await.unwrap());
+        } else {
+            open.push(t);
+        }
+    }
+    Stalled {
+        answered,
+        open,
+        senders,
+    }
+}
+
+struct Stalled {
+    answered: Vec<(StatusCode, Value)>,
+    open: Vec<tokio::task::JoinHandle<(StatusCode, Value)>>,
+    senders: Vec<tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>>,
+}
+
+fn stalled_limits() -> Limits {
+    Limits {
+        max_body_bytes: 1_000,
+        max_inflight_body_bytes: 4_000,
+        body_timeout: Duration::from_secs(3),
+        ..Limits::default()
+    }
+}
+
+#[tokio::test]
+async fn few_bodies_of_one_source_wait_for_room_and_the_next_is_refused_at_once() {
+    // No declared length: each waiting body may have a full HTTP/2 window in flight besides the
+    // frame in hand, so two fill the source's part of the room for large bodies and the third
+    // is refused.
+    let h = harness_with(stalled_limits());
+    let stalled = stalled_bodies(&h, 6, None).await;
+    assert_eq!(
+        stalled.open.len(),
+        5,
+        "two hold the share, one its turn, two wait"
     );
+    let [(status, value)] = &stalled.answered[..] else {
+        panic!("{:?}", stalled.answered)
+    };
+    assert_eq!(*status, StatusCode::SERVICE_UNAVAILABLE, "{value}");
+    let may_hold = 2 * (700 + gpu_deploy_guard::webhook::BODY_WINDOW);
+    let large = gpu_deploy_guard::webhook::WAITING_ROOM[1];
     let message = value["response"]["status"]["message"].as_str().unwrap();
     assert!(
-        message.contains("4 bodies (4 of this client) already wait for it"),
+        message.contains(&format!(
+            "the bodies of its size waiting may hold {may_hold} bytes ({may_hold} of them this client's), of at most {} ({} for one client)",
+            large.bytes, large.per_source
+        )),
         "{message}"
-    );
-    assert!(
-        tasks.iter().all(|t| !t.is_finished()),
-        "the others still wait"
     );
     let metrics = h.metrics.encode();
     for line in [
-        r#"gpu_deploy_guard_source_share_refusals_total{share="body-waits"} 1"#,
-        r#"gpu_deploy_guard_source_share_last_refused{share="body-waits",source="127.0.0.9"} 4"#,
-        r#"gpu_deploy_guard_admission_bad_requests_total{reason="too-many-waiting"} 1"#,
+        r#"gpu_deploy_guard_source_share_refusals_total{share="body-waits"} 1"#.to_string(),
+        format!(
+            r#"gpu_deploy_guard_source_share_last_refused{{share="body-waits",source="127.0.0.9"}} {may_hold}"#
+        ),
+        r#"gpu_deploy_guard_admission_bad_requests_total{reason="too-many-waiting"} 1"#.to_string(),
     ] {
-        assert!(metrics.contains(line), "{line} in\n{metrics}");
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
     }
-    drop(senders);
-    for task in tasks {
+    drop(stalled.senders);
+    for task in stalled.open {
         task.await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn small_bodies_of_declared_length_all_find_room_to_wait() {
+    // Declared at 900 bytes, a waiting body may hold only its last 200 besides the frame in
+    // hand: all five that wait find a place among the small ones, and none is refused.
+    let h = harness_with(stalled_limits());
+    let stalled = stalled_bodies(&h, 8, Some(900)).await;
+    assert!(stalled.answered.is_empty(), "{:?}", stalled.answered);
+    assert_eq!(stalled.open.len(), 8);
+    drop(stalled.senders);
+    for t in stalled.open {
+        let (status, value) = t.await.unwrap();
+        // Cut short by the dropped sender, not refused for want of a place.
+        assert_ne!(status, StatusCode::SERVICE_UNAVAILABLE, "{value}");
+    }
+    let metrics = h.metrics.encode();
+    assert!(!metrics.contains("too-many-waiting"), "{metrics}");
 }
 
 #[tokio::test]

@@ -37,7 +37,7 @@ const H1_MAX_BUF: usize = 64 * 1024;
 
 /// HTTP/2 flow-control windows: the most body bytes a client may send ahead
 /// of the handler, per stream and per connection.
-pub(super) const H2_STREAM_WINDOW: u32 = 256 * 1024;
+const H2_STREAM_WINDOW: u32 = crate::webhook::BODY_WINDOW as u32;
 const H2_CONN_WINDOW: u32 = 512 * 1024;
 
 /// How long an admin connection may stay idle: Prometheus scrapes every 15 to 60 s and

@@ -10,9 +10,6 @@ pub const MAX_CONNECTIONS_CAP: usize = 128;
 /// (`make bench-connections`).
 pub const CONNECTION_BYTES: usize = 48 * 1024;
 
-/// The most HTTP/2 frame a client sends at once (the protocol's default, which `serve` keeps).
-const FRAME_BYTES: usize = 16 * 1024;
-
 /// The memory requests can make `serve` hold at most, beyond its idle footprint and its fleet
 /// records, part by part. Each part is held down by one limit:
 ///
@@ -21,9 +18,9 @@ const FRAME_BYTES: usize = 16 * 1024;
 ///   included). A body's memory is the bytes that came (`webhook::Collected`), and its view
 ///   holds no copy of its labels or groups (`webhook::scan`), a few hundred bytes whatever it
 ///   carries (`tests/view_memory.rs`).
-/// - `waiting`: what a body waiting for room holds that the budget does not count, the frame
-///   it could not place and its stream's HTTP/2 window, for the few that may wait
-///   (`webhook::shares::MAX_WAITING`).
+/// - `waiting`: what the bodies waiting for room hold that the budget does not count, the
+///   frames they could not place and their streams' HTTP/2 windows, which they may not
+///   exceed together (`webhook::MAX_WAITING_BYTES`).
 /// - `slow_reading`: the one reading at a time of a body the scanner leaves to serde, or of
 ///   thousands of labels (`Webhook::slow_read`): serde keeps the text of labels and groups and
 ///   4 bytes each (at most 1.4 times the body), the many-label comparison a pair of string
@@ -41,8 +38,7 @@ impl RequestMemory {
         RequestMemory {
             connections: max_connections.saturating_mul(CONNECTION_BYTES),
             bodies: limits.max_inflight_body_bytes.max(limits.max_body_bytes),
-            waiting: crate::webhook::MAX_WAITING
-                * (super::conn::H2_STREAM_WINDOW as usize + FRAME_BYTES),
+            waiting: crate::webhook::MAX_WAITING_BYTES,
             slow_reading: limits.max_body_bytes.saturating_mul(2),
         }
     }

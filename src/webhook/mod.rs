@@ -31,7 +31,7 @@ mod shares;
 
 use response::respond;
 use review::{RequestView, ReviewBody};
-pub use shares::MAX_WAITING;
+pub use shares::{BODY_WINDOW, MAX_WAITING_BYTES, WAITING_ROOM};
 use shares::{InFlight, Shares};
 
 use crate::core::echo::{bounded_display, echo};
@@ -198,9 +198,14 @@ pub enum BadRequest {
     )]
     SourceBytes(Duration),
     #[error(
-        "no room for this body in the in-flight body budget, and {waiting} bodies ({of_source} of this client) already wait for it; retry"
+        "no room for this body in the in-flight body budget, nor to wait for it: the bodies of its size waiting may hold {waiting} bytes ({of_source} of them this client's), of at most {room} ({per_source} for one client); retry"
     )]
-    TooManyWaiting { waiting: usize, of_source: usize },
+    TooManyWaiting {
+        waiting: usize,
+        of_source: usize,
+        room: usize,
+        per_source: usize,
+    },
     #[error("request body not received within {0:?}")]
     BodyTimeout(Duration),
     #[error("request body could not be read: {0}")]
@@ -448,8 +453,9 @@ impl Room {
         }
     }
 
-    /// Takes room for `n` more bytes: from the budget and the source's part of it when both
-    /// have some now; else, in a place among the bodies waiting ([`Shares::wait`]), from
+    /// Takes room for `n` more bytes, after which at most `ahead` more may come: from the
+    /// budget and the source's part of it when both have some now; else, in a place among the
+    /// bodies waiting ([`Shares::wait`], as large as what it may hold meanwhile), from
     /// whichever comes first, both of those or the overdraft's turn. The body whose turn it
     /// is takes the rest of its room from the overdraft, which always has it (a body is at
     /// most its size). `waiting` says what it waits for. With no place to wait, the body is
@@ -458,6 +464,7 @@ impl Room {
         &mut self,
         hook: &Webhook,
         n: usize,
+        ahead: usize,
         waiting: &AtomicU8,
     ) -> Result<(), BadRequest> {
         // Every semaphore here is never closed.
@@ -475,19 +482,25 @@ impl Room {
             Self::add(&mut self.budget, permit);
             return Ok(());
         }
-        let _place = hook.shares.wait(&self.in_flight).map_err(|none| {
-            if none.of_source >= shares::MAX_WAITING_PER_SOURCE {
-                hook.metrics.observe_source_share_refusal(
-                    "body-waits",
-                    self.in_flight.source.to_string(),
-                    none.of_source,
-                );
-            }
-            BadRequest::TooManyWaiting {
-                waiting: none.waiting,
-                of_source: none.of_source,
-            }
-        })?;
+        let may_hold = n as usize + ahead.min(BODY_WINDOW);
+        let _place = hook
+            .shares
+            .wait(&self.in_flight, may_hold)
+            .map_err(|none| {
+                if none.of_source + may_hold > none.room.per_source {
+                    hook.metrics.observe_source_share_refusal(
+                        "body-waits",
+                        self.in_flight.source.to_string(),
+                        none.of_source,
+                    );
+                }
+                BadRequest::TooManyWaiting {
+                    waiting: none.waiting,
+                    of_source: none.of_source,
+                    room: none.room.bytes,
+                    per_source: none.room.per_source,
+                }
+            })?;
         let short_of_source = source.available_permits() < n as usize;
         waiting.store(
             if short_of_source {
@@ -570,7 +583,10 @@ async fn read_body(
             if data.is_empty() {
                 continue;
             }
-            held.take(hook, data.len(), &waiting).await?;
+            let ahead = declared.map_or(BODY_WINDOW, |d| {
+                usize::try_from(d).map_or(BODY_WINDOW, |d| d.saturating_sub(len + data.len()))
+            });
+            held.take(hook, data.len(), ahead, &waiting).await?;
             len += data.len();
             collected.push(data);
         }

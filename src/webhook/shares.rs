@@ -14,11 +14,15 @@
 //!   [`super::Room`]): the other half is always there for the other sources, whatever one
 //!   source sends. A body of a source at its share waits for its own other bodies to finish,
 //!   or for the overdraft's turn, up to the body timeout (then 503).
-//! - At most [`MAX_WAITING_PER_SOURCE`] of the [`MAX_WAITING`] bodies that may wait for room
-//!   at once. A body waiting for room holds bytes the budget does not count: the frame it
-//!   could not place, and what HTTP/2 accepts for its stream meanwhile (up to the stream's
-//!   window). Few may wait, so that stays small (`MAX_WAITING` × 272 KiB, about 2 MiB); a body
-//!   that would be one too many is answered 503 at once.
+//! - A part of the room for bodies waiting for room. A body waiting for room holds bytes the
+//!   budget does not count: the frame it could not place, and what the client may send
+//!   ahead of it meanwhile (up to the stream's window, [`BODY_WINDOW`], or what is left of
+//!   its declared length); it counts that much. Small bodies (at most [`SMALL_WAIT`], every
+//!   real Node's review) and large ones wait in separate room, so large bodies cannot take
+//!   the places of small ones: [`WAITING_ROOM`] says each one's size and a source's part of
+//!   it. Four stalled streams of 3.5 MiB fill the large room, while hundreds of the API
+//!   server's reviews can wait in the small one. A body with no room left to wait is
+//!   answered 503 at once.
 //!
 //! The API server is one source per replica of it. Its concurrency towards one webhook is
 //! bounded by its own in-flight limits, and the default share (64 requests, 3.5 MiB of
@@ -33,9 +37,40 @@ use tokio::sync::Semaphore;
 
 use super::Limits;
 
-/// Bodies that may wait for room in the body budget at once, and of them from one source.
-pub const MAX_WAITING: usize = 8;
-pub const MAX_WAITING_PER_SOURCE: usize = MAX_WAITING / 2;
+/// The most body bytes a client may send ahead of the handler for one request: `serve`'s
+/// HTTP/2 stream window (HTTP/1.1 reads less ahead).
+pub const BODY_WINDOW: usize = 256 * 1024;
+
+/// The most HTTP/2 frame a client sends at once (the protocol's default, which `serve` keeps).
+const FRAME_BYTES: usize = 16 * 1024;
+
+/// The most a body may hold while it waits and still wait among the small ones: a Node review
+/// of the API server's (object and old object) is well under it.
+pub const SMALL_WAIT: usize = 128 * 1024;
+
+/// Room for waiting bodies: what they may hold together, and one source's bodies of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Room {
+    pub bytes: usize,
+    pub per_source: usize,
+}
+
+/// The waiting rooms, small bodies first. Large: four bodies with a full frame in hand and a
+/// full window each, two of one source. Small: 1 MiB, three quarters of it for one source,
+/// so a source sending many small bodies at once (the API server) rarely finds it full.
+pub const WAITING_ROOM: [Room; 2] = [
+    Room {
+        bytes: 1024 * 1024,
+        per_source: 768 * 1024,
+    },
+    Room {
+        bytes: 4 * (BODY_WINDOW + FRAME_BYTES),
+        per_source: 2 * (BODY_WINDOW + FRAME_BYTES),
+    },
+];
+
+/// What the bodies waiting for room may hold at once beyond the budget.
+pub const MAX_WAITING_BYTES: usize = WAITING_ROOM[0].bytes + WAITING_ROOM[1].bytes;
 
 /// Every source's requests in flight and room in the body budget.
 pub(super) struct Shares {
@@ -47,29 +82,33 @@ pub(super) struct Shares {
 #[derive(Default)]
 struct Sources {
     by_address: HashMap<IpAddr, Source>,
-    /// Bodies waiting for room, of every source.
-    waiting: usize,
+    /// What the bodies waiting in each room may hold, of every source.
+    waiting: [usize; 2],
 }
 
 struct Source {
     requests: usize,
     /// This source's part of the body budget: taken together with the budget itself.
     body: Arc<Semaphore>,
-    /// Its bodies waiting for room.
-    waiting: usize,
+    /// What its bodies waiting in each room may hold.
+    waiting: [usize; 2],
 }
 
 /// A body's place among those waiting for room: held while it waits.
 pub(super) struct Waiting {
     shares: Arc<Shares>,
     source: IpAddr,
+    room: usize,
+    bytes: usize,
 }
 
-/// No place to wait: `waiting` bodies wait already, `of_source` of them from this source.
+/// No room to wait: the bodies waiting already in the room of its size may hold `waiting`
+/// bytes, `of_source` of them this source's, of the room's `room`.
 #[derive(Debug)]
 pub(super) struct NoPlace {
     pub(super) waiting: usize,
     pub(super) of_source: usize,
+    pub(super) room: Room,
 }
 
 /// A request in flight from one source: holds its place in the source's share until dropped.
@@ -110,7 +149,7 @@ impl Shares {
         let entry = sources.by_address.entry(source).or_insert_with(|| Source {
             requests: 0,
             body: Arc::new(Semaphore::new(self.body_share)),
-            waiting: 0,
+            waiting: [0; 2],
         });
         if entry.requests >= self.max_requests {
             return Err(AtShare {
@@ -126,24 +165,35 @@ impl Shares {
         })
     }
 
-    /// A place among the bodies waiting for room, for a body of `in_flight`'s source.
-    pub(super) fn wait(&self, in_flight: &InFlight) -> Result<Waiting, NoPlace> {
+    /// A place among the bodies waiting for room, for a body of `in_flight`'s source that may
+    /// hold `bytes` the budget does not count while it waits, in the room of its size (at
+    /// most a source's part of the room: a body can always wait when nothing else does).
+    pub(super) fn wait(&self, in_flight: &InFlight, bytes: usize) -> Result<Waiting, NoPlace> {
+        let which = usize::from(bytes > SMALL_WAIT);
+        let room = WAITING_ROOM[which];
+        let bytes = bytes.min(room.per_source);
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
-        let waiting = sources.waiting;
+        let waiting = sources.waiting[which];
         let of_source = sources
             .by_address
             .get(&in_flight.source)
-            .map_or(0, |s| s.waiting);
-        if waiting >= MAX_WAITING || of_source >= MAX_WAITING_PER_SOURCE {
-            return Err(NoPlace { waiting, of_source });
+            .map_or(0, |s| s.waiting[which]);
+        if waiting + bytes > room.bytes || of_source + bytes > room.per_source {
+            return Err(NoPlace {
+                waiting,
+                of_source,
+                room,
+            });
         }
-        sources.waiting += 1;
+        sources.waiting[which] += bytes;
         if let Some(entry) = sources.by_address.get_mut(&in_flight.source) {
-            entry.waiting += 1;
+            entry.waiting[which] += bytes;
         }
         Ok(Waiting {
             shares: in_flight.shares.clone(),
             source: in_flight.source,
+            room: which,
+            bytes,
         })
     }
 
@@ -161,10 +211,10 @@ impl Drop for Waiting {
             .sources
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        sources.waiting -= 1;
+        sources.waiting[self.room] -= self.bytes;
         // The source's entry outlives this: the waiting body's request is in flight.
         if let Some(entry) = sources.by_address.get_mut(&self.source) {
-            entry.waiting -= 1;
+            entry.waiting[self.room] -= self.bytes;
         }
     }
 }
@@ -213,29 +263,53 @@ mod tests {
     }
 
     #[test]
-    fn few_bodies_wait_and_few_of_them_from_one_source() {
-        let s = shares(100);
-        let a: Vec<InFlight> = (0..MAX_WAITING).map(|_| s.enter(ip(9)).unwrap()).collect();
+    fn bodies_wait_for_what_they_may_hold_large_ones_apart_and_one_source_for_part_of_it() {
+        let s = shares(1000);
+        let large = WAITING_ROOM[1];
+        // A stalled body with a 1,000-byte frame in hand and a full window to come.
+        let stalled = BODY_WINDOW + 1_000;
+        let per_source = large.per_source / stalled;
+        let a: Vec<InFlight> = (0..8).map(|_| s.enter(ip(9)).unwrap()).collect();
         let mut waits: Vec<Waiting> = a
             .iter()
-            .take(MAX_WAITING_PER_SOURCE)
-            .map(|r| s.wait(r).unwrap())
+            .take(per_source)
+            .map(|r| s.wait(r, stalled).unwrap())
             .collect();
-        let refused = s.wait(&a[MAX_WAITING_PER_SOURCE]).err().unwrap();
-        assert_eq!(refused.of_source, MAX_WAITING_PER_SOURCE);
-        let b: Vec<InFlight> = (0..MAX_WAITING).map(|_| s.enter(ip(1)).unwrap()).collect();
-        waits.extend(
-            b.iter()
-                .take(MAX_WAITING - MAX_WAITING_PER_SOURCE)
-                .map(|r| s.wait(r).unwrap()),
-        );
+        let refused = s.wait(&a[per_source], stalled).err().unwrap();
+        assert_eq!(refused.of_source, per_source * stalled);
+        assert_eq!(refused.room, large);
+        // Small bodies of the same source wait in a room of their own: as many as fill its
+        // part of it.
+        let small = 4_000;
+        let many: Vec<InFlight> = (0..WAITING_ROOM[0].per_source / small)
+            .map(|_| s.enter(ip(9)).unwrap())
+            .collect();
+        let smalls: Vec<Waiting> = many.iter().map(|r| s.wait(r, small).unwrap()).collect();
+        let refused = s.wait(&a[0], small).err().unwrap();
+        assert_eq!(refused.room, WAITING_ROOM[0]);
+        drop(smalls);
+        let b: Vec<InFlight> = (0..8).map(|_| s.enter(ip(1)).unwrap()).collect();
+        let others = large.bytes / stalled - per_source;
+        waits.extend(b.iter().take(others).map(|r| s.wait(r, stalled).unwrap()));
         let c = s.enter(ip(2)).unwrap();
-        let refused = s.wait(&c).err().unwrap();
-        assert_eq!((refused.waiting, refused.of_source), (MAX_WAITING, 0));
+        let refused = s.wait(&c, stalled).err().unwrap();
+        assert_eq!(
+            (refused.waiting, refused.of_source),
+            ((per_source + others) * stalled, 0)
+        );
+        let _small = s
+            .wait(&c, small)
+            .expect("the small room has its own places");
         waits.pop();
-        let _c = s.wait(&c).expect("a body done waiting frees its place");
+        let _c = s
+            .wait(&c, stalled)
+            .expect("a body done waiting frees its place");
         drop(waits);
-        assert_eq!(s.sources.lock().unwrap().waiting, 1);
+        assert_eq!(s.sources.lock().unwrap().waiting, [small, stalled]);
+        // However much a body says it may hold, it can wait when nothing else does.
+        let d = s.enter(ip(3)).unwrap();
+        drop((_small, _c));
+        let _d = s.wait(&d, usize::MAX).expect("a lone body always waits");
     }
 
     #[test]

@@ -177,7 +177,7 @@ func run(bin, fixtures string, duration time.Duration, rate int, rotateEvery tim
 		if k.class != "good" {
 			continue
 		}
-		code, allowed, err := send(clients[0], url, k)
+		code, allowed, _, err := send(clients[0], url, k)
 		if err != nil || code != 200 || allowed == nil {
 			return fmt.Errorf("%s: baseline answer %d %v", k.name, code, err)
 		}
@@ -276,7 +276,7 @@ loop:
 			if k.path != "" {
 				target = base + k.path
 			}
-			code, allowed, err := send(client, target, k)
+			code, allowed, said, err := send(client, target, k)
 			if code == 200 && k.path != "" {
 				policy200.Add(1)
 			}
@@ -290,7 +290,7 @@ loop:
 			t.status(code)
 			if k.class == "good" {
 				if code != 200 || allowed == nil || *allowed != *k.allowed {
-					t.fail(fmt.Sprintf("%s: status %d allowed %v", k.name, code, allowed))
+					t.fail(fmt.Sprintf("%s: status %d allowed %v %s", k.name, code, allowed, said))
 				}
 				return
 			}
@@ -299,7 +299,7 @@ loop:
 					return
 				}
 			}
-			t.fail(fmt.Sprintf("%s: status %d, want one of %v", k.name, code, k.statuses))
+			t.fail(fmt.Sprintf("%s: status %d, want one of %v %s", k.name, code, k.statuses, said))
 		}()
 	}
 	ticker.Stop()
@@ -362,7 +362,7 @@ loop:
 			return n
 		}
 		unsent := reasons("body-read", "body-timeout")
-		overShare := reasons("source-requests", "source-bytes", "busy")
+		overShare := reasons("source-requests", "source-bytes", "busy", "too-many-waiting")
 		fmt.Printf("     attackers' unsent bodies: %.0f refused; beyond their share (503): %.0f\n", unsent, overShare)
 		bad -= unsent + overShare
 	}
@@ -405,34 +405,44 @@ func window(samples []sample, from, to time.Duration) int64 {
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
-func send(client *http.Client, url string, k *kind) (int, *bool, error) {
+// send posts k: the status, the decision of a 200, and else what the answer says (cut short).
+func send(client *http.Client, url string, k *kind) (int, *bool, string, error) {
 	ctype := k.ctype
 	if ctype == "" {
 		ctype = "application/json"
 	}
 	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(k.body))
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, "", err
 	}
 	req.Header.Set("Content-Type", ctype)
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, "", err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return resp.StatusCode, nil, err
+		return resp.StatusCode, nil, "", err
 	}
 	var review struct {
 		Response *struct {
 			Allowed bool `json:"allowed"`
+			Status  struct {
+				Message string `json:"message"`
+			} `json:"status"`
 		} `json:"response"`
 	}
-	if json.Unmarshal(body, &review) == nil && review.Response != nil && resp.StatusCode == 200 {
-		return resp.StatusCode, &review.Response.Allowed, nil
+	if json.Unmarshal(body, &review) == nil && review.Response != nil {
+		if resp.StatusCode == 200 {
+			return resp.StatusCode, &review.Response.Allowed, "", nil
+		}
+		body = []byte(review.Response.Status.Message)
 	}
-	return resp.StatusCode, nil, nil
+	if len(body) > 200 {
+		body = body[:200]
+	}
+	return resp.StatusCode, nil, string(body), nil
 }
 
 // The request mix: the good and bad fixtures, and hostile requests built here.
