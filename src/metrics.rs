@@ -278,9 +278,8 @@ impl Metrics {
         registry.register(
             "source_share_refusals",
             "Webhook requests answered 503 because their client source (IP address) held its \
-             share: requests (--max-requests-per-source in flight), body-bytes (half the \
-             in-flight body budget, for the whole body timeout) or body-waits (its part of the \
-             room for bodies waiting for the budget)",
+             share: requests (--max-requests-per-source in flight) or body-bytes (half the \
+             in-flight body budget, for the whole body timeout)",
             share_refusals.clone(),
         );
         for share in ["requests", "body-bytes"] {

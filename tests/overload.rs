@@ -179,8 +179,8 @@ async fn hold_a_request_open(addr: SocketAddr, ca: String) {
 
 #[tokio::test]
 async fn a_request_in_progress_on_every_connection_of_one_source_does_not_shut_out_another() {
-    // A small pool, so that the test needs few connections; the share of connections with a
-    // request in flight is half of it, as it is at the default 128.
+    // A small pool, so that the test needs few connections; the share is half of it, as it
+    // is at the default 256.
     let serve = Serve::start(&["--max-connections", "32"]).await;
     let attackers: Vec<_> = (0..32)
         .map(|_| tokio::spawn(hold_a_request_open(serve.addr, serve.ca.clone())))
@@ -203,7 +203,7 @@ async fn a_request_in_progress_on_every_connection_of_one_source_does_not_shut_o
     );
     assert!(
         metrics.contains(
-            r#"gpu_deploy_guard_source_share_last_refused{share="connections",source="127.0.0.9"} 16"#
+            r#"gpu_deploy_guard_source_share_last_refused{share="requests",source="127.0.0.9"} 16"#
         ),
         "{metrics}"
     );

@@ -68,10 +68,9 @@ pub struct ServeArgs {
     #[arg(long, env = "GDG_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
     /// Requests in flight from one client address across all its connections (HTTP/2
-    /// streams and HTTP/1.1 requests); more are answered 503 at once. The default is twice
-    /// --max-connections. Apart from it, at most half of --max-connections of one address's
-    /// connections may have a request in flight, so that a source at its share leaves
-    /// connections the pool may close for another (src/webhook/shares.rs).
+    /// streams and HTTP/1.1 requests); more are answered 503 at once. The default is half of
+    /// --max-connections, so that a source at its share leaves connections the pool may close
+    /// for another (src/webhook/shares.rs).
     #[arg(long, env = "GDG_MAX_REQUESTS_PER_SOURCE")]
     pub max_requests_per_source: Option<usize>,
     /// HTTP/2 requests in flight per connection.
@@ -278,8 +277,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         request_timeout: args.request_timeout,
         max_requests_per_source: args
             .max_requests_per_source
-            .unwrap_or(max_connections.saturating_mul(2).max(1)),
-        max_busy_connections_per_source: (max_connections / 2).max(1),
+            .unwrap_or((max_connections / 2).max(1)),
     };
     tracing::info!(
         "{}",

@@ -56,19 +56,13 @@ pub struct Limits {
     pub request_timeout: Duration,
     /// Requests in flight from one client address, across its connections ([`shares`]).
     pub max_requests_per_source: usize,
-    /// Connections of one client address with a request in flight ([`shares`]): below the
-    /// connection pool, so that a source at its share leaves connections the pool may close.
-    pub max_busy_connections_per_source: usize,
 }
 
 /// 3.5 MiB: the API server's ~3 MiB per review, and room for its envelope.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024 + 512 * 1024;
 
-/// Twice the default `--max-connections` (128): see [`shares`].
-pub const DEFAULT_MAX_REQUESTS_PER_SOURCE: usize = 256;
-
-/// Half of the default `--max-connections`: see [`shares`].
-pub const DEFAULT_MAX_BUSY_CONNECTIONS_PER_SOURCE: usize = 64;
+/// Half of the default `--max-connections` (128): see [`shares`].
+pub const DEFAULT_MAX_REQUESTS_PER_SOURCE: usize = 64;
 
 /// The longest node name Kubernetes accepts (a DNS subdomain).
 pub const MAX_NAME_CHARS: usize = 253;
@@ -90,7 +84,6 @@ impl Default for Limits {
             body_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             max_requests_per_source: DEFAULT_MAX_REQUESTS_PER_SOURCE,
-            max_busy_connections_per_source: DEFAULT_MAX_BUSY_CONNECTIONS_PER_SOURCE,
         }
     }
 }
@@ -201,10 +194,6 @@ pub enum BadRequest {
     )]
     SourceRequests(usize),
     #[error(
-        "this client already has a request in flight on {0} connections, its share of the webhook's connections; retry on a connection it has"
-    )]
-    SourceConnections(usize),
-    #[error(
         "this client's request bodies hold its share of the in-flight body budget: no room for this body within {0:?}; retry"
     )]
     SourceBytes(Duration),
@@ -262,7 +251,6 @@ impl BadRequest {
             BadRequest::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             BadRequest::Busy(_)
             | BadRequest::SourceRequests(_)
-            | BadRequest::SourceConnections(_)
             | BadRequest::SourceBytes(_)
             | BadRequest::TooManyWaiting { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_REQUEST,
@@ -298,7 +286,6 @@ impl BadRequest {
             BadRequest::MissingObject { .. } => "missing-object",
             BadRequest::Busy(_) => "busy",
             BadRequest::SourceRequests(_) => "source-requests",
-            BadRequest::SourceConnections(_) => "source-connections",
             BadRequest::SourceBytes(_) => "source-bytes",
             BadRequest::TooManyWaiting { .. } => "too-many-waiting",
             BadRequest::NameTooLong { .. } => "name-too-long",
@@ -326,22 +313,16 @@ async fn read_body_or_refuse(
     headers: &HeaderMap,
     mut body: Body,
 ) -> Result<(bytes::Bytes, Room), Response> {
-    let peer = peer.map(|Extension(ConnectInfo(addr))| addr);
-    let read = match hook.shares.enter(peer) {
+    let source = peer.map(|Extension(ConnectInfo(addr))| addr.ip());
+    let read = match hook.shares.enter(source) {
         Ok(in_flight) => read_body(hook, in_flight, headers, &mut body).await,
         Err(at_share) => {
-            let (share, bad) = match at_share.of {
-                shares::Held::Requests => ("requests", BadRequest::SourceRequests(at_share.held)),
-                shares::Held::Connections => {
-                    ("connections", BadRequest::SourceConnections(at_share.held))
-                }
-            };
             hook.metrics.observe_source_share_refusal(
-                share,
+                "requests",
                 at_share.source.to_string(),
                 at_share.held,
             );
-            Err(bad)
+            Err(BadRequest::SourceRequests(at_share.held))
         }
     };
     read.map_err(|bad| {

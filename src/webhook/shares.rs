@@ -6,14 +6,10 @@
 //! requests. So a source (an IP address) also has, across all its connections:
 //!
 //! - At most [`Limits::max_requests_per_source`] requests in flight (HTTP/2 streams and
-//!   HTTP/1.1 requests whose answer is not made yet), on at most
-//!   [`Limits::max_busy_connections_per_source`] connections; beyond either a request is
-//!   answered 503 at once, before its body is read. `serve` sets the second to half of
-//!   `--max-connections`, so a source at its share always leaves connections of its own
-//!   without a request in progress, which the pool may close for a newcomer: the API server
-//!   can always connect. The first may be larger (twice the pool by default): HTTP/2 streams
-//!   on a busy connection take no more of the pool, and the API server may send many reviews
-//!   at once in a burst.
+//!   HTTP/1.1 requests whose answer is not made yet); beyond it a request is answered 503 at
+//!   once, before its body is read. `serve` sets it below `--max-connections`, so a source at
+//!   its share always leaves connections of its own without a request in progress, which the
+//!   pool may close for a newcomer: the API server can always connect.
 //! - At most half of the shared body budget (the budget less its overdraft, see
 //!   [`super::Room`]): the other half is always there for the other sources, whatever one
 //!   source sends. A body of a source at its share waits for its own other bodies to finish,
@@ -29,12 +25,12 @@
 //!   answered 503 at once.
 //!
 //! The API server is one source per replica of it. Its concurrency towards one webhook is
-//! bounded by its own in-flight limits, and the default share (256 requests on 64 connections, 3.5 MiB of
+//! bounded by its own in-flight limits, and the default share (64 requests, 3.5 MiB of
 //! bodies, each a request of a real Node under 100 KiB) is far above what it sends at once.
 //! A source's entry lives while it has a request in flight.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
@@ -79,7 +75,6 @@ pub const MAX_WAITING_BYTES: usize = WAITING_ROOM[0].bytes + WAITING_ROOM[1].byt
 /// Every source's requests in flight and room in the body budget.
 pub(super) struct Shares {
     max_requests: usize,
-    max_busy_connections: usize,
     body_share: usize,
     sources: Mutex<Sources>,
 }
@@ -93,8 +88,6 @@ struct Sources {
 
 struct Source {
     requests: usize,
-    /// Its connections with a request in flight (by client port), and how many on each.
-    busy: HashMap<u16, usize>,
     /// This source's part of the body budget: taken together with the budget itself.
     body: Arc<Semaphore>,
     /// What its bodies waiting in each room may hold.
@@ -122,24 +115,15 @@ pub(super) struct NoPlace {
 pub(super) struct InFlight {
     shares: Arc<Shares>,
     pub(super) source: IpAddr,
-    port: u16,
     /// The source's room in the body budget.
     pub(super) body: Arc<Semaphore>,
 }
 
-/// A source already has its share of requests in flight, or of connections with one.
+/// A source already has its share of requests in flight.
 #[derive(Debug)]
 pub(super) struct AtShare {
     pub(super) source: IpAddr,
     pub(super) held: usize,
-    pub(super) of: Held,
-}
-
-/// Which share a source holds whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Held {
-    Requests,
-    Connections,
 }
 
 impl Shares {
@@ -147,7 +131,6 @@ impl Shares {
     pub(super) fn new(limits: &Limits, budget: usize) -> Self {
         Shares {
             max_requests: limits.max_requests_per_source.max(1),
-            max_busy_connections: limits.max_busy_connections_per_source.max(1),
             body_share: (budget / 2).min(Semaphore::MAX_PERMITS),
             sources: Mutex::new(Sources::default()),
         }
@@ -158,18 +141,13 @@ impl Shares {
         self.body_share
     }
 
-    /// Admits one more request from the client at `peer` (`None`: a request that came over
-    /// no socket, as in tests, counts as one unnamed source and connection), or says its
-    /// source holds its share already: of requests, or of connections with a request in
-    /// flight (a request on a connection already busy takes no more of those).
-    pub(super) fn enter(self: &Arc<Self>, peer: Option<SocketAddr>) -> Result<InFlight, AtShare> {
-        let (source, port) = peer.map_or((IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0), |p| {
-            (p.ip(), p.port())
-        });
+    /// Admits one more request from `source` (`None`: a request that came over no socket, as
+    /// in tests, counts as one unnamed source), or says it holds its share already.
+    pub(super) fn enter(self: &Arc<Self>, source: Option<IpAddr>) -> Result<InFlight, AtShare> {
+        let source = source.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
         let entry = sources.by_address.entry(source).or_insert_with(|| Source {
             requests: 0,
-            busy: HashMap::new(),
             body: Arc::new(Semaphore::new(self.body_share)),
             waiting: [0; 2],
         });
@@ -177,22 +155,12 @@ impl Shares {
             return Err(AtShare {
                 source,
                 held: entry.requests,
-                of: Held::Requests,
-            });
-        }
-        if !entry.busy.contains_key(&port) && entry.busy.len() >= self.max_busy_connections {
-            return Err(AtShare {
-                source,
-                held: entry.busy.len(),
-                of: Held::Connections,
             });
         }
         entry.requests += 1;
-        *entry.busy.entry(port).or_insert(0) += 1;
         Ok(InFlight {
             shares: self.clone(),
             source,
-            port,
             body: entry.body.clone(),
         })
     }
@@ -260,12 +228,6 @@ impl Drop for InFlight {
             .unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = sources.by_address.get_mut(&self.source) {
             entry.requests -= 1;
-            if let Some(on) = entry.busy.get_mut(&self.port) {
-                *on -= 1;
-                if *on == 0 {
-                    entry.busy.remove(&self.port);
-                }
-            }
             if entry.requests == 0 {
                 sources.by_address.remove(&self.source);
             }
@@ -280,19 +242,13 @@ mod tests {
     fn shares(max: usize) -> Arc<Shares> {
         let limits = Limits {
             max_requests_per_source: max,
-            max_busy_connections_per_source: 1000,
             ..Limits::default()
         };
         Arc::new(Shares::new(&limits, 1000))
     }
 
-    /// A client of 127.0.0.`last`, on one connection.
-    fn ip(last: u8) -> Option<SocketAddr> {
-        conn(last, 40000)
-    }
-
-    fn conn(last: u8, port: u16) -> Option<SocketAddr> {
-        Some(SocketAddr::from(([127, 0, 0, last], port)))
+    fn ip(last: u8) -> Option<IpAddr> {
+        Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)))
     }
 
     #[test]
@@ -304,31 +260,6 @@ mod tests {
         let _b = s.enter(ip(1)).expect("another source has its own share");
         drop(a1);
         let _a3 = s.enter(ip(9)).expect("a finished request frees its place");
-    }
-
-    #[test]
-    fn a_source_with_a_request_on_its_share_of_connections_is_refused_a_new_one() {
-        let limits = Limits {
-            max_requests_per_source: 100,
-            max_busy_connections_per_source: 2,
-            ..Limits::default()
-        };
-        let s = Arc::new(Shares::new(&limits, 1000));
-        let a1 = s.enter(conn(9, 1)).unwrap();
-        let _a2 = s.enter(conn(9, 2)).unwrap();
-        let refused = s.enter(conn(9, 3)).err().unwrap();
-        assert_eq!((refused.held, refused.of), (2, Held::Connections));
-        // More requests on a connection already busy (HTTP/2 streams) take no connection.
-        let more: Vec<InFlight> = (0..10).map(|_| s.enter(conn(9, 1)).unwrap()).collect();
-        let _b = s
-            .enter(conn(1, 3))
-            .expect("another source has its own share");
-        drop(a1);
-        assert!(s.enter(conn(9, 3)).is_err(), "connection 1 is still busy");
-        drop(more);
-        let _a3 = s
-            .enter(conn(9, 3))
-            .expect("a connection done with its requests is free");
     }
 
     #[test]

@@ -362,7 +362,7 @@ loop:
 			return n
 		}
 		unsent := reasons("body-read", "body-timeout")
-		overShare := reasons("source-requests", "source-connections", "source-bytes", "busy", "too-many-waiting")
+		overShare := reasons("source-requests", "source-bytes", "busy", "too-many-waiting")
 		fmt.Printf("     attackers' unsent bodies: %.0f refused; beyond their share (503): %.0f\n", unsent, overShare)
 		bad -= unsent + overShare
 	}
