@@ -113,7 +113,7 @@ SOAK_RATE ?= 200
 SOAK_ARGS ?=
 soak: build
 	cd tests/e2e && GOFLAGS="-mod=readonly -buildvcs=false" go build -o $(CURDIR)/target/soak ./cmd/soak
-	target/soak -bin $(BIN) -fixtures tests/fixtures/reviews -duration $(SOAK_DURATION) -rate $(SOAK_RATE) -attack -rss-limit-mib 64 $(SOAK_ARGS)
+	target/soak -bin $(BIN) -fixtures tests/fixtures/reviews -duration $(SOAK_DURATION) -rate $(SOAK_RATE) -attack -rss-limit-mib 48 $(SOAK_ARGS)
 
 ## bench-connections: what each kind of webhook connection (silent TCP, idle TLS HTTP/1.1 and HTTP/2,
 ## HTTP/2 with a request held open) costs `serve` in RSS, at CONN_COUNTS connections (default 64,256),
