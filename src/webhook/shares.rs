@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Semaphore;
 
@@ -145,7 +145,7 @@ impl Shares {
     /// in tests, counts as one unnamed source), or says it holds its share already.
     pub(super) fn enter(self: &Arc<Self>, source: Option<IpAddr>) -> Result<InFlight, AtShare> {
         let source = source.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sources = self.lock();
         let entry = sources.by_address.entry(source).or_insert_with(|| Source {
             requests: 0,
             body: Arc::new(Semaphore::new(self.body_share)),
@@ -172,7 +172,7 @@ impl Shares {
         let which = usize::from(bytes > SMALL_WAIT);
         let room = WAITING_ROOM[which];
         let bytes = bytes.min(room.per_source);
-        let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sources = self.lock();
         let waiting = sources.waiting[which];
         let of_source = sources
             .by_address
@@ -197,6 +197,12 @@ impl Shares {
         })
     }
 
+    /// The sources' state. A panic while it was held cannot leave it half-updated (each
+    /// update is a few counters), so a poisoned lock is taken as it is.
+    fn lock(&self) -> MutexGuard<'_, Sources> {
+        self.sources.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Sources with a request in flight (for tests).
     #[cfg(test)]
     fn sources(&self) -> usize {
@@ -206,11 +212,7 @@ impl Shares {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        let mut sources = self
-            .shares
-            .sources
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut sources = self.shares.lock();
         sources.waiting[self.room] -= self.bytes;
         // The source's entry outlives this: the waiting body's request is in flight.
         if let Some(entry) = sources.by_address.get_mut(&self.source) {
@@ -221,11 +223,7 @@ impl Drop for Waiting {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let mut sources = self
-            .shares
-            .sources
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut sources = self.shares.lock();
         if let Some(entry) = sources.by_address.get_mut(&self.source) {
             entry.requests -= 1;
             if entry.requests == 0 {
