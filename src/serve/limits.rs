@@ -3,7 +3,7 @@
 /// Connections `serve` accepts at most by default, whatever the descriptor limit: an idle
 /// TLS HTTP/2 connection that has been answered once costs about 48 KiB (measured with
 /// `make bench-connections`), so this keeps a full pool at about 6 MiB, its part of the
-/// memory bound (`webhook::memory`). API servers keep a handful of connections each.
+/// memory bound ([`RequestMemory`]). API servers keep a handful of connections each.
 pub const MAX_CONNECTIONS_CAP: usize = 128;
 
 /// What an idle TLS HTTP/2 connection that has been answered once costs: the dearest kind

@@ -257,7 +257,6 @@ impl BadRequest {
         }
     }
 
-    /// A short, fixed reason for the metrics label.
     /// Whether a refused HTTP/1.1 body is read to its end ([`linger`]) so that the client,
     /// still sending, gets the answer: yes when it was refused for want of room or for its
     /// content type, not when its size, its slowness or its stream was the problem.
@@ -268,6 +267,7 @@ impl BadRequest {
         )
     }
 
+    /// A short, fixed reason for the metrics label.
     fn reason(&self) -> &'static str {
         match self {
             BadRequest::ContentType(_) => "content-type",
@@ -487,7 +487,7 @@ impl Room {
             .shares
             .wait(&self.in_flight, may_hold)
             .map_err(|none| {
-                if none.of_source + may_hold > none.room.per_source {
+                if none.source_full {
                     hook.metrics.observe_source_share_refusal(
                         "body-waits",
                         self.in_flight.source.to_string(),
@@ -560,7 +560,8 @@ async fn read_body(
     // Whether the time ran out waiting for room rather than for bytes, and for which.
     let waiting = AtomicU8::new(NOT_WAITING);
     let mut held = Room::new(in_flight);
-    let mut collected = Collected::new(declared.and_then(|n| usize::try_from(n).ok()));
+    let declared = declared.and_then(|n| usize::try_from(n).ok());
+    let mut collected = Collected::new(declared);
     let mut len = 0;
     let read = async {
         // Room is taken for the bytes that arrived, as they arrive: a declared length alone
@@ -583,9 +584,7 @@ async fn read_body(
             if data.is_empty() {
                 continue;
             }
-            let ahead = declared.map_or(BODY_WINDOW, |d| {
-                usize::try_from(d).map_or(BODY_WINDOW, |d| d.saturating_sub(len + data.len()))
-            });
+            let ahead = declared.map_or(BODY_WINDOW, |d| d.saturating_sub(len + data.len()));
             held.take(hook, data.len(), ahead, &waiting).await?;
             len += data.len();
             collected.push(data);

@@ -50,7 +50,7 @@ pub const SMALL_WAIT: usize = 128 * 1024;
 
 /// Room for waiting bodies: what they may hold together, and one source's bodies of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Room {
+pub struct WaitingRoom {
     pub bytes: usize,
     pub per_source: usize,
 }
@@ -58,12 +58,12 @@ pub struct Room {
 /// The waiting rooms, small bodies first. Large: four bodies with a full frame in hand and a
 /// full window each, two of one source. Small: 1 MiB, three quarters of it for one source,
 /// so a source sending many small bodies at once (the API server) rarely finds it full.
-pub const WAITING_ROOM: [Room; 2] = [
-    Room {
+pub const WAITING_ROOM: [WaitingRoom; 2] = [
+    WaitingRoom {
         bytes: 1024 * 1024,
         per_source: 768 * 1024,
     },
-    Room {
+    WaitingRoom {
         bytes: 4 * (BODY_WINDOW + FRAME_BYTES),
         per_source: 2 * (BODY_WINDOW + FRAME_BYTES),
     },
@@ -108,7 +108,9 @@ pub(super) struct Waiting {
 pub(super) struct NoPlace {
     pub(super) waiting: usize,
     pub(super) of_source: usize,
-    pub(super) room: Room,
+    pub(super) room: WaitingRoom,
+    /// Whether the source's part of the room was what is full.
+    pub(super) source_full: bool,
 }
 
 /// A request in flight from one source: holds its place in the source's share until dropped.
@@ -178,11 +180,13 @@ impl Shares {
             .by_address
             .get(&in_flight.source)
             .map_or(0, |s| s.waiting[which]);
-        if waiting + bytes > room.bytes || of_source + bytes > room.per_source {
+        let source_full = of_source + bytes > room.per_source;
+        if source_full || waiting + bytes > room.bytes {
             return Err(NoPlace {
                 waiting,
                 of_source,
                 room,
+                source_full,
             });
         }
         sources.waiting[which] += bytes;
@@ -276,6 +280,7 @@ mod tests {
         let refused = s.wait(&a[per_source], stalled).err().unwrap();
         assert_eq!(refused.of_source, per_source * stalled);
         assert_eq!(refused.room, large);
+        assert!(refused.source_full);
         // Small bodies of the same source wait in a room of their own: as many as fill its
         // part of it.
         let small = 4_000;
@@ -294,6 +299,10 @@ mod tests {
         assert_eq!(
             (refused.waiting, refused.of_source),
             ((per_source + others) * stalled, 0)
+        );
+        assert!(
+            !refused.source_full,
+            "the room is full, not the source's part"
         );
         let _small = s
             .wait(&c, small)

@@ -13,7 +13,8 @@ import (
 	"time"
 )
 
-// attackKinds: issue 21's hostile bodies, and bodies of many tiny labels or groups. review builds a Node review with these labels.
+// attackKinds: issue 21's hostile bodies, and bodies of many tiny labels or groups.
+// review builds a Node review with these labels.
 func attackKinds(review func(string, map[string]string) []byte) []kind {
 	nel := strings.Repeat("\u0085", 1_700_000)
 	withField := func(set func(req map[string]any)) []byte {
