@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 
-use crate::core::operands::{Labels, OPERANDS, Operand, OperandSet};
-use crate::core::operator::{Era, OperatorVersion, Sandbox, SandboxMode};
+use crate::core::operands::{Labels, OPERANDS, Operand, OperandSet, not_deployed};
+use crate::core::operator::{OperatorVersion, Sandbox};
 
 /// What is known about the cluster beyond the node itself, and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,7 +124,7 @@ pub fn switched_off<E>(
             Some(s) => enabled(s.field, s.default)?,
             None => true,
         };
-        if !switched_on || (info.sandbox && !sandbox) {
+        if !switched_on || (info.needs_sandbox() && !sandbox) {
             disabled.insert(info.operand);
         }
     }
@@ -141,27 +141,10 @@ impl ClusterFacts {
 
     /// The operands that run nowhere: switched off in the ClusterPolicy, or never deployed by
     /// this version of the operator under these sandbox settings (`isStateEnabled`,
-    /// `controllers/state_manager.go`): from v26.3 the sandbox device plugin needs
-    /// `mode: kubevirt`, the kata sandbox device plugin and cc-manager `mode: kata`; the kata
-    /// sandbox device plugin does not exist before v26.3; kata-manager is never deployed from v26.7.
+    /// `controllers/state_manager.go`; the rows' eras and modes, [`not_deployed`]).
     pub fn off(&self) -> OperandSet {
-        let mut off = self.disabled;
-        let era = self.version.era;
-        let kata = self.sandbox.mode == SandboxMode::Kata;
-        if era < Era::V26_3 {
-            off.insert(Operand::KataSandboxDevicePlugin);
-        } else {
-            if kata {
-                off.insert(Operand::SandboxDevicePlugin);
-            } else {
-                off.insert(Operand::KataSandboxDevicePlugin);
-                off.insert(Operand::CcManager);
-            }
-        }
-        if era >= Era::V26_7 {
-            off.insert(Operand::KataManager);
-        }
-        off
+        self.disabled
+            .union(not_deployed(self.version.era, self.sandbox.mode))
     }
 
     /// Evidence beats defaults: when the ClusterPolicy is unknown (its switches are the

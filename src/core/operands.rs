@@ -140,13 +140,145 @@ pub enum Wait {
     SandboxValidator,
 }
 
-/// Who puts the deploy label on a node.
+/// A span of operator versions whose labelling code is the same.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Era {
+    /// v24.9.x – v25.10.x.
+    V24_9,
+    /// v26.3.x: sandbox mode, kata sandbox device plugin.
+    V26_3,
+    /// v26.7.x and later: `client`, empty values reset, DRA keys, non-GPU nodes swept.
+    V26_7,
+}
+
+impl Era {
+    pub const NEWEST: Era = Era::V26_7;
+    /// Every era, oldest first.
+    pub const ALL: [Era; 3] = [Era::V24_9, Era::V26_3, Era::V26_7];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Era::V24_9 => "v24.9",
+            Era::V26_3 => "v26.3",
+            Era::V26_7 => "v26.7",
+        }
+    }
+}
+
+/// `nvidia.com/gpu.workload.config`.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Writer {
-    /// The operator adds it (as `true`) to GPU nodes and re-adds it when it is deleted.
-    Operator,
-    /// A person or another tool; the operator leaves it alone.
-    Others,
+pub enum Workload {
+    Container,
+    VmPassthrough,
+    VmVgpu,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 3] = [
+        Workload::Container,
+        Workload::VmPassthrough,
+        Workload::VmVgpu,
+    ];
+
+    pub fn parse(v: &str) -> Option<Workload> {
+        match v {
+            "container" => Some(Workload::Container),
+            "vm-passthrough" => Some(Workload::VmPassthrough),
+            "vm-vgpu" => Some(Workload::VmVgpu),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Container => "container",
+            Workload::VmPassthrough => "vm-passthrough",
+            Workload::VmVgpu => "vm-vgpu",
+        }
+    }
+}
+
+/// `spec.sandboxWorkloads.mode` (v26.3 and later; CRD default kubevirt).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum SandboxMode {
+    #[default]
+    KubeVirt,
+    Kata,
+}
+
+impl SandboxMode {
+    pub const ALL: [SandboxMode; 2] = [SandboxMode::KubeVirt, SandboxMode::Kata];
+
+    /// As the ClusterPolicy spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SandboxMode::KubeVirt => "kubevirt",
+            SandboxMode::Kata => "kata",
+        }
+    }
+
+    /// The mode the operator of this era follows: before v26.3 there is no mode, and
+    /// vm-passthrough nodes get what `kubevirt` gives them later.
+    pub const fn in_era(self, era: Era) -> SandboxMode {
+        if (era as u8) < (Era::V26_3 as u8) {
+            SandboxMode::KubeVirt
+        } else {
+            self
+        }
+    }
+}
+
+/// Label sets of `gpuStateLabels` an operand's key belongs to, one bit per workload (and, for
+/// vm-passthrough, per sandbox mode: from v26.3 `getEffectiveStateLabels` gives a `kata` node
+/// the kata sandbox device plugin instead of the sandbox device plugin).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Sets(u8);
+
+impl Sets {
+    /// `container`.
+    pub const CONTAINER: Sets = Sets(1);
+    /// `vm-passthrough` in `kubevirt` mode (and every vm-passthrough node before v26.3).
+    pub const PASSTHROUGH_KUBEVIRT: Sets = Sets(2);
+    /// `vm-passthrough` in `kata` mode (v26.3+).
+    pub const PASSTHROUGH_KATA: Sets = Sets(4);
+    /// `vm-passthrough`, whatever the mode.
+    pub const PASSTHROUGH: Sets = Sets(2 | 4);
+    /// `vm-vgpu`.
+    pub const VGPU: Sets = Sets(8);
+    /// Every workload's set.
+    pub const ALL: Sets = Sets(1 | 2 | 4 | 8);
+
+    pub const fn or(self, other: Sets) -> Sets {
+        Sets(self.0 | other.0)
+    }
+
+    const fn intersects(self, other: Sets) -> bool {
+        self.0 & other.0 != 0
+    }
+
+    /// The set of a node of this workload under this (era's) mode.
+    pub const fn of(workload: Workload, mode: SandboxMode) -> Sets {
+        match (workload, mode) {
+            (Workload::Container, _) => Sets::CONTAINER,
+            (Workload::VmPassthrough, SandboxMode::KubeVirt) => Sets::PASSTHROUGH_KUBEVIRT,
+            (Workload::VmPassthrough, SandboxMode::Kata) => Sets::PASSTHROUGH_KATA,
+            (Workload::VmVgpu, _) => Sets::VGPU,
+        }
+    }
+}
+
+/// How the operator's labelling pass treats an operand's deploy label.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Labelled {
+    /// In the label set of these workloads: added as `true` to their nodes, swept from others.
+    In(Sets),
+    /// mig-manager's: added as `true` (when absent) on MIG-capable `container` nodes, kept on
+    /// every `container` node, swept from the others.
+    MigCapable,
+    /// Never added, swept from every ClusterPolicy node: the GPUCluster (DRA) stack's keys.
+    Swept,
+    /// Never touched by the operator: a person or another tool writes it.
+    No,
 }
 
 /// Every fact about one operand. [`OPERANDS`] holds one row per operand; a new fact is a new
@@ -161,12 +293,17 @@ pub struct OperandInfo {
     pub daemonsets: &'static [&'static str],
     /// The ClusterPolicy switch, for operands that have one.
     pub switch: Option<Switch>,
-    /// Deployed only when the ClusterPolicy's `spec.sandboxWorkloads.enabled` is true as well.
-    pub sandbox: bool,
+    /// The first era whose operator has it: before, the operator neither labels nor sweeps the
+    /// key, nor deploys the operand.
+    pub since: Era,
+    /// The last era whose operator deploys its DaemonSets (the label stays in its sets).
+    pub until: Era,
+    /// From v26.3, deployed only in this `spec.sandboxWorkloads.mode` (`isStateEnabled`).
+    pub mode: Option<SandboxMode>,
+    /// How the labelling pass treats its key.
+    pub labelled: Labelled,
     /// What its pods wait for on the node.
     pub waits: &'static [Wait],
-    /// Who writes its deploy label.
-    pub writer: Writer,
     /// Its column in `audit -o matrix`: mostly the label's name. The DCGM exporter's column
     /// has always been `dcgm`, so the standalone DCGM host engine's is `dcgm-hostengine`.
     pub column: &'static str,
@@ -179,15 +316,25 @@ const fn sw(field: &'static str, default: bool) -> Option<Switch> {
     Some(Switch { field, default })
 }
 
+/// A row's eras: from the first to the last.
+struct Eras(Era, Era);
+
+const ALWAYS: Eras = Eras(Era::V24_9, Era::NEWEST);
+
+const fn since(era: Era) -> Eras {
+    Eras(era, Era::NEWEST)
+}
+
 #[allow(clippy::too_many_arguments)]
 const fn row(
     operand: Operand,
     key: &'static str,
     daemonsets: &'static [&'static str],
     switch: Option<Switch>,
-    sandbox: bool,
+    eras: Eras,
+    mode: Option<SandboxMode>,
+    labelled: Labelled,
     waits: &'static [Wait],
-    writer: Writer,
     column: &'static str,
     always_shown: bool,
 ) -> OperandInfo {
@@ -196,9 +343,11 @@ const fn row(
         key,
         daemonsets,
         switch,
-        sandbox,
+        since: eras.0,
+        until: eras.1,
+        mode,
+        labelled,
         waits,
-        writer,
         column,
         always_shown,
     }
@@ -211,41 +360,140 @@ macro_rules! k {
     };
 }
 
+use Labelled::{In, MigCapable as MIG, No as NO, Swept as SWEPT};
 use Operand as O;
 use Wait::{SandboxValidator as SV, Toolkit as TK, ToolkitReady as TR};
-use Writer::{Operator as OPERATOR, Others as OTHERS};
 
 const NONE: &[&str] = &[];
 const NO_WAIT: &[Wait] = &[];
+const C: Labelled = In(Sets::CONTAINER);
+const KUBEVIRT: Option<SandboxMode> = Some(SandboxMode::KubeVirt);
+const KATA: Option<SandboxMode> = Some(SandboxMode::Kata);
+const ANY: Option<SandboxMode> = None;
 
 /// Every known deploy label, in the order the operator starts its operands (and of [`Operand`]).
 #[rustfmt::skip]
 pub const OPERANDS: [OperandInfo; 23] = [
-    //  operand                      key                                daemonsets                                                  ClusterPolicy switch               sandbox waits for   label by   audit column                   always shown
-    row(O::Driver,                   k!("driver"),                      &["nvidia-driver-daemonset", "nvidia-driver-daemonset-*", "nvidia-gpu-driver-*", "nvidia-vgpu-driver-*"],sw("driver", true),                false,  NO_WAIT,    OPERATOR,  "driver",                      true),
-    row(O::ContainerToolkit,         k!("container-toolkit"),           &["nvidia-container-toolkit-daemonset"],                    sw("toolkit", true),               false,  NO_WAIT,    OPERATOR,  "toolkit",                     true),
-    row(O::OperatorValidator,        k!("operator-validator"),          &["nvidia-operator-validator"],                             None,                              false,  NO_WAIT,    OPERATOR,  "operator-validator",          false),
-    row(O::DevicePlugin,             k!("device-plugin"),               &["nvidia-device-plugin-daemonset"],                        sw("devicePlugin", true),          false,  &[TK, TR],  OPERATOR,  "device-plugin",               true),
-    row(O::GpuFeatureDiscovery,      k!("gpu-feature-discovery"),       &["gpu-feature-discovery"],                                 sw("gfd", true),                   false,  &[TK, TR],  OPERATOR,  "gfd",                         true),
-    row(O::Dcgm,                     k!("dcgm"),                        &["nvidia-dcgm"],                                           sw("dcgm", true),                  false,  &[TK, TR],  OPERATOR,  "dcgm-hostengine",             false),
-    row(O::DcgmExporter,             k!("dcgm-exporter"),               &["nvidia-dcgm-exporter"],                                  sw("dcgmExporter", true),          false,  &[TK, TR],  OPERATOR,  "dcgm",                        true),
-    row(O::NodeStatusExporter,       k!("node-status-exporter"),        &["nvidia-node-status-exporter"],                           sw("nodeStatusExporter", false),   false,  NO_WAIT,    OPERATOR,  "node-status-exporter",        false),
-    row(O::MigManager,               k!("mig-manager"),                 &["nvidia-mig-manager"],                                    sw("migManager", true),            false,  &[TK, TR],  OPERATOR,  "mig-manager",                 false),
-    row(O::SandboxDevicePlugin,      k!("sandbox-device-plugin"),       &["nvidia-sandbox-device-plugin-daemonset"],                sw("sandboxDevicePlugin", false),  true,   &[SV],        OTHERS,    "sandbox-device-plugin",       false),
-    row(O::KataSandboxDevicePlugin,  k!("kata-sandbox-device-plugin"),  &["nvidia-kata-sandbox-device-plugin-daemonset"],           sw("kataSandboxDevicePlugin", false), true, &[SV],     OTHERS,    "kata-sandbox-device-plugin",  false),
-    row(O::SandboxValidator,         k!("sandbox-validator"),           &["nvidia-sandbox-validator"],                              None,                              true,   NO_WAIT,    OTHERS,    "sandbox-validator",           false),
-    row(O::VfioManager,              k!("vfio-manager"),                &["nvidia-vfio-manager"],                                   sw("vfioManager", false),          true,   NO_WAIT,    OTHERS,    "vfio-manager",                false),
-    row(O::VgpuManager,              k!("vgpu-manager"),                &["nvidia-vgpu-manager-daemonset", "nvidia-vgpu-manager-*"],sw("vgpuManager", false),          true,   NO_WAIT,    OTHERS,    "vgpu-manager",                false),
-    row(O::VgpuDeviceManager,        k!("vgpu-device-manager"),         &["nvidia-vgpu-device-manager"],                            sw("vgpuDeviceManager", false),    true,   &[SV],        OTHERS,    "vgpu-device-manager",         false),
-    row(O::CcManager,                k!("cc-manager"),                  &["nvidia-cc-manager"],                                     sw("ccManager", false),            true,   NO_WAIT,    OTHERS,    "cc-manager",                  false),
-    row(O::KataManager,              k!("kata-manager"),                &["nvidia-kata-manager"],                                   sw("kataManager", false),          true,   NO_WAIT,    OTHERS,    "kata-manager",                false),
-    row(O::Nvsm,                     k!("nvsm"),                        NONE,                                                       None,                              false,  NO_WAIT,    OTHERS,    "nvsm",                        false),
-    row(O::Client,                   k!("client"),                      NONE,                                                       None,                              false,  NO_WAIT,    OTHERS,    "client",                      false),
-    row(O::DraDriver,                k!("dra-driver"),                  NONE,                                                       None,                              false,  NO_WAIT,    OTHERS,    "dra-driver",                  false),
-    row(O::DraValidator,             k!("dra-validator"),               NONE,                                                       None,                              false,  NO_WAIT,    OTHERS,    "dra-validator",               false),
-    row(O::DcgmDra,                  k!("dcgm-dra"),                    NONE,                                                       None,                              false,  NO_WAIT,    OTHERS,    "dcgm-dra",                    false),
-    row(O::DcgmExporterDra,          k!("dcgm-exporter-dra"),           NONE,                                                       None,                              false,  NO_WAIT,    OTHERS,    "dcgm-exporter-dra",           false),
+    //  operand                      key                                daemonsets                                                  ClusterPolicy switch                  eras                mode       label sets                                                waits for   audit column                   always shown
+    row(O::Driver,                   k!("driver"),                      &["nvidia-driver-daemonset", "nvidia-driver-daemonset-*", "nvidia-gpu-driver-*", "nvidia-vgpu-driver-*"],sw("driver", true),                   ALWAYS,             ANY,       C,                                                        NO_WAIT,    "driver",                      true),
+    row(O::ContainerToolkit,         k!("container-toolkit"),           &["nvidia-container-toolkit-daemonset"],                    sw("toolkit", true),                  ALWAYS,             ANY,       C,                                                        NO_WAIT,    "toolkit",                     true),
+    row(O::OperatorValidator,        k!("operator-validator"),          &["nvidia-operator-validator"],                             None,                                 ALWAYS,             ANY,       C,                                                        NO_WAIT,    "operator-validator",          false),
+    row(O::DevicePlugin,             k!("device-plugin"),               &["nvidia-device-plugin-daemonset"],                        sw("devicePlugin", true),             ALWAYS,             ANY,       C,                                                        &[TK, TR],  "device-plugin",               true),
+    row(O::GpuFeatureDiscovery,      k!("gpu-feature-discovery"),       &["gpu-feature-discovery"],                                 sw("gfd", true),                      ALWAYS,             ANY,       C,                                                        &[TK, TR],  "gfd",                         true),
+    row(O::Dcgm,                     k!("dcgm"),                        &["nvidia-dcgm"],                                           sw("dcgm", true),                     ALWAYS,             ANY,       C,                                                        &[TK, TR],  "dcgm-hostengine",             false),
+    row(O::DcgmExporter,             k!("dcgm-exporter"),               &["nvidia-dcgm-exporter"],                                  sw("dcgmExporter", true),             ALWAYS,             ANY,       C,                                                        &[TK, TR],  "dcgm",                        true),
+    row(O::NodeStatusExporter,       k!("node-status-exporter"),        &["nvidia-node-status-exporter"],                           sw("nodeStatusExporter", false),      ALWAYS,             ANY,       C,                                                        NO_WAIT,    "node-status-exporter",        false),
+    row(O::MigManager,               k!("mig-manager"),                 &["nvidia-mig-manager"],                                    sw("migManager", true),               ALWAYS,             ANY,       MIG,                                                      &[TK, TR],  "mig-manager",                 false),
+    row(O::SandboxDevicePlugin,      k!("sandbox-device-plugin"),       &["nvidia-sandbox-device-plugin-daemonset"],                sw("sandboxDevicePlugin", false),     ALWAYS,             KUBEVIRT,  In(Sets::PASSTHROUGH_KUBEVIRT.or(Sets::VGPU)),            &[SV],      "sandbox-device-plugin",       false),
+    row(O::KataSandboxDevicePlugin,  k!("kata-sandbox-device-plugin"),  &["nvidia-kata-sandbox-device-plugin-daemonset"],           sw("kataSandboxDevicePlugin", false), since(Era::V26_3),  KATA,      In(Sets::PASSTHROUGH_KATA),                               &[SV],      "kata-sandbox-device-plugin",  false),
+    row(O::SandboxValidator,         k!("sandbox-validator"),           &["nvidia-sandbox-validator"],                              None,                                 ALWAYS,             ANY,       In(Sets::PASSTHROUGH.or(Sets::VGPU)),                     NO_WAIT,    "sandbox-validator",           false),
+    row(O::VfioManager,              k!("vfio-manager"),                &["nvidia-vfio-manager"],                                   sw("vfioManager", false),             ALWAYS,             ANY,       In(Sets::PASSTHROUGH),                                    NO_WAIT,    "vfio-manager",                false),
+    row(O::VgpuManager,              k!("vgpu-manager"),                &["nvidia-vgpu-manager-daemonset", "nvidia-vgpu-manager-*"],sw("vgpuManager", false),             ALWAYS,             ANY,       In(Sets::VGPU),                                           NO_WAIT,    "vgpu-manager",                false),
+    row(O::VgpuDeviceManager,        k!("vgpu-device-manager"),         &["nvidia-vgpu-device-manager"],                            sw("vgpuDeviceManager", false),       ALWAYS,             ANY,       In(Sets::VGPU),                                           &[SV],      "vgpu-device-manager",         false),
+    row(O::CcManager,                k!("cc-manager"),                  &["nvidia-cc-manager"],                                     sw("ccManager", false),               ALWAYS,             KATA,      In(Sets::PASSTHROUGH.or(Sets::VGPU)),                     NO_WAIT,    "cc-manager",                  false),
+    row(O::KataManager,              k!("kata-manager"),                &["nvidia-kata-manager"],                                   sw("kataManager", false),             Eras(Era::V24_9, Era::V26_3), ANY, In(Sets::PASSTHROUGH),                                    NO_WAIT,    "kata-manager",                false),
+    row(O::Nvsm,                     k!("nvsm"),                        NONE,                                                       None,                                 ALWAYS,             ANY,       NO,                                                       NO_WAIT,    "nvsm",                        false),
+    row(O::Client,                   k!("client"),                      NONE,                                                       None,                                 since(Era::V26_7),  ANY,       In(Sets::ALL),                                            NO_WAIT,    "client",                      false),
+    row(O::DraDriver,                k!("dra-driver"),                  NONE,                                                       None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    NO_WAIT,    "dra-driver",                  false),
+    row(O::DraValidator,             k!("dra-validator"),               NONE,                                                       None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    NO_WAIT,    "dra-validator",               false),
+    row(O::DcgmDra,                  k!("dcgm-dra"),                    NONE,                                                       None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    NO_WAIT,    "dcgm-dra",                    false),
+    row(O::DcgmExporterDra,          k!("dcgm-exporter-dra"),           NONE,                                                       None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    NO_WAIT,    "dcgm-exporter-dra",           false),
 ];
+
+/// What an era's labelling pass does, worked out from the rows once, at compile time.
+struct EraModel {
+    /// Per [`Sets`] bit: the label set of a node of that workload and mode.
+    sets: [OperandSet; 4],
+    /// Every key the pass may delete (in a sweep or for `operands=false`).
+    managed: OperandSet,
+    /// Keys added on MIG-capable container nodes and kept on every container node.
+    mig: OperandSet,
+    /// Per sandbox mode: the operands this era never deploys under it.
+    not_deployed: [OperandSet; 2],
+}
+
+const fn era_model(era: Era) -> EraModel {
+    let mut m = EraModel {
+        sets: [OperandSet::EMPTY; 4],
+        managed: OperandSet::EMPTY,
+        mig: OperandSet::EMPTY,
+        not_deployed: [OperandSet::EMPTY; 2],
+    };
+    let mut i = 0;
+    while i < OPERANDS.len() {
+        let info = &OPERANDS[i];
+        let op = OperandSet::of(&[info.operand]);
+        let has = era as u8 >= info.since as u8;
+        if has {
+            match info.labelled {
+                Labelled::In(sets) => {
+                    let mut bit = 0;
+                    while bit < 4 {
+                        if sets.0 & (1 << bit) != 0 {
+                            m.sets[bit] = m.sets[bit].union(op);
+                        }
+                        bit += 1;
+                    }
+                    m.managed = m.managed.union(op);
+                }
+                Labelled::MigCapable => {
+                    m.mig = m.mig.union(op);
+                    m.managed = m.managed.union(op);
+                }
+                Labelled::Swept => m.managed = m.managed.union(op),
+                Labelled::No => {}
+            }
+        }
+        if !info.daemonsets.is_empty() {
+            let mut mode = 0;
+            while mode < 2 {
+                let wrong_mode = match info.mode {
+                    Some(needed) => {
+                        era as u8 >= Era::V26_3 as u8
+                            && needed as u8 != SandboxMode::ALL[mode] as u8
+                    }
+                    None => false,
+                };
+                if !has || era as u8 > info.until as u8 || wrong_mode {
+                    m.not_deployed[mode] = m.not_deployed[mode].union(op);
+                }
+                mode += 1;
+            }
+        }
+        i += 1;
+    }
+    m
+}
+
+const ERA_MODELS: [EraModel; 3] = [
+    era_model(Era::V24_9),
+    era_model(Era::V26_3),
+    era_model(Era::V26_7),
+];
+
+/// `gpuStateLabels[workload]` as this era's `getEffectiveStateLabels` returns it.
+pub fn label_set(era: Era, workload: Workload, mode: SandboxMode) -> OperandSet {
+    let bit = Sets::of(workload, mode.in_era(era)).0.trailing_zeros() as usize;
+    ERA_MODELS[era as usize].sets[bit]
+}
+
+/// Every operand whose deploy label this era's operator may delete, in a sweep or for
+/// `operands=false`.
+pub fn managed(era: Era) -> OperandSet {
+    ERA_MODELS[era as usize].managed
+}
+
+/// The operands whose label is added on MIG-capable `container` nodes and kept on every
+/// `container` node ([`Labelled::MigCapable`]).
+pub fn mig_labelled(era: Era) -> OperandSet {
+    ERA_MODELS[era as usize].mig
+}
+
+/// The operands this era's operator never deploys under this sandbox mode (`isStateEnabled`):
+/// outside the row's eras, or (from v26.3) needing the other mode.
+pub fn not_deployed(era: Era, mode: SandboxMode) -> OperandSet {
+    ERA_MODELS[era as usize].not_deployed[mode as usize]
+}
 
 impl Operand {
     pub fn info(self) -> &'static OperandInfo {
@@ -266,14 +514,6 @@ impl Operand {
     /// The operand a full label key stands for.
     pub fn from_key(key: &str) -> Option<Operand> {
         OPERANDS.iter().find(|i| i.key == key).map(|i| i.operand)
-    }
-
-    /// The operand a short name (`device-plugin`) stands for.
-    pub fn from_name(name: &str) -> Option<Operand> {
-        OPERANDS
-            .iter()
-            .find(|i| &i.key[DEPLOY_PREFIX.len()..] == name)
-            .map(|i| i.operand)
     }
 
     pub fn all() -> impl Iterator<Item = Operand> {
@@ -318,6 +558,13 @@ impl OperandInfo {
     /// The operator creates a DaemonSet for it.
     pub fn has_daemonset(&self) -> bool {
         !self.daemonsets.is_empty()
+    }
+
+    /// Deployed only when the ClusterPolicy's `spec.sandboxWorkloads.enabled` is true as well:
+    /// its label belongs to a VM workload's set and not to the container set.
+    pub fn needs_sandbox(&self) -> bool {
+        let vm = Sets::PASSTHROUGH.or(Sets::VGPU);
+        matches!(self.labelled, Labelled::In(s) if s.intersects(vm) && !s.intersects(Sets::CONTAINER))
     }
 }
 
@@ -478,6 +725,76 @@ pub fn closest_known(suffix: &str) -> Option<&'static str> {
 mod tests {
     use super::*;
 
+    /// Every per-operand fact the model uses is read from the operand's row: for each row and
+    /// each era, workload and mode, what the model derives is what the row's columns say. A new
+    /// row (and its variant) is therefore all a new operand needs.
+    #[test]
+    fn every_column_is_what_the_model_reads() {
+        use crate::core::facts::switched_off;
+        for info in &OPERANDS {
+            let op = info.operand;
+            assert_eq!(op.info().key, info.key);
+            assert_eq!(Operand::from_key(info.key), Some(op));
+            for name in info.daemonsets {
+                let name = name.replace('*', "x-5.15");
+                assert_eq!(Operand::of_daemonset(&name), Some(op), "{name}");
+            }
+            for w in [Wait::Toolkit, Wait::ToolkitReady, Wait::SandboxValidator] {
+                assert_eq!(op.waits_for(w), info.waits.contains(&w), "{op:?} {w:?}");
+            }
+            assert_eq!(op.column(), info.column);
+            assert_eq!(Operand::always_shown().any(|o| o == op), info.always_shown);
+            // The switch, and the sandbox workloads it needs: off when its own switch is off,
+            // or when sandbox workloads are.
+            let off = |field: &str, sandbox: bool| {
+                let Ok(set) = switched_off(|f, _| {
+                    Ok::<bool, std::convert::Infallible>(if f == "sandboxWorkloads" {
+                        sandbox
+                    } else {
+                        f != field
+                    })
+                });
+                set.contains(op)
+            };
+            match info.switch {
+                Some(s) => assert!(off(s.field, true), "{op:?}: its switch"),
+                None => assert!(!off("-", true), "{op:?} has no switch"),
+            }
+            assert_eq!(off("-", false), info.needs_sandbox(), "{op:?}: sandbox");
+            for era in Era::ALL {
+                let has = era >= info.since;
+                for mode in SandboxMode::ALL {
+                    let sets = |w| label_set(era, w, mode).contains(op);
+                    let want = |w| match info.labelled {
+                        Labelled::In(s) => has && s.intersects(Sets::of(w, mode.in_era(era))),
+                        _ => false,
+                    };
+                    for w in Workload::ALL {
+                        assert_eq!(sets(w), want(w), "{op:?} {era:?} {w:?} {mode:?}");
+                    }
+                    let deployed = info.has_daemonset()
+                        && has
+                        && era <= info.until
+                        && (era < Era::V26_3 || info.mode.is_none_or(|m| m == mode));
+                    assert_eq!(
+                        !not_deployed(era, mode).contains(op),
+                        deployed || !info.has_daemonset(),
+                        "{op:?} {era:?} {mode:?}: deployed"
+                    );
+                }
+                assert_eq!(
+                    managed(era).contains(op),
+                    has && info.labelled != Labelled::No,
+                    "{op:?} {era:?}: managed"
+                );
+                assert_eq!(
+                    mig_labelled(era).contains(op),
+                    has && info.labelled == Labelled::MigCapable
+                );
+            }
+        }
+    }
+
     #[test]
     fn table_matches_enum_order() {
         for (i, info) in OPERANDS.iter().enumerate() {
@@ -494,7 +811,6 @@ mod tests {
     fn names_round_trip() {
         for op in Operand::all() {
             assert_eq!(Operand::from_key(op.key()), Some(op));
-            assert_eq!(Operand::from_name(op.name()), Some(op));
         }
         assert_eq!(
             Operand::DevicePlugin.key(),

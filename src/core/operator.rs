@@ -12,8 +12,9 @@ use std::fmt;
 
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, OperandSet,
-    deploy_labels,
+    deploy_labels, managed, mig_labelled,
 };
+pub use crate::core::operands::{Era, SandboxMode, Workload, label_set};
 
 const WORKLOAD: &str = "nvidia.com/gpu.workload.config";
 const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
@@ -22,29 +23,6 @@ const VGPU_HOST_DRIVER: &str = "nvidia.com/vgpu.host-driver-version";
 /// The labels besides the deploy labels, `gpu.present` and NFD's that the labelling pass reads:
 /// the decision, and so the webhook, must keep them (`policy::reads_label`).
 pub const PASS_READS: [&str; 4] = [WORKLOAD, MIG_CAPABLE, PRODUCT, VGPU_HOST_DRIVER];
-
-/// A span of operator versions whose labelling code is the same.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Era {
-    /// v24.9.x – v25.10.x.
-    V24_9,
-    /// v26.3.x: sandbox mode, kata sandbox device plugin.
-    V26_3,
-    /// v26.7.x and later: `client`, empty values reset, DRA keys, non-GPU nodes swept.
-    V26_7,
-}
-
-impl Era {
-    pub const NEWEST: Era = Era::V26_7;
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Era::V24_9 => "v24.9",
-            Era::V26_3 => "v26.3",
-            Era::V26_7 => "v26.7",
-        }
-    }
-}
 
 /// The operator version a decision follows (where it came from is
 /// [`VersionSource`](crate::core::facts::VersionSource)).
@@ -86,51 +64,6 @@ impl OperatorVersion {
 impl fmt::Display for OperatorVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
-    }
-}
-
-/// `nvidia.com/gpu.workload.config`.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Workload {
-    Container,
-    VmPassthrough,
-    VmVgpu,
-}
-
-impl Workload {
-    pub fn parse(v: &str) -> Option<Workload> {
-        match v {
-            "container" => Some(Workload::Container),
-            "vm-passthrough" => Some(Workload::VmPassthrough),
-            "vm-vgpu" => Some(Workload::VmVgpu),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Workload::Container => "container",
-            Workload::VmPassthrough => "vm-passthrough",
-            Workload::VmVgpu => "vm-vgpu",
-        }
-    }
-}
-
-/// `spec.sandboxWorkloads.mode` (v26.3 and later; CRD default kubevirt).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub enum SandboxMode {
-    #[default]
-    KubeVirt,
-    Kata,
-}
-
-impl SandboxMode {
-    /// As the ClusterPolicy spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            SandboxMode::KubeVirt => "kubevirt",
-            SandboxMode::Kata => "kata",
-        }
     }
 }
 
@@ -183,68 +116,6 @@ pub struct Pass {
     pub operands_disabled: bool,
 }
 
-use Operand::*;
-
-const CONTAINER: OperandSet = OperandSet::of(&[
-    Driver,
-    GpuFeatureDiscovery,
-    ContainerToolkit,
-    DevicePlugin,
-    Dcgm,
-    DcgmExporter,
-    NodeStatusExporter,
-    OperatorValidator,
-]);
-const PASSTHROUGH: OperandSet = OperandSet::of(&[
-    SandboxDevicePlugin,
-    SandboxValidator,
-    VfioManager,
-    KataManager,
-    CcManager,
-]);
-const VGPU: OperandSet = OperandSet::of(&[
-    SandboxDevicePlugin,
-    VgpuManager,
-    VgpuDeviceManager,
-    SandboxValidator,
-    CcManager,
-]);
-/// The GPUCluster (DRA) stack's keys, swept from ClusterPolicy nodes from v26.7.
-const DRA: OperandSet =
-    OperandSet::of(&[Driver, DraDriver, DraValidator, DcgmDra, DcgmExporterDra]);
-
-/// `gpuStateLabels[workload]` as `getEffectiveStateLabels` returns it.
-pub fn label_set(era: Era, workload: Workload, mode: SandboxMode) -> OperandSet {
-    let mut set = match workload {
-        Workload::Container => CONTAINER,
-        Workload::VmPassthrough => PASSTHROUGH,
-        Workload::VmVgpu => VGPU,
-    };
-    if era >= Era::V26_3 && workload == Workload::VmPassthrough && mode == SandboxMode::Kata {
-        set.remove(SandboxDevicePlugin);
-        set.insert(KataSandboxDevicePlugin);
-    }
-    if era >= Era::V26_7 {
-        set.insert(Client);
-    }
-    set
-}
-
-/// Every operand whose deploy label the operator may delete in a sweep or for `operands=false`.
-fn managed(era: Era) -> OperandSet {
-    let mut set = CONTAINER
-        .union(PASSTHROUGH)
-        .union(VGPU)
-        .union(OperandSet::of(&[MigManager]));
-    if era >= Era::V26_3 {
-        set.insert(KataSandboxDevicePlugin);
-    }
-    if era >= Era::V26_7 {
-        set = set.union(DRA).union(OperandSet::of(&[Client]));
-    }
-    set
-}
-
 /// What one labelling pass does, worked out once from the few labels it reads: applied to a
 /// whole node by [`labelling_pass`], or asked about single labels by the decision, which needs
 /// only the labels a request changes.
@@ -261,8 +132,9 @@ pub struct Plan {
     pub sweep: OperandSet,
     /// Deploy labels the pass adds as `true` when absent (from v26.7 also when empty).
     wanted: OperandSet,
-    /// mig-manager's label is added as `true` when absent (an empty one stays).
-    mig_manager: bool,
+    /// Deploy labels the pass adds as `true` only when absent (an empty one stays): mig-manager's
+    /// on a MIG-capable container node.
+    wanted_if_absent: OperandSet,
 }
 
 impl Plan {
@@ -285,7 +157,7 @@ impl Plan {
             operands_disabled,
             sweep: OperandSet::EMPTY,
             wanted: OperandSet::EMPTY,
-            mig_manager: false,
+            wanted_if_absent: OperandSet::EMPTY,
         };
         if !nfd {
             // v26.7's node-labelling controller strips every node without gpu.present=true.
@@ -298,14 +170,17 @@ impl Plan {
             let w = workload(labels, sandbox);
             let set = label_set(era, w, sandbox.mode);
             let container = w == Workload::Container;
-            let mut keep = set;
-            if container {
-                keep.insert(MigManager);
-            }
+            let mig = if container {
+                mig_labelled(era)
+            } else {
+                OperandSet::EMPTY
+            };
             plan.workload = Some(w);
-            plan.sweep = managed(era).without(keep);
+            plan.sweep = managed(era).without(set.union(mig));
             plan.wanted = set;
-            plan.mig_manager = container && mig_capable(labels);
+            if mig_capable(labels) {
+                plan.wanted_if_absent = mig;
+            }
         }
         plan
     }
@@ -316,7 +191,7 @@ impl Plan {
             return None;
         }
         let added = match value {
-            None => self.wanted.contains(op) || (op == MigManager && self.mig_manager),
+            None => self.wanted.union(self.wanted_if_absent).contains(op),
             Some("") => self.wanted.contains(op) && self.era >= Era::V26_7,
             Some(_) => false,
         };
@@ -463,6 +338,36 @@ pub fn after_pauses(labels: &Labels) -> Option<Labels> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Operand::*;
+
+    // The label sets of `docs/gpu-operator.md` §3, written out here apart from the table they
+    // are derived from.
+    const CONTAINER: OperandSet = OperandSet::of(&[
+        Driver,
+        GpuFeatureDiscovery,
+        ContainerToolkit,
+        DevicePlugin,
+        Dcgm,
+        DcgmExporter,
+        NodeStatusExporter,
+        OperatorValidator,
+    ]);
+    const PASSTHROUGH: OperandSet = OperandSet::of(&[
+        SandboxDevicePlugin,
+        SandboxValidator,
+        VfioManager,
+        KataManager,
+        CcManager,
+    ]);
+    const VGPU: OperandSet = OperandSet::of(&[
+        SandboxDevicePlugin,
+        VgpuManager,
+        VgpuDeviceManager,
+        SandboxValidator,
+        CcManager,
+    ]);
+    const DRA: OperandSet =
+        OperandSet::of(&[Driver, DraDriver, DraValidator, DcgmDra, DcgmExporterDra]);
 
     fn labels(items: &[&str]) -> Labels {
         items
@@ -515,6 +420,44 @@ mod tests {
             enabled: true,
             default_workload: default,
             mode,
+        }
+    }
+
+    #[test]
+    fn label_sets_and_sweeps_per_era_are_the_docs_ones() {
+        for era in Era::ALL {
+            for mode in SandboxMode::ALL {
+                for w in Workload::ALL {
+                    let mut want = match w {
+                        Workload::Container => CONTAINER,
+                        Workload::VmPassthrough => PASSTHROUGH,
+                        Workload::VmVgpu => VGPU,
+                    };
+                    if era >= Era::V26_3
+                        && w == Workload::VmPassthrough
+                        && mode == SandboxMode::Kata
+                    {
+                        want.remove(SandboxDevicePlugin);
+                        want.insert(KataSandboxDevicePlugin);
+                    }
+                    if era >= Era::V26_7 {
+                        want.insert(Client);
+                    }
+                    assert_eq!(label_set(era, w, mode), want, "{era:?} {w:?} {mode:?}");
+                }
+            }
+            let mut want = CONTAINER
+                .union(PASSTHROUGH)
+                .union(VGPU)
+                .union(OperandSet::of(&[MigManager]));
+            if era >= Era::V26_3 {
+                want.insert(KataSandboxDevicePlugin);
+            }
+            if era >= Era::V26_7 {
+                want = want.union(DRA).union(OperandSet::of(&[Client]));
+            }
+            assert_eq!(managed(era), want, "{era:?}");
+            assert_eq!(mig_labelled(era), OperandSet::of(&[MigManager]));
         }
     }
 
