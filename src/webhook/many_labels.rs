@@ -21,7 +21,7 @@
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
-use super::review::NodeLabels;
+use super::read::NodeLabels;
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{Labels, is_unknown_deploy_key};
 use crate::core::operator::restored_value;

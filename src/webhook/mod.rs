@@ -20,17 +20,21 @@ use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower_http::timeout::TimeoutLayer;
 
-pub mod label_syntax;
+mod bad_request;
 mod many_labels;
 pub mod policy_review;
 mod pruned;
+pub mod read;
 pub mod response;
-pub mod review;
-pub mod scan;
 mod shares;
 
-use response::respond;
-use review::{RequestView, ReviewBody};
+pub use bad_request::BadRequest;
+use bad_request::MAX_ERROR_BYTES;
+pub use read::{
+    MAX_NAME_CHARS, MAX_UID_CHARS, RequestView, Scanned, explain, label_syntax, parse_review,
+    parse_with_serde, scan, scan_review,
+};
+use response::{json_response, respond};
 pub use shares::{BODY_WINDOW, MAX_WAITING_BYTES, WAITING_ROOM};
 use shares::{InFlight, Shares};
 
@@ -64,15 +68,6 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024 + 512 * 1024;
 /// Half of the default `--max-connections` (128): see [`shares`].
 pub const DEFAULT_MAX_REQUESTS_PER_SOURCE: usize = 64;
 
-/// The longest node name Kubernetes accepts (a DNS subdomain).
-pub const MAX_NAME_CHARS: usize = 253;
-
-/// Request uids are UUIDs (36 characters); the answer must repeat the uid, so a longer one is
-/// refused rather than echoed.
-pub const MAX_UID_CHARS: usize = 128;
-
-/// The most bytes of a parser's error message repeated in an answer or a log line.
-const MAX_ERROR_BYTES: usize = 300;
 /// Labels in a review (object and old object) beyond which it is decided in its turn.
 const MANY_LABELS: usize = 2_000;
 
@@ -178,125 +173,6 @@ async fn not_found() -> Response {
         "not found: the webhook answers POST /validate (Nodes) and POST /validate/gpu-policy (ClusterPolicy, NVIDIADriver)\n",
     )
         .into_response()
-}
-
-/// Why a request could not be reviewed. Each variant maps to one HTTP status.
-#[derive(Debug, thiserror::Error)]
-pub enum BadRequest {
-    #[error("Content-Type must be application/json, got {0:?}")]
-    ContentType(String),
-    #[error("request body is larger than the limit of {limit} bytes")]
-    TooLarge { limit: usize },
-    #[error("too many request bytes in flight: no room for this body within {0:?}; retry")]
-    Busy(Duration),
-    #[error(
-        "this client already has {0} requests in flight, its share of the webhook; retry when one is answered"
-    )]
-    SourceRequests(usize),
-    #[error(
-        "this client's request bodies hold its share of the in-flight body budget: no room for this body within {0:?}; retry"
-    )]
-    SourceBytes(Duration),
-    #[error(
-        "no room for this body in the in-flight body budget, nor to wait for it: the bodies of its size waiting may hold {waiting} bytes ({of_source} of them this client's), of at most {room} ({per_source} for one client); retry"
-    )]
-    TooManyWaiting {
-        waiting: usize,
-        of_source: usize,
-        room: usize,
-        per_source: usize,
-    },
-    #[error("request body not received within {0:?}")]
-    BodyTimeout(Duration),
-    #[error("request body could not be read: {0}")]
-    BodyRead(String),
-    #[error("request body is empty: expected an AdmissionReview")]
-    Empty,
-    #[error("request body is not JSON: {0}")]
-    NotJson(String),
-    #[error("request body is truncated JSON: {0}")]
-    Truncated(String),
-    #[error("request body is not a valid AdmissionReview: {path}: {message}")]
-    Invalid { path: String, message: String },
-    #[error(
-        "AdmissionReview {0} is not supported: only admission.k8s.io/v1 (set admissionReviewVersions: [\"v1\"])"
-    )]
-    Version(String),
-    #[error("expected kind AdmissionReview, got {0:?}")]
-    Kind(String),
-    #[error("AdmissionReview has no `request`")]
-    NoRequest,
-    #[error("only Nodes (core/v1) are reviewed, got {0}: check the webhook's rules")]
-    NotANode(String),
-    #[error(
-        "only ClusterPolicy and NVIDIADriver (nvidia.com) are reviewed at /validate/gpu-policy, got {0}: check the webhook's rules"
-    )]
-    NotAPolicy(String),
-    #[error("{operation} request has no `{field}`")]
-    MissingObject {
-        operation: &'static str,
-        field: &'static str,
-    },
-    #[error("{field} is {chars} characters long: a Node name has at most {MAX_NAME_CHARS}")]
-    NameTooLong { field: &'static str, chars: usize },
-    #[error("request.uid is {0} characters long: at most {MAX_UID_CHARS} are accepted")]
-    UidTooLong(usize),
-}
-
-impl BadRequest {
-    fn status(&self) -> StatusCode {
-        match self {
-            BadRequest::ContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            BadRequest::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            BadRequest::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            BadRequest::Busy(_)
-            | BadRequest::SourceRequests(_)
-            | BadRequest::SourceBytes(_)
-            | BadRequest::TooManyWaiting { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::BAD_REQUEST,
-        }
-    }
-
-    /// Whether a refused HTTP/1.1 body is read to its end ([`linger`]) so that the client,
-    /// still sending, gets the answer: yes when it was refused for want of room or for its
-    /// content type, not when its size, its slowness or its stream was the problem.
-    fn lingers(&self) -> bool {
-        !matches!(
-            self,
-            BadRequest::TooLarge { .. } | BadRequest::BodyTimeout(_) | BadRequest::BodyRead(_)
-        )
-    }
-
-    /// A short, fixed reason for the metrics label.
-    fn reason(&self) -> &'static str {
-        match self {
-            BadRequest::ContentType(_) => "content-type",
-            BadRequest::TooLarge { .. } => "too-large",
-            BadRequest::BodyTimeout(_) => "body-timeout",
-            BadRequest::BodyRead(_) => "body-read",
-            BadRequest::Empty => "empty",
-            BadRequest::NotJson(_) => "not-json",
-            BadRequest::Truncated(_) => "truncated",
-            BadRequest::Invalid { .. } => "invalid",
-            BadRequest::Version(_) => "version",
-            BadRequest::Kind(_) => "kind",
-            BadRequest::NoRequest => "no-request",
-            BadRequest::NotANode(_) => "not-a-node",
-            BadRequest::NotAPolicy(_) => "not-a-policy",
-            BadRequest::MissingObject { .. } => "missing-object",
-            BadRequest::Busy(_) => "busy",
-            BadRequest::SourceRequests(_) => "source-requests",
-            BadRequest::SourceBytes(_) => "source-bytes",
-            BadRequest::TooManyWaiting { .. } => "too-many-waiting",
-            BadRequest::NameTooLong { .. } => "name-too-long",
-            BadRequest::UidTooLong(_) => "uid-too-long",
-        }
-    }
-
-    fn into_response(self, uid: Option<String>) -> Response {
-        let body = response::invalid(self.to_string(), self.status().as_u16(), uid);
-        json_response(self.status(), &body)
-    }
 }
 
 /// The client's address, which every request that came over a socket has.
@@ -672,173 +548,6 @@ fn is_length_limit(error: &axum::Error) -> bool {
     false
 }
 
-/// Reads the body as a v1 Node AdmissionReview. On failure, returns the uid when it was readable,
-/// so the API server can match even an error answer.
-pub fn parse_review(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option<String>)> {
-    match scan_review(bytes) {
-        Scanned::Read(request) => Ok(request),
-        Scanned::Refused(bad, uid) => Err((bad, uid)),
-        Scanned::ToSerde(why) => explain(bytes, why.as_ref()),
-    }
-}
-
-/// [`parse_with_serde`] of a body the scanner did not read (`why`, when it refused it). A long
-/// string it refused by its type is cut first (`scan::with_short_string`): the answer is the
-/// same, without a message that repeats the string whole.
-pub fn explain<'a>(
-    bytes: &'a [u8],
-    why: Option<&scan::ScanError>,
-) -> Result<RequestView<'a>, (BadRequest, Option<String>)> {
-    if let Some(short) = why.and_then(|w| scan::with_short_string(bytes, w, MAX_ERROR_BYTES)) {
-        // Refused, as the scanner found: that is the answer. Read (never seen), the whole body
-        // is read below.
-        parse_with_serde(&short)?;
-    }
-    parse_with_serde(bytes)
-}
-
-/// What the scanner makes of a body.
-// Made once per request and matched at once: boxing the view would allocate per review.
-#[allow(clippy::large_enum_variant)]
-pub enum Scanned<'a> {
-    Read(RequestView<'a>),
-    Refused(BadRequest, Option<String>),
-    /// Refused (why, when the scanner said), or in a form the scanner leaves to serde:
-    /// [`explain`] says why, or reads it.
-    ToSerde(Option<scan::ScanError>),
-}
-
-/// [`parse_review`]'s fast part: the scanner reads what the webhook needs and skips the rest
-/// unbuilt (`scan`). It refuses exactly what serde refuses (tests/scan_differential.rs), so a
-/// body it refuses is read again with serde, to say where and why, or to read one of the rare
-/// forms it leaves to serde.
-pub fn scan_review(bytes: &[u8]) -> Scanned<'_> {
-    let review = match scan::scan(bytes) {
-        Ok(review) => review,
-        Err(why) => return Scanned::ToSerde(Some(why)),
-    };
-    if let Err((bad, uid)) = check_review(&review.kind, &review.api_version) {
-        return Scanned::Refused(bad, uid);
-    }
-    let Some(request) = review.request else {
-        return Scanned::Refused(BadRequest::NoRequest, None);
-    };
-    // A label outside Kubernetes syntax is refused before any work per label. serde's reader
-    // refuses it too, and names the field: let it say so, so both paths give the same answer.
-    let labels = [&request.object, &request.old_object];
-    if labels
-        .into_iter()
-        .flatten()
-        .filter_map(|node| node.labels)
-        .any(|labels| !labels.syntax_ok())
-    {
-        return Scanned::ToSerde(None);
-    }
-    let request = RequestView::from(request);
-    match check_bounds(&request) {
-        Ok(()) => Scanned::Read(request),
-        Err((bad, uid)) => Scanned::Refused(bad, uid),
-    }
-}
-
-/// `parse_review` with serde alone: the reference reading of a review.
-pub fn parse_with_serde(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option<String>)> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err((BadRequest::Empty, None));
-    }
-    // Read without tracking the path: serde_path_to_error copies every map key it passes, a
-    // large Node's ~200 labels included. Only a body that fails is read again, to say where.
-    let review: ReviewBody<'_> = match serde_json::from_slice(bytes) {
-        Ok(review) => review,
-        // Its message, cut short, before the next reading builds another: one at a time.
-        Err(error) => return Err(unreadable(bytes, bounded_display(&error, MAX_ERROR_BYTES))),
-    };
-    check_review(review.kind.as_str(), review.api_version.as_str())?;
-    let request = review.request.ok_or((BadRequest::NoRequest, None))?;
-    check_bounds(&request)?;
-    Ok(request)
-}
-
-/// Refuses what no API server sends and the answer or the log would have to repeat: a uid
-/// that is not short, a name longer than Kubernetes allows.
-fn check_bounds(request: &RequestView<'_>) -> Result<(), (BadRequest, Option<String>)> {
-    let uid_chars = request.uid.chars().count();
-    if uid_chars > MAX_UID_CHARS {
-        return Err((BadRequest::UidTooLong(uid_chars), None));
-    }
-    let uid = || Some(request.uid.clone());
-    let names = [
-        ("request.name", Some(request.name.as_str())),
-        (
-            "request.object.metadata.name",
-            request.object.as_ref().map(|o| o.name()),
-        ),
-        (
-            "request.oldObject.metadata.name",
-            request.old_object.as_ref().map(|o| o.name()),
-        ),
-    ];
-    for (field, name) in names {
-        let chars = name.map_or(0, |n| n.chars().count());
-        if chars > MAX_NAME_CHARS {
-            return Err((BadRequest::NameTooLong { field, chars }, uid()));
-        }
-    }
-    Ok(())
-}
-
-fn check_review(kind: &str, api_version: &str) -> Result<(), (BadRequest, Option<String>)> {
-    if kind != "AdmissionReview" {
-        return Err((BadRequest::Kind(echo(kind).into_owned()), None));
-    }
-    if api_version != "admission.k8s.io/v1" {
-        return Err((BadRequest::Version(echo(api_version).into_owned()), None));
-    }
-    Ok(())
-}
-
-/// Why serde_json refused a body (`first`: its message), with the path to the field at fault
-/// and the uid when it can still be found.
-fn unreadable(bytes: &[u8], first: String) -> (BadRequest, Option<String>) {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let e = match serde_path_to_error::deserialize::<_, ReviewBody<'_>>(&mut de) {
-        Err(e) => e,
-        // The document itself was fine; what follows it is not.
-        Ok(_) => return (BadRequest::NotJson(first), None),
-    };
-    // Messages repeat what they refuse (an unknown variant, a string of the wrong type): bounded.
-    let path = bounded_display(e.path(), MAX_ERROR_BYTES);
-    let inner = e.into_inner();
-    let message = bounded_display(&inner, MAX_ERROR_BYTES);
-    let bad = match inner.classify() {
-        serde_json::error::Category::Eof => BadRequest::Truncated(message),
-        serde_json::error::Category::Syntax => BadRequest::NotJson(message),
-        _ => BadRequest::Invalid {
-            path: if path == "." {
-                "(top level)".to_owned()
-            } else {
-                path
-            },
-            message,
-        },
-    };
-    (bad, uid_of(bytes))
-}
-
-/// The uid of a review whose body failed to parse as a whole, when it can still be found.
-fn uid_of(bytes: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Outer {
-        request: Option<Inner>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Inner {
-        uid: Option<String>,
-    }
-    let uid = serde_json::from_slice::<Outer>(bytes).ok()?.request?.uid?;
-    (uid.chars().count() <= MAX_UID_CHARS).then_some(uid)
-}
-
 /// Checks what the request is about and runs the policy on it.
 pub fn review_request(
     req: &RequestView<'_>,
@@ -965,18 +674,6 @@ fn log_verdict(req: &RequestView<'_>, verdict: &Verdict) {
             uid = %req.uid, node = %req.name, user, dry_run = req.dry_run,
             decision = verdict.decision.as_str(), "admission review"
         ),
-    }
-}
-
-fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
-    match serde_json::to_vec(body) {
-        Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
-        // Serializing our own response types cannot fail; answer anyway rather than panic.
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot encode response: {e}\n"),
-        )
-            .into_response(),
     }
 }
 

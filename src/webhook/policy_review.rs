@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::pruned::Keep;
-use super::review::UserInfo;
+use super::read::UserInfo;
 use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, json_response, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
