@@ -61,12 +61,9 @@ pub(super) async fn validate(
     let response = respond(&request, &verdict);
     let seconds = started.elapsed().as_secs_f64();
     hook.metrics.observe_review(
-        verdict.decision.as_str(),
-        request.operation.as_str(),
-        verdict
-            .findings
-            .iter()
-            .map(|f| (f.rule.id(), f.action.as_str())),
+        verdict.decision,
+        request.operation,
+        verdict.findings.iter().map(|f| (f.rule, f.action)),
         seconds,
     );
     log_verdict(&request, &verdict);

@@ -143,13 +143,10 @@ pub(super) async fn validate_policy(
     };
     let response = super::response::respond_to(request.uid.clone(), &verdict);
     hook.metrics.observe_policy_review(
-        kind.as_str(),
-        verdict.decision.as_str(),
-        request.operation.as_str(),
-        verdict
-            .findings
-            .iter()
-            .map(|f| (f.rule.id(), f.action.as_str())),
+        kind,
+        verdict.decision,
+        request.operation,
+        verdict.findings.iter().map(|f| (f.rule, f.action)),
         started.elapsed().as_secs_f64(),
     );
     log(&request, kind, &verdict);
