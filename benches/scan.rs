@@ -1,4 +1,4 @@
-//! Reading an AdmissionReview body with the scanner (`webhook::scan`): the fields the webhook needs,
+//! Reading an AdmissionReview body with the scanner (`webhook::read::scan`): the fields the webhook needs,
 //! every other value skipped unbuilt but checked. Compare with `review/parse` (serde into the
 //! webhook's view) and `review/floor` (serde skimming the body for the uid) on the same body.
 

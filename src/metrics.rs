@@ -10,6 +10,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::core::policy::{Decision, Operation};
+use crate::core::policy_change::PolicyKind;
+use crate::core::rules::{Action, Rule};
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReviewLabels {
     decision: &'static str,
@@ -330,14 +334,16 @@ impl Metrics {
         }
     }
 
-    /// Records one answered review.
+    /// Records one answered review: its decision, its operation, each finding's rule and
+    /// action, and how long it took.
     pub fn observe_review(
         &self,
-        decision: &'static str,
-        operation: &'static str,
-        findings: impl IntoIterator<Item = (&'static str, &'static str)>,
+        decision: Decision,
+        operation: Operation,
+        findings: impl IntoIterator<Item = (Rule, Action)>,
         seconds: f64,
     ) {
+        let (decision, operation) = (decision.as_str(), operation.as_str());
         self.reviews
             .get_or_create(&ReviewLabels {
                 decision,
@@ -347,8 +353,8 @@ impl Metrics {
         for (rule, action) in findings {
             self.findings
                 .get_or_create(&FindingLabels {
-                    rule,
-                    action,
+                    rule: rule.id(),
+                    action: action.as_str(),
                     operation,
                 })
                 .inc();
@@ -359,12 +365,13 @@ impl Metrics {
     /// Records one answered GPU-policy review (`kind`: ClusterPolicy or NVIDIADriver).
     pub fn observe_policy_review(
         &self,
-        kind: &'static str,
-        decision: &'static str,
-        operation: &'static str,
-        findings: impl IntoIterator<Item = (&'static str, &'static str)>,
+        kind: PolicyKind,
+        decision: Decision,
+        operation: Operation,
+        findings: impl IntoIterator<Item = (Rule, Action)>,
         seconds: f64,
     ) {
+        let (kind, decision, operation) = (kind.as_str(), decision.as_str(), operation.as_str());
         self.policy_reviews
             .get_or_create(&PolicyReviewLabels {
                 kind,
@@ -374,7 +381,11 @@ impl Metrics {
             .inc();
         for (rule, action) in findings {
             self.policy_findings
-                .get_or_create(&PolicyFindingLabels { kind, rule, action })
+                .get_or_create(&PolicyFindingLabels {
+                    kind,
+                    rule: rule.id(),
+                    action: action.as_str(),
+                })
                 .inc();
         }
         self.policy_latency.observe(seconds);

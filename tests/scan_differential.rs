@@ -1,7 +1,7 @@
-//! The body scanner (`webhook::scan`) against serde, the webhook's reference reading of an
-//! AdmissionReview (`webhook::review::ReviewBody`): on every review fixture, on generated reviews and on mutations of
-//! both, serde refuses a body exactly when the scanner does, and otherwise both read the same
-//! fields. The scanner may leave a body to serde (`Unusual`) only for the forms its
+//! The body scanner (`webhook::read::scan`) against serde, the webhook's reference reading of
+//! an AdmissionReview into the same view (`webhook::read::ReviewBody`): on every review fixture,
+//! on generated reviews and on mutations of both, serde refuses a body exactly when the scanner
+//! does, and otherwise both read the same fields. The scanner may leave a body to serde (`Unusual`) only for the forms its
 //! documentation names, and then the body is not one the API server sends.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -9,7 +9,7 @@ use std::path::Path;
 
 use gpu_deploy_guard::core::facts::ClusterFacts;
 use gpu_deploy_guard::core::operands::{Labels, Operand};
-use gpu_deploy_guard::webhook::review::{NodeLabels, ReviewBody};
+use gpu_deploy_guard::webhook::read::{NodeLabels, ReviewBody};
 use gpu_deploy_guard::webhook::{label_syntax, parse_review, parse_with_serde, scan};
 
 /// What the webhook reads from a review, in a form both readings can be compared in.
@@ -42,38 +42,13 @@ struct ReadNode {
     labels: Labels,
 }
 
-fn from_scan(r: &scan::Review<'_>) -> Read {
-    let node = |n: &scan::Node<'_>| ReadNode {
-        name: n.name.as_deref().unwrap_or("").to_owned(),
-        labels: n
-            .pairs()
+/// The scanner's reading: every label, as given.
+fn from_scan(r: &ReviewBody<'_>) -> Read {
+    read(r, |n| {
+        n.pairs()
             .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect(),
-    };
-    Read {
-        api_version: r.api_version.to_string(),
-        kind: r.kind.to_string(),
-        request: r.request.as_ref().map(|q| ReadRequest {
-            uid: q.uid.to_string(),
-            gvk: (
-                q.kind.group.to_string(),
-                q.kind.version.to_string(),
-                q.kind.kind.to_string(),
-            ),
-            name: q.name.to_string(),
-            operation: q.operation.as_str(),
-            username: q.user_info.username.as_ref().map(|s| s.to_string()),
-            groups: q
-                .user_info
-                .groups
-                .as_ref()
-                .map(|g| g.iter().map(|s| s.into_owned()).collect())
-                .unwrap_or_default(),
-            object: q.object.as_ref().map(node),
-            old_object: q.old_object.as_ref().map(node),
-            dry_run: q.dry_run,
-        }),
-    }
+            .collect()
+    })
 }
 
 /// serde's reading. `NodeLabels` hands out only the labels the policy reads under the cluster
@@ -86,9 +61,14 @@ fn from_serde(r: &ReviewBody<'_>, keys: &BTreeSet<String>) -> Read {
         )]),
         ..ClusterFacts::default()
     };
+    read(r, |n| n.labels(&facts))
+}
+
+/// A view of a review in the comparable form, its labels as `labels` reads them.
+fn read(r: &ReviewBody<'_>, labels: impl Fn(&NodeLabels<'_>) -> Labels) -> Read {
     let node = |n: &NodeLabels<'_>| ReadNode {
         name: n.name().to_owned(),
-        labels: n.labels(&facts),
+        labels: labels(n),
     };
     Read {
         api_version: r.api_version.as_str().to_owned(),
@@ -132,12 +112,11 @@ struct Tally {
 }
 
 /// The objects of a scanned review.
-fn nodes<'b>(review: &scan::Review<'b>) -> Vec<scan::Node<'b>> {
+fn nodes<'r>(review: &'r ReviewBody<'_>) -> Vec<&'r NodeLabels<'r>> {
     review
         .request
         .iter()
         .flat_map(|r| r.object.iter().chain(r.old_object.iter()))
-        .cloned()
         .collect()
 }
 
@@ -153,10 +132,7 @@ fn compare(body: &[u8], tally: &mut Tally) {
             .flat_map(|n| n.pairs())
             .any(|(k, v)| label_syntax::check(&k, &v).is_err());
         // What the scanner noted while reading says the same.
-        let noted = nodes(review)
-            .iter()
-            .filter_map(|n| n.labels)
-            .any(|l| !l.syntax_ok());
+        let noted = nodes(review).iter().any(|n| !n.syntax_ok());
         assert_eq!(bad, noted, "{}", String::from_utf8_lossy(body));
         bad
     });

@@ -12,7 +12,7 @@ mod cases;
 
 use cases::cases;
 use gpu_deploy_guard::webhook::response::respond;
-use gpu_deploy_guard::webhook::review::RequestView;
+use gpu_deploy_guard::webhook::RequestView;
 use gpu_deploy_guard::webhook::{parse_review, parse_with_serde, review_request};
 use libfuzzer_sys::fuzz_target;
 

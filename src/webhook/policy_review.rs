@@ -4,18 +4,19 @@
 //! Not the hot path of node labels: a policy object is read with serde, whole. The answer is
 //! the same AdmissionReview the node webhook gives.
 
-use std::time::Instant;
-
-use axum::body::Body;
+use axum::Extension;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, Version};
+use axum::http::StatusCode;
 use axum::response::Response;
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::body::Started;
 use super::pruned::Keep;
-use super::review::UserInfo;
-use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, json_response, refuse};
+use super::read::UserInfo;
+use super::response::json_response;
+use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::operands::OPERANDS;
@@ -29,17 +30,17 @@ use std::sync::Arc;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ReviewBody {
+struct PolicyReviewBody {
     #[serde(default)]
     api_version: String,
     #[serde(default)]
     kind: String,
-    request: Option<Request>,
+    request: Option<PolicyRequest>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Request {
+struct PolicyRequest {
     uid: String,
     kind: Gvk,
     #[serde(default)]
@@ -111,19 +112,13 @@ struct Gvk {
     kind: String,
 }
 
+/// `POST /validate/gpu-policy`: the body, read by the transport's layer
+/// ([`body`](super::body)), as a ClusterPolicy or NVIDIADriver AdmissionReview.
 pub(super) async fn validate_policy(
     State(hook): State<Arc<Webhook>>,
-    peer: super::Peer,
-    version: Version,
-    headers: HeaderMap,
-    body: Body,
+    Extension(Started(started)): Extension<Started>,
+    bytes: Bytes,
 ) -> Response {
-    let started = Instant::now();
-    let (bytes, _room) =
-        match super::read_body_or_refuse(&hook, peer, version, &headers, body).await {
-            Ok(read) => read,
-            Err(response) => return response,
-        };
     // Its objects become trees, and a refused field's message repeats it: one at a time.
     let _turn = hook.slow_turn().await;
     let request = match parse(&bytes) {
@@ -148,25 +143,22 @@ pub(super) async fn validate_policy(
     };
     let response = super::response::respond_to(request.uid.clone(), &verdict);
     hook.metrics.observe_policy_review(
-        kind.as_str(),
-        verdict.decision.as_str(),
-        request.operation.as_str(),
-        verdict
-            .findings
-            .iter()
-            .map(|f| (f.rule.id(), f.action.as_str())),
+        kind,
+        verdict.decision,
+        request.operation,
+        verdict.findings.iter().map(|f| (f.rule, f.action)),
         started.elapsed().as_secs_f64(),
     );
     log(&request, kind, &verdict);
     json_response(StatusCode::OK, &response)
 }
 
-fn parse(bytes: &[u8]) -> Result<Request, (BadRequest, Option<String>)> {
+fn parse(bytes: &[u8]) -> Result<PolicyRequest, (BadRequest, Option<String>)> {
     if bytes.is_empty() {
         return Err((BadRequest::Empty, None));
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let body: ReviewBody = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let body: PolicyReviewBody = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let bad = if inner.is_eof() {
@@ -240,7 +232,7 @@ fn missing(operation: Operation, field: &'static str) -> BadRequest {
 
 fn review(
     hook: &Webhook,
-    request: &Request,
+    request: &PolicyRequest,
     kind: PolicyKind,
     facts: &ClusterFacts,
 ) -> Result<Verdict, BadRequest> {
@@ -461,7 +453,7 @@ fn status_verdict(facts: &ClusterFacts, policy: &Policy) -> Verdict {
     )
 }
 
-fn log(req: &Request, kind: PolicyKind, verdict: &Verdict) {
+fn log(req: &PolicyRequest, kind: PolicyKind, verdict: &Verdict) {
     let user = &*echo(req.user_info.username.as_deref().unwrap_or_default());
     let findings: Vec<String> = verdict
         .findings

@@ -1,10 +1,12 @@
 //! The AdmissionReview the webhook answers with: a small type of its own, holding exactly the
 //! fields a validating webhook sends (`admission.k8s.io/v1`).
 
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 
-use super::review::RequestView;
+use super::read::RequestView;
 use crate::core::policy::Verdict;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -150,6 +152,19 @@ pub fn invalid(message: String, code: u16, uid: Option<String>) -> ReviewRespons
             audit_annotations: Vec::new(),
             warnings: None,
         },
+    }
+}
+
+/// `body` as a JSON answer with `status`.
+pub(super) fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        // Serializing our own response types cannot fail; answer anyway rather than panic.
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode response: {e}\n"),
+        )
+            .into_response(),
     }
 }
 

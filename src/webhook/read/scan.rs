@@ -1,9 +1,10 @@
 //! A scanner for the AdmissionReview body: it reads the fields the webhook needs (the review's
 //! apiVersion and kind; the request's uid, kind, name, operation, userInfo, dryRun; name and
-//! labels of object and oldObject) and skips every other value without building it.
+//! labels of object and oldObject) into the webhook's view of a review ([`ReviewBody`]) and
+//! skips every other value without building it (`skip`).
 //!
-//! It accepts exactly what `serde_json::from_slice` accepts into the webhook's serde view of a
-//! review (`request::ReviewBody`), and extracts the same fields:
+//! It accepts exactly what `serde_json::from_slice` accepts into that view (serde's reading,
+//! `reference`), and extracts the same fields:
 //!
 //! - every value it skips is still checked to be JSON (structure, numbers, literals, string
 //!   escapes and control characters) with no depth limit, as serde_json's `IgnoredAny` does; like
@@ -22,213 +23,27 @@
 //! body with serde again only to say where and why.
 //!
 //! Labels and groups are not collected: the view keeps where they are in the body and how many
-//! there are ([`Labels`], [`Strings`]), and reads them again, in order, each time they are
-//! walked. A view therefore costs the same few words whatever a body holds; collected, the
-//! 3.5 MiB body's worth of one-byte labels was 24 MiB of pairs, and of empty groups 48 MiB.
+//! there are ([`ScannedLabels`], [`ScannedStrings`]), and reads them again, in order, each time
+//! they are walked. A view therefore costs the same few words whatever a body holds; collected,
+//! the 3.5 MiB body's worth of one-byte labels was 24 MiB of pairs, and of empty groups 48 MiB.
 //! Each label's syntax (`label_syntax`) is checked as it is first read.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use super::label_syntax;
-pub use crate::core::policy::Operation;
+use super::skip::{Skip, find_special, skip_literal, skip_value};
+use super::view::{
+    GroupVersionKind, Groups, LabelPairs, Metadata, NodeLabels, RequestView, ReviewBody, Text,
+    UserInfo,
+};
+use crate::core::policy::Operation;
+
+mod reread;
+pub use reread::{ScannedLabels, ScannedStrings};
 
 /// A JSON string: borrowed from the body unless it contains escapes.
 pub type Str<'a> = Cow<'a, str>;
-
-/// The part of an AdmissionReview the webhook reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Review<'a> {
-    pub api_version: Str<'a>,
-    pub kind: Str<'a>,
-    /// `None` when absent or `null`.
-    pub request: Option<Request<'a>>,
-}
-
-/// The fields of `request` the webhook reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request<'a> {
-    pub uid: Str<'a>,
-    pub kind: GroupVersionKind<'a>,
-    /// Empty when absent.
-    pub name: Str<'a>,
-    pub operation: Operation,
-    pub user_info: UserInfo<'a>,
-    pub object: Option<Node<'a>>,
-    pub old_object: Option<Node<'a>>,
-    pub dry_run: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupVersionKind<'a> {
-    /// Empty when absent (the core group).
-    pub group: Str<'a>,
-    pub version: Str<'a>,
-    pub kind: Str<'a>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UserInfo<'a> {
-    pub username: Option<Str<'a>>,
-    pub groups: Option<Strings<'a>>,
-}
-
-/// A Node reduced to its name and labels.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Node<'a> {
-    /// `metadata.name`; `None` when absent or `null`.
-    pub name: Option<Str<'a>>,
-    /// `metadata.labels`, repeated keys included; `None` when absent or `null`.
-    pub labels: Option<Labels<'a>>,
-}
-
-impl<'a> Node<'a> {
-    /// The labels in the body's order (empty when there are none). A key given twice appears
-    /// twice; the later value is the one that counts.
-    pub fn pairs(&self) -> impl Iterator<Item = (Str<'a>, Str<'a>)> + use<'a> {
-        self.labels.into_iter().flat_map(|l| l.iter())
-    }
-}
-
-/// Where a map or an array the scanner has read is in the body, and how many items it has:
-/// enough to read them again, the same way, without keeping them.
-#[derive(Clone, Copy)]
-struct Reread<'a> {
-    b: &'a [u8],
-    text: Option<&'a str>,
-    compact: bool,
-    /// Just after the opening `{` or `[`.
-    start: usize,
-    len: usize,
-}
-
-impl<'a> Reread<'a> {
-    /// A scanner at the first item.
-    fn scanner(self) -> Scanner<'a> {
-        Scanner {
-            b: self.b,
-            text: self.text,
-            compact: self.compact,
-            i: self.start,
-            error: None,
-        }
-    }
-
-    /// Each item in turn, as `item` reads it from just before it (its comma, if any).
-    #[inline]
-    fn items<T: 'a>(
-        self,
-        mut item: impl FnMut(&mut Scanner<'a>) -> Result<T> + 'a,
-    ) -> impl Iterator<Item = T> + 'a {
-        let mut s = self.scanner();
-        let mut left = self.len;
-        std::iter::from_fn(move || {
-            // Read once already without error, so it reads the same again.
-            left = left.checked_sub(1)?;
-            item(&mut s).ok()
-        })
-    }
-}
-
-/// A Node's labels: a map of label keys to strings, read again each time they are walked.
-#[derive(Clone, Copy)]
-pub struct Labels<'a> {
-    at: Reread<'a>,
-    /// Every pair is within `label_syntax`.
-    syntax_ok: bool,
-}
-
-impl<'a> Labels<'a> {
-    /// The pairs in the body's order, repeated keys included.
-    pub fn iter(&self) -> impl Iterator<Item = (Str<'a>, Str<'a>)> + use<'a> {
-        self.at.items(Scanner::next_pair)
-    }
-
-    /// The pairs whose key `wanted` accepts, in the body's order: the others' values are
-    /// skipped, not read.
-    pub fn read<F: FnMut(&str) -> bool>(
-        &self,
-        mut wanted: F,
-    ) -> impl Iterator<Item = (Str<'a>, Str<'a>)> + use<'a, F> {
-        let at = self.at;
-        let mut s = at.scanner();
-        let mut left = at.len;
-        std::iter::from_fn(move || {
-            loop {
-                left = left.checked_sub(1)?;
-                let key = s.next_key().ok()?;
-                if wanted(&key) {
-                    return Some((key, s.string().ok()?));
-                }
-                s.expect(b'"', "expected a string").ok()?;
-                let skipped = skip_str(s.b, s.i, s.compact);
-                s.skipped(skipped).ok()?;
-            }
-        })
-    }
-
-    /// Pairs given, repeated keys counted each time.
-    pub fn len(&self) -> usize {
-        self.at.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.at.len == 0
-    }
-
-    /// Whether every label is within Kubernetes label syntax (`label_syntax::check`).
-    pub fn syntax_ok(&self) -> bool {
-        self.syntax_ok
-    }
-}
-
-/// An array of strings (a user's groups), read again each time it is walked.
-#[derive(Clone, Copy)]
-pub struct Strings<'a> {
-    at: Reread<'a>,
-}
-
-impl<'a> Strings<'a> {
-    pub fn iter(&self) -> impl Iterator<Item = Str<'a>> + use<'a> {
-        self.at.items(Scanner::next_string)
-    }
-
-    pub fn len(&self) -> usize {
-        self.at.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.at.len == 0
-    }
-}
-
-impl PartialEq for Labels<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.syntax_ok == other.syntax_ok && self.iter().eq(other.iter())
-    }
-}
-
-impl Eq for Labels<'_> {}
-
-impl PartialEq for Strings<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.iter().eq(other.iter())
-    }
-}
-
-impl Eq for Strings<'_> {}
-
-impl fmt::Debug for Labels<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
-
-impl fmt::Debug for Strings<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
 
 /// Why the scanner did not read a body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,7 +75,7 @@ struct Stop;
 type Result<T> = std::result::Result<T, Stop>;
 
 /// Reads an AdmissionReview body.
-pub fn scan(body: &[u8]) -> std::result::Result<Review<'_>, ScanError> {
+pub fn scan(body: &[u8]) -> std::result::Result<ReviewBody<'_>, ScanError> {
     // One check of the whole body (a few instructions per 16 bytes of ASCII) spares one per
     // string read. A body that is not UTF-8 throughout may still be a review (serde does not check
     // a skipped string's bytes): its strings are then checked one by one.
@@ -300,126 +115,6 @@ struct Scanner<'a> {
     compact: bool,
     i: usize,
     error: Option<ScanError>,
-}
-
-const ONES: u64 = u64::MAX / 255;
-const HIGH: u64 = ONES << 7;
-
-/// The high bit of each byte of `w` equal to `c` is set in the result, for the lowest such byte at
-/// least (bytes above the first match may show false positives, which do not matter: only the
-/// lowest is used).
-#[inline(always)]
-fn byte_mask(w: u64, c: u8) -> u64 {
-    let x = w ^ (ONES * u64::from(c));
-    x.wrapping_sub(ONES) & !x & HIGH
-}
-
-/// As [`byte_mask`], for the bytes below 0x20.
-#[inline(always)]
-fn control_mask(w: u64) -> u64 {
-    w.wrapping_sub(ONES * 0x20) & !w & HIGH
-}
-
-#[inline(always)]
-fn word_at(b: &[u8], i: usize) -> Option<u64> {
-    let chunk: [u8; 8] = b.get(i..i + 8)?.try_into().ok()?;
-    Some(u64::from_le_bytes(chunk))
-}
-
-/// The index of the first `"` or `\` at or after `i` (or, unless the body is `compact`, the first
-/// byte below 0x20), or the end. Most strings of a Node end within 32 bytes, which four words
-/// answer; longer ones (image names, digests) are searched with memchr2, vectorized. When control
-/// bytes must be found too, eight bytes at a time.
-const WORDS_BEFORE_MEMCHR: usize = 1;
-
-#[inline(always)]
-fn find_special(b: &[u8], i: usize, compact: bool) -> usize {
-    if !compact {
-        return find_special_words(b, i);
-    }
-    let mut at = i;
-    for _ in 0..WORDS_BEFORE_MEMCHR {
-        let Some(w) = word_at(b, at) else {
-            return find_special_words(b, at);
-        };
-        let m = byte_mask(w, b'"') | byte_mask(w, b'\\');
-        if m != 0 {
-            return at + (m.trailing_zeros() / 8) as usize;
-        }
-        at += 8;
-    }
-    find_quote_or_backslash(&b[at..]).map_or(b.len(), |found| at + found)
-}
-
-/// memchr2 for `"` and `\`. On x86-64, SSE2's searcher (always there) directly: most strings
-/// left by then end within its first vector, where the run-time choice of the widest searcher
-/// costs more than it saves.
-#[inline(always)]
-fn find_quote_or_backslash(haystack: &[u8]) -> Option<usize> {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(two) = memchr::arch::x86_64::sse2::memchr::Two::new(b'"', b'\\') {
-        return two.find(haystack);
-    }
-    memchr::memchr2(b'"', b'\\', haystack)
-}
-
-#[inline(never)]
-fn find_special_words(b: &[u8], mut i: usize) -> usize {
-    while let Some(w) = word_at(b, i) {
-        let m = byte_mask(w, b'"') | byte_mask(w, b'\\') | control_mask(w);
-        if m != 0 {
-            return i + (m.trailing_zeros() / 8) as usize;
-        }
-        i += 8;
-    }
-    while i < b.len() && !matches!(b[i], b'"' | b'\\' | 0..0x20) {
-        i += 1;
-    }
-    i
-}
-
-/// Where skipping stopped, and why.
-type Skip<T = usize> = std::result::Result<T, (usize, &'static str)>;
-
-/// The index after JSON whitespace from `i`.
-#[inline(always)]
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
-    while let Some(&c) = b.get(i) {
-        if c > b' ' || !matches!(c, b' ' | b'\n' | b'\t' | b'\r') {
-            break;
-        }
-        i += 1;
-    }
-    i
-}
-
-/// The index after a string whose opening quote is before `i`: escapes and control characters
-/// are checked, the bytes are not (serde_json does not check a skipped string's UTF-8 either).
-#[inline(always)]
-fn skip_str(b: &[u8], mut i: usize, compact: bool) -> Skip {
-    loop {
-        i = find_special(b, i, compact);
-        match b.get(i) {
-            Some(b'"') => return Ok(i + 1),
-            Some(b'\\') => i = skip_escape(b, i + 1)?,
-            Some(_) => return Err((i, "control character in a string")),
-            None => return Err((i, "unexpected end of input in a string")),
-        }
-    }
-}
-
-/// The index after an escape whose backslash is before `i`; a `\u` takes any four hex digits.
-fn skip_escape(b: &[u8], i: usize) -> Skip {
-    match b.get(i) {
-        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(i + 1),
-        Some(b'u') => match b.get(i + 1..i + 5) {
-            Some(digits) if digits.iter().all(u8::is_ascii_hexdigit) => Ok(i + 5),
-            Some(_) => Err((i + 5, "invalid escape")),
-            None => Err((b.len(), "unexpected end of input in a string")),
-        },
-        Some(_) => Err((i + 1, "invalid escape")),
-        None => Err((i, "unexpected end of input in a string")),
-    }
 }
 
 /// What the scanner says when a value has the wrong type (or, for the operation, the wrong
@@ -470,139 +165,6 @@ pub fn with_short_string(body: &[u8], error: &ScanError, keep: usize) -> Option<
     out.extend_from_slice(&short);
     out.extend_from_slice(&body[end..]);
     Some(out)
-}
-
-/// The index after `"key":` in an object being skipped, from `i`.
-#[inline(always)]
-fn skip_key(b: &[u8], i: usize, compact: bool) -> Skip {
-    let i = skip_ws(b, i);
-    match b.get(i) {
-        Some(b'"') => {}
-        Some(_) => return Err((i, "expected a string key")),
-        None => return Err((i, "unexpected end of input")),
-    }
-    let i = skip_ws(b, skip_str(b, i + 1, compact)?);
-    match b.get(i) {
-        Some(b':') => Ok(i + 1),
-        Some(_) => Err((i, "expected a colon")),
-        None => Err((i, "unexpected end of input")),
-    }
-}
-
-/// The index after the number that starts at `i` (with `-` or a digit), in JSON's grammar.
-fn skip_number(b: &[u8], mut i: usize) -> Skip {
-    let digits = |mut i: usize| {
-        while b.get(i).is_some_and(u8::is_ascii_digit) {
-            i += 1;
-        }
-        i
-    };
-    if b[i] == b'-' {
-        i += 1;
-    }
-    match b.get(i) {
-        Some(b'0') => {
-            i += 1;
-            if b.get(i).is_some_and(u8::is_ascii_digit) {
-                return Err((i, "invalid number"));
-            }
-        }
-        Some(b'1'..=b'9') => i = digits(i + 1),
-        _ => return Err((i, "invalid number")),
-    }
-    if b.get(i) == Some(&b'.') {
-        let end = digits(i + 1);
-        if end == i + 1 {
-            return Err((end, "invalid number"));
-        }
-        i = end;
-    }
-    if matches!(b.get(i), Some(b'e' | b'E')) {
-        i += 1;
-        if matches!(b.get(i), Some(b'+' | b'-')) {
-            i += 1;
-        }
-        let end = digits(i);
-        if end == i {
-            return Err((end, "invalid number"));
-        }
-        i = end;
-    }
-    Ok(i)
-}
-
-/// The index after `word` at `i`.
-#[inline(always)]
-fn skip_literal(b: &[u8], i: usize, word: &'static [u8]) -> Skip {
-    if b[i..].starts_with(word) {
-        Ok(i + word.len())
-    } else {
-        Err((i, "invalid literal"))
-    }
-}
-
-/// The index after the value at `i`, of any shape and depth, checked to be JSON. Iterative: the
-/// nesting is kept as bits (1 for an object, 0 for an array), so depth costs memory, not stack.
-fn skip_value(b: &[u8], mut i: usize, compact: bool) -> Skip {
-    let mut stack = BitStack::default();
-    'value: loop {
-        i = skip_ws(b, i);
-        match b.get(i) {
-            Some(b'"') => i = skip_str(b, i + 1, compact)?,
-            Some(b'{') => {
-                i = skip_ws(b, i + 1);
-                if b.get(i) == Some(&b'}') {
-                    i += 1;
-                } else {
-                    stack.push(true);
-                    i = skip_key(b, i, compact)?;
-                    continue 'value;
-                }
-            }
-            Some(b'[') => {
-                i = skip_ws(b, i + 1);
-                if b.get(i) == Some(&b']') {
-                    i += 1;
-                } else {
-                    stack.push(false);
-                    continue 'value;
-                }
-            }
-            Some(b't') => i = skip_literal(b, i, b"true")?,
-            Some(b'f') => i = skip_literal(b, i, b"false")?,
-            Some(b'n') => i = skip_literal(b, i, b"null")?,
-            Some(b'-' | b'0'..=b'9') => i = skip_number(b, i)?,
-            Some(_) => return Err((i, "expected a value")),
-            None => return Err((i, "unexpected end of input")),
-        }
-        // After a value: a comma, or the end of the containers it closes.
-        loop {
-            let Some(in_object) = stack.top() else {
-                return Ok(i);
-            };
-            i = skip_ws(b, i);
-            match b.get(i) {
-                Some(b',') if in_object => {
-                    i = skip_key(b, i + 1, compact)?;
-                    continue 'value;
-                }
-                Some(b',') => {
-                    i += 1;
-                    continue 'value;
-                }
-                Some(b'}') if in_object => {
-                    i += 1;
-                    stack.pop();
-                }
-                Some(b']') if !in_object => {
-                    i += 1;
-                    stack.pop();
-                }
-                Some(_) => return Err((i, "expected a comma or the end of a container")),
-                None => return Err((i, "unexpected end of input")),
-            }
-        }
-    }
 }
 
 #[inline(always)]
@@ -869,7 +431,7 @@ impl<'a> Scanner<'a> {
         self.fail("missing field")
     }
 
-    fn review(&mut self) -> Result<Review<'a>> {
+    fn review(&mut self) -> Result<ReviewBody<'a>> {
         let (mut api_version, mut kind, mut request) = (None, None, None);
         let mut seen = Seen(0);
         self.object(|s, key| match key.as_ref() {
@@ -897,16 +459,16 @@ impl<'a> Scanner<'a> {
             _ => s.skip_value(),
         })?;
         match (api_version, kind) {
-            (Some(api_version), Some(kind)) => Ok(Review {
-                api_version,
-                kind,
+            (Some(api_version), Some(kind)) => Ok(ReviewBody {
+                api_version: Text(api_version),
+                kind: Text(kind),
                 request,
             }),
             _ => self.missing(),
         }
     }
 
-    fn request(&mut self) -> Result<Request<'a>> {
+    fn request(&mut self) -> Result<RequestView<'a>> {
         let (mut uid, mut kind, mut name, mut operation) = (None, None, None, None);
         let (mut user_info, mut object, mut old_object, mut dry_run) = (None, None, None, None);
         let mut seen = Seen(0);
@@ -940,10 +502,10 @@ impl<'a> Scanner<'a> {
         let (Some(uid), Some(kind), Some(operation)) = (uid, kind, operation) else {
             return self.missing();
         };
-        Ok(Request {
-            uid,
+        Ok(RequestView {
+            uid: uid.into_owned(),
             kind,
-            name: name.unwrap_or_default(),
+            name: name.map(Cow::into_owned).unwrap_or_default(),
             operation,
             user_info: user_info.unwrap_or_default(),
             object,
@@ -952,7 +514,7 @@ impl<'a> Scanner<'a> {
         })
     }
 
-    fn group_version_kind(&mut self) -> Result<GroupVersionKind<'a>> {
+    fn group_version_kind(&mut self) -> Result<GroupVersionKind> {
         let mut fields: [Option<Str<'a>>; 3] = [None, None, None];
         let mut seen = Seen(0);
         self.object(|s, key| {
@@ -972,9 +534,9 @@ impl<'a> Scanner<'a> {
             return self.missing();
         };
         Ok(GroupVersionKind {
-            group: group.unwrap_or_default(),
-            version,
-            kind,
+            group: group.map(Cow::into_owned).unwrap_or_default(),
+            version: version.into_owned(),
+            kind: kind.into_owned(),
         })
     }
 
@@ -1000,48 +562,39 @@ impl<'a> Scanner<'a> {
     }
 
     fn user_info(&mut self) -> Result<UserInfo<'a>> {
-        let mut info = UserInfo::default();
+        let (mut username, mut groups) = (None, None);
         let mut seen = Seen(0);
         self.object(|s, key| match key.as_ref() {
             "username" => {
                 if !seen.first(0) {
                     return s.duplicate();
                 }
-                info.username = s.option(Self::string)?;
+                username = s.option(Self::string)?;
                 Ok(())
             }
             "groups" => {
                 if !seen.first(1) {
                     return s.duplicate();
                 }
-                info.groups = s.option(Self::strings)?;
+                groups = s.option(Self::strings)?;
                 Ok(())
             }
             _ => s.skip_value(),
         })?;
-        Ok(info)
-    }
-
-    /// Where a map or an array that starts at `start` (just after its bracket) is, once `len`
-    /// items of it have been read.
-    fn reread(&self, start: usize, len: usize) -> Reread<'a> {
-        Reread {
-            b: self.b,
-            text: self.text,
-            compact: self.compact,
-            start,
-            len,
-        }
+        Ok(UserInfo {
+            username: username.map(Cow::into_owned),
+            groups: groups.map(Groups::Scanned),
+        })
     }
 
     /// An array of strings.
-    fn strings(&mut self) -> Result<Strings<'a>> {
+    fn strings(&mut self) -> Result<ScannedStrings<'a>> {
         self.expect(b'[', "expected an array")?;
         let start = self.i;
         let mut len = 0;
         if self.peek()? == b']' {
             self.i += 1;
-            return Ok(Strings {
+            return Ok(ScannedStrings {
                 at: self.reread(start, 0),
             });
         }
@@ -1052,7 +605,7 @@ impl<'a> Scanner<'a> {
                 b',' => self.i += 1,
                 b']' => {
                     self.i += 1;
-                    return Ok(Strings {
+                    return Ok(ScannedStrings {
                         at: self.reread(start, len),
                     });
                 }
@@ -1061,33 +614,9 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The next string of an array read before: its comma, if any, then the string.
-    fn next_string(&mut self) -> Result<Str<'a>> {
-        if self.peek()? == b',' {
-            self.i += 1;
-        }
-        self.string()
-    }
-
-    /// The next pair of a map of labels read before: its comma, if any, key, colon, value.
-    fn next_pair(&mut self) -> Result<(Str<'a>, Str<'a>)> {
-        let key = self.next_key()?;
-        Ok((key, self.string()?))
-    }
-
-    /// The next key of a map read before, and its colon: the value is next.
-    fn next_key(&mut self) -> Result<Str<'a>> {
-        if self.peek()? == b',' {
-            self.i += 1;
-        }
-        let key = self.string()?;
-        self.expect(b':', "expected a colon")?;
-        Ok(key)
-    }
-
     /// A Node: `metadata` read, everything else (spec, status) skipped.
-    fn node(&mut self) -> Result<Node<'a>> {
-        let mut node = Node::default();
+    fn node(&mut self) -> Result<NodeLabels<'a>> {
+        let mut node = NodeLabels::default();
         let mut seen = Seen(0);
         self.object(|s, key| {
             if key != "metadata" {
@@ -1096,38 +625,38 @@ impl<'a> Scanner<'a> {
             if !seen.first(0) {
                 return s.duplicate();
             }
-            node = s.metadata()?;
+            node.metadata = s.metadata()?;
             Ok(())
         })?;
         Ok(node)
     }
 
     /// `metadata`: name and labels read, everything else (managedFields, annotations) skipped.
-    fn metadata(&mut self) -> Result<Node<'a>> {
-        let mut node = Node::default();
+    fn metadata(&mut self) -> Result<Metadata<'a>> {
+        let mut metadata = Metadata::default();
         let mut seen = Seen(0);
         self.object(|s, key| match key.as_ref() {
             "name" => {
                 if !seen.first(0) {
                     return s.duplicate();
                 }
-                node.name = s.option(Self::string)?;
+                metadata.name = s.option(Self::string)?.map(Text);
                 Ok(())
             }
             "labels" => {
                 if !seen.first(1) {
                     return s.duplicate();
                 }
-                node.labels = s.option(Self::labels)?;
+                metadata.labels = s.option(Self::labels)?.map(LabelPairs::Scanned);
                 Ok(())
             }
             _ => s.skip_value(),
         })?;
-        Ok(node)
+        Ok(metadata)
     }
 
     /// A map of label keys to string values: each pair read and its syntax checked, none kept.
-    fn labels(&mut self) -> Result<Labels<'a>> {
+    fn labels(&mut self) -> Result<ScannedLabels<'a>> {
         if self.peek()? != b'{' {
             return self.fail("expected a map of label keys to string values");
         }
@@ -1139,44 +668,10 @@ impl<'a> Scanner<'a> {
             len += 1;
             Ok(())
         })?;
-        Ok(Labels {
+        Ok(ScannedLabels {
             at: self.reread(start, len),
             syntax_ok,
         })
-    }
-}
-
-/// A stack of bits (object or array) of any depth: the top 64 levels in a word, deeper ones on
-/// the heap.
-#[derive(Default)]
-struct BitStack {
-    depth: usize,
-    bits: u64,
-    spilled: Vec<bool>,
-}
-
-impl BitStack {
-    #[inline(always)]
-    fn push(&mut self, object: bool) {
-        if self.depth >= 64 {
-            self.spilled.push(self.bits >> 63 == 1);
-        }
-        self.bits = self.bits << 1 | u64::from(object);
-        self.depth += 1;
-    }
-
-    #[inline(always)]
-    fn pop(&mut self) {
-        self.depth -= 1;
-        self.bits >>= 1;
-        if self.depth >= 64 {
-            self.bits |= u64::from(self.spilled.pop().unwrap_or(false)) << 63;
-        }
-    }
-
-    #[inline(always)]
-    fn top(&self) -> Option<bool> {
-        (self.depth > 0).then_some(self.bits & 1 == 1)
     }
 }
 
@@ -1193,7 +688,7 @@ mod tests {
     const REQUEST: &str = r#"{"uid":"u1","kind":{"group":"","version":"v1","kind":"Node"},"name":"n1","operation":"UPDATE","userInfo":{"username":"alice","groups":["a","b"]},"object":{"metadata":{"name":"n1","labels":{"a":"1","b":"2"}}},"oldObject":{"metadata":{"labels":{"a":"0"}}},"dryRun":true}"#;
 
     /// A node's labels as `key=value`, in order.
-    fn pairs(node: &Node<'_>) -> Vec<String> {
+    fn pairs(node: &NodeLabels<'_>) -> Vec<String> {
         node.pairs().map(|(k, v)| format!("{k}={v}")).collect()
     }
 
@@ -1208,26 +703,28 @@ mod tests {
     fn reads_the_fields_the_webhook_needs() {
         let body = review(REQUEST);
         let r = scan(body.as_bytes()).unwrap();
-        assert_eq!(r.api_version, "admission.k8s.io/v1");
-        assert_eq!(r.kind, "AdmissionReview");
+        assert_eq!(r.api_version.as_str(), "admission.k8s.io/v1");
+        assert_eq!(r.kind.as_str(), "AdmissionReview");
         let req = r.request.unwrap();
         assert_eq!(req.uid, "u1");
         assert_eq!(
             (
-                req.kind.group.as_ref(),
-                req.kind.version.as_ref(),
-                req.kind.kind.as_ref()
+                req.kind.group.as_str(),
+                req.kind.version.as_str(),
+                req.kind.kind.as_str()
             ),
             ("", "v1", "Node")
         );
         assert_eq!(req.name, "n1");
         assert_eq!(req.operation, Operation::Update);
         assert_eq!(req.user_info.username.as_deref(), Some("alice"));
-        let groups = req.user_info.groups.unwrap();
+        let Some(Groups::Scanned(groups)) = &req.user_info.groups else {
+            panic!("groups not scanned: {:?}", req.user_info.groups);
+        };
         assert_eq!(groups.iter().collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(groups.len(), 2);
         let object = req.object.unwrap();
-        assert_eq!(object.name.as_deref(), Some("n1"));
+        assert_eq!(object.metadata.name.as_ref().map(Text::as_str), Some("n1"));
         assert_eq!(pairs(&object), ["a=1", "b=2"]);
         assert_eq!(pairs(&req.old_object.unwrap()), ["a=0"]);
         assert!(req.dry_run);
@@ -1244,9 +741,10 @@ mod tests {
         assert_eq!(req.kind.group, "");
         assert_eq!(req.name, "");
         assert_eq!(req.operation, Operation::Create);
-        assert_eq!(req.user_info, UserInfo::default());
-        assert!(req.object.unwrap().labels.unwrap().is_empty());
-        assert_eq!(req.old_object, None);
+        assert!(req.user_info.username.is_none() && req.user_info.groups.is_none());
+        let object = req.object.unwrap();
+        assert!(matches!(object.metadata.labels, Some(LabelPairs::Scanned(l)) if l.is_empty()));
+        assert!(req.old_object.is_none());
         assert!(!req.dry_run);
     }
 
@@ -1257,7 +755,8 @@ mod tests {
         );
         let req = scan(body.as_bytes()).unwrap().request.unwrap();
         assert_eq!(req.operation, Operation::Update);
-        let labels: Vec<_> = req.object.unwrap().pairs().collect();
+        let object = req.object.unwrap();
+        let labels: Vec<_> = object.pairs().collect();
         assert!(matches!(&labels[0].0, Cow::Owned(k) if k == "nvidia.com/gpu.present"));
         assert!(matches!(&labels[0].1, Cow::Owned(v) if v == "true"));
         assert!(matches!(
@@ -1339,9 +838,10 @@ mod tests {
             r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE","object":null,"oldObject":{"metadata":{"name":null,"labels":null}},"userInfo":{"username":null,"groups":null}}"#,
         );
         let req = scan(ok.as_bytes()).unwrap().request.unwrap();
-        assert_eq!(req.object, None);
-        assert_eq!(req.old_object, Some(Node::default()));
-        assert_eq!(scan(review("null").as_bytes()).unwrap().request, None);
+        assert!(req.object.is_none());
+        let old = req.old_object.unwrap();
+        assert!(old.metadata.name.is_none() && old.metadata.labels.is_none());
+        assert!(scan(review("null").as_bytes()).unwrap().request.is_none());
         for request in [
             r#"{"uid":null,"kind":{"version":"v1","kind":"Node"},"operation":"UPDATE"}"#,
             r#"{"uid":"u","name":null,"kind":{"version":"v1","kind":"Node"},"operation":"UPDATE"}"#,

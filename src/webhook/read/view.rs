@@ -1,4 +1,6 @@
-//! The part of an AdmissionReview the webhook reads, borrowed from the request body.
+//! The part of an AdmissionReview the webhook reads, borrowed from the request body: one view,
+//! which both readers make (the scanner, [`scan`](super::scan), and serde's reference reading,
+//! `reference`).
 //!
 //! The API server sends the whole Node twice (object and oldObject): on a real GPU node that is
 //! ~100 labels, images and managedFields each, tens of kilobytes. The decision reads a handful
@@ -7,17 +9,15 @@
 //! checked to be a string, so a malformed object is refused whatever label is wrong.
 //!
 //! What the view holds of labels and groups is bounded by the body whatever their number: the
-//! scanner's view reads them again from the body when they are walked (`scan::Labels`), and
+//! scanner's view reads them again from the body when they are walked ([`ScannedLabels`]), and
 //! serde's keeps their text in one buffer ([`Table`]), a few bytes more per string than the
 //! body gave.
 
 use std::borrow::Cow;
-use std::fmt;
 
 use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::label_syntax;
+use super::scan::{ScannedLabels, ScannedStrings};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
 use crate::core::policy::{self, Operation};
@@ -32,28 +32,6 @@ impl Text<'_> {
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct TextVisitor;
-        impl<'de> Visitor<'de> for TextVisitor {
-            type Value = Text<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Owned(v)))
-            }
-        }
-        d.deserialize_str(TextVisitor)
-    }
-}
-
 /// `apiVersion`, `kind` and the request of an AdmissionReview.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -62,6 +40,7 @@ pub struct ReviewBody<'a> {
     pub api_version: Text<'a>,
     #[serde(borrow)]
     pub kind: Text<'a>,
+    /// `None` when absent or `null`.
     #[serde(default, borrow)]
     pub request: Option<RequestView<'a>>,
 }
@@ -72,6 +51,7 @@ pub struct ReviewBody<'a> {
 pub struct RequestView<'a> {
     pub uid: String,
     pub kind: GroupVersionKind,
+    /// Empty when absent.
     #[serde(default)]
     pub name: String,
     pub operation: Operation,
@@ -87,6 +67,7 @@ pub struct RequestView<'a> {
 
 #[derive(Debug, Deserialize)]
 pub struct GroupVersionKind {
+    /// Empty when absent (the core group).
     #[serde(default)]
     pub group: String,
     pub version: String,
@@ -98,7 +79,7 @@ pub struct UserInfo<'a> {
     #[serde(default)]
     pub username: Option<String>,
     #[serde(default)]
-    groups: Option<Groups<'a>>,
+    pub(super) groups: Option<Groups<'a>>,
 }
 
 impl UserInfo<'_> {
@@ -125,7 +106,7 @@ pub struct Table {
 }
 
 impl Table {
-    fn push<E: serde::de::Error>(&mut self, s: &str) -> Result<(), E> {
+    pub(super) fn push<E: serde::de::Error>(&mut self, s: &str) -> Result<(), E> {
         self.text.push_str(s);
         let end = u32::try_from(self.text.len())
             .map_err(|_| E::custom("more than 4 GiB of strings in one field"))?;
@@ -155,52 +136,34 @@ impl Table {
 
 /// A user's groups: serde's [`Table`], or the scanner's place in the body.
 #[derive(Debug)]
-enum Groups<'a> {
+pub(super) enum Groups<'a> {
     Read(Table),
-    Scanned(super::scan::Strings<'a>),
-}
-
-impl<'de> Deserialize<'de> for Groups<'_> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct GroupsVisitor;
-        impl<'de> Visitor<'de> for GroupsVisitor {
-            type Value = Table;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a sequence of strings")
-            }
-            fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Table, S::Error> {
-                let mut table = Table::default();
-                while let Some(group) = seq.next_element::<Text<'de>>()? {
-                    table.push(group.as_str())?;
-                }
-                Ok(table)
-            }
-        }
-        d.deserialize_seq(GroupsVisitor).map(Groups::Read)
-    }
+    Scanned(ScannedStrings<'a>),
 }
 
 /// A Node reduced to its name and its labels, in the body's order.
 #[derive(Debug, Default, Deserialize)]
 pub struct NodeLabels<'a> {
     #[serde(default, borrow)]
-    metadata: Metadata<'a>,
+    pub(super) metadata: Metadata<'a>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct Metadata<'a> {
+pub(super) struct Metadata<'a> {
+    /// `None` when absent or `null`.
     #[serde(default, borrow)]
-    name: Option<Text<'a>>,
+    pub(super) name: Option<Text<'a>>,
+    /// Repeated keys included; `None` when absent or `null`.
     #[serde(default, borrow)]
-    labels: Option<LabelPairs<'a>>,
+    pub(super) labels: Option<LabelPairs<'a>>,
 }
 
 /// A Node's labels: serde's [`Table`] of keys and values in turn, or the scanner's place in
 /// the body.
 #[derive(Debug)]
-enum LabelPairs<'a> {
+pub(super) enum LabelPairs<'a> {
     Read(Table),
-    Scanned(super::scan::Labels<'a>),
+    Scanned(ScannedLabels<'a>),
 }
 
 impl LabelPairs<'_> {
@@ -208,63 +171,6 @@ impl LabelPairs<'_> {
         match self {
             LabelPairs::Read(table) => table.len() / 2,
             LabelPairs::Scanned(labels) => labels.len(),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for LabelPairs<'_> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct PairsVisitor;
-        impl<'de> Visitor<'de> for PairsVisitor {
-            type Value = Table;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of label keys to string values")
-            }
-            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Table, M::Error> {
-                let mut table = Table::default();
-                while let Some((key, value)) = map.next_entry::<Text<'de>, Text<'de>>()? {
-                    // Refused here, before any work per label: see `label_syntax`.
-                    label_syntax::check(key.as_str(), value.as_str())
-                        .map_err(serde::de::Error::custom)?;
-                    table.push(key.as_str())?;
-                    table.push(value.as_str())?;
-                }
-                Ok(table)
-            }
-        }
-        d.deserialize_map(PairsVisitor).map(LabelPairs::Read)
-    }
-}
-
-impl<'a> From<super::scan::Request<'a>> for RequestView<'a> {
-    fn from(r: super::scan::Request<'a>) -> Self {
-        RequestView {
-            uid: r.uid.into_owned(),
-            kind: GroupVersionKind {
-                group: r.kind.group.into_owned(),
-                version: r.kind.version.into_owned(),
-                kind: r.kind.kind.into_owned(),
-            },
-            name: r.name.into_owned(),
-            operation: r.operation,
-            user_info: UserInfo {
-                username: r.user_info.username.map(Cow::into_owned),
-                groups: r.user_info.groups.map(Groups::Scanned),
-            },
-            object: r.object.map(NodeLabels::from),
-            old_object: r.old_object.map(NodeLabels::from),
-            dry_run: r.dry_run,
-        }
-    }
-}
-
-impl<'a> From<super::scan::Node<'a>> for NodeLabels<'a> {
-    fn from(n: super::scan::Node<'a>) -> Self {
-        NodeLabels {
-            metadata: Metadata {
-                name: n.name.map(Text),
-                labels: n.labels.map(LabelPairs::Scanned),
-            },
         }
     }
 }
@@ -281,8 +187,19 @@ impl RequestView<'_> {
 }
 
 impl NodeLabels<'_> {
+    /// `metadata.name`, empty when absent.
     pub fn name(&self) -> &str {
         self.metadata.name.as_ref().map_or("", Text::as_str)
+    }
+
+    /// Whether every label is within Kubernetes label syntax ([`label_syntax`](super::label_syntax)).
+    /// serde's reading refuses a label outside it; the scanner notes it while reading, and the
+    /// caller has serde say why.
+    pub fn syntax_ok(&self) -> bool {
+        match &self.metadata.labels {
+            Some(LabelPairs::Scanned(labels)) => labels.syntax_ok(),
+            _ => true,
+        }
     }
 
     /// The labels the policy reads under `facts`, copied; a key given twice keeps its last value,
@@ -301,8 +218,9 @@ impl NodeLabels<'_> {
         }
     }
 
-    /// The labels in the body's order, a key given twice twice.
-    pub(super) fn pairs(&self) -> impl Iterator<Item = (Cow<'_, str>, Cow<'_, str>)> {
+    /// The labels in the body's order (none when there are none); a key given twice appears
+    /// twice, and the later value is the one that counts.
+    pub fn pairs(&self) -> impl Iterator<Item = (Cow<'_, str>, Cow<'_, str>)> {
         let (read, scanned) = match &self.metadata.labels {
             Some(LabelPairs::Read(table)) => {
                 let mut texts = table.iter();

@@ -21,11 +21,11 @@
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
-use super::review::NodeLabels;
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{Labels, is_unknown_deploy_key};
 use crate::core::operator::restored_value;
 use crate::core::policy;
+use crate::webhook::read::NodeLabels;
 
 /// How many written (and how many removed) unknown deploy keys are copied: as many as the
 /// unknown-deploy-label finding names.

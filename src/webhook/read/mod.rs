@@ -1,0 +1,127 @@
+//! Reading a request body as a Node AdmissionReview: bytes in, the webhook's view of the
+//! request ([`RequestView`]) out, or why not ([`BadRequest`]).
+//!
+//! Two readers make the same view: the scanner ([`scan`]), fast, which reads what the webhook
+//! needs and skips the rest unbuilt, and serde (`reference`), the reference it is held to,
+//! which also says where and why a body is refused. Labels outside Kubernetes syntax
+//! ([`label_syntax`]) are refused by both while reading.
+
+pub mod label_syntax;
+mod reference;
+pub mod scan;
+mod skip;
+pub mod view;
+
+pub use reference::parse_with_serde;
+pub use view::{GroupVersionKind, NodeLabels, RequestView, ReviewBody, UserInfo};
+
+use super::bad_request::{BadRequest, MAX_ERROR_BYTES};
+use crate::core::echo::echo;
+
+/// The longest node name Kubernetes accepts (a DNS subdomain).
+pub const MAX_NAME_CHARS: usize = 253;
+
+/// Request uids are UUIDs (36 characters); the answer must repeat the uid, so a longer one is
+/// refused rather than echoed.
+pub const MAX_UID_CHARS: usize = 128;
+
+/// Reads the body as a v1 Node AdmissionReview. On failure, returns the uid when it was readable,
+/// so the API server can match even an error answer.
+pub fn parse_review(bytes: &[u8]) -> Result<RequestView<'_>, (BadRequest, Option<String>)> {
+    match scan_review(bytes) {
+        Scanned::Read(request) => Ok(request),
+        Scanned::Refused(bad, uid) => Err((bad, uid)),
+        Scanned::ToSerde(why) => explain(bytes, why.as_ref()),
+    }
+}
+
+/// [`parse_with_serde`] of a body the scanner did not read (`why`, when it refused it). A long
+/// string it refused by its type is cut first ([`scan::with_short_string`]): the answer is the
+/// same, without a message that repeats the string whole.
+pub fn explain<'a>(
+    bytes: &'a [u8],
+    why: Option<&scan::ScanError>,
+) -> Result<RequestView<'a>, (BadRequest, Option<String>)> {
+    if let Some(short) = why.and_then(|w| scan::with_short_string(bytes, w, MAX_ERROR_BYTES)) {
+        // Refused, as the scanner found: that is the answer. Read (never seen), the whole body
+        // is read below.
+        parse_with_serde(&short)?;
+    }
+    parse_with_serde(bytes)
+}
+
+/// What the scanner makes of a body.
+// Made once per request and matched at once: boxing the view would allocate per review.
+#[allow(clippy::large_enum_variant)]
+pub enum Scanned<'a> {
+    Read(RequestView<'a>),
+    Refused(BadRequest, Option<String>),
+    /// Refused (why, when the scanner said), or in a form the scanner leaves to serde:
+    /// [`explain`] says why, or reads it.
+    ToSerde(Option<scan::ScanError>),
+}
+
+/// [`parse_review`]'s fast part: the scanner reads what the webhook needs and skips the rest
+/// unbuilt ([`scan`]). It refuses exactly what serde refuses (tests/scan_differential.rs), so a
+/// body it refuses is read again with serde, to say where and why, or to read one of the rare
+/// forms it leaves to serde.
+pub fn scan_review(bytes: &[u8]) -> Scanned<'_> {
+    let review = match scan::scan(bytes) {
+        Ok(review) => review,
+        Err(why) => return Scanned::ToSerde(Some(why)),
+    };
+    if let Err((bad, uid)) = check_review(review.kind.as_str(), review.api_version.as_str()) {
+        return Scanned::Refused(bad, uid);
+    }
+    let Some(request) = review.request else {
+        return Scanned::Refused(BadRequest::NoRequest, None);
+    };
+    // A label outside Kubernetes syntax is refused before any work per label. serde's reader
+    // refuses it too, and names the field: let it say so, so both paths give the same answer.
+    let nodes = [&request.object, &request.old_object];
+    if nodes.into_iter().flatten().any(|node| !node.syntax_ok()) {
+        return Scanned::ToSerde(None);
+    }
+    match check_bounds(&request) {
+        Ok(()) => Scanned::Read(request),
+        Err((bad, uid)) => Scanned::Refused(bad, uid),
+    }
+}
+
+/// Refuses what no API server sends and the answer or the log would have to repeat: a uid
+/// that is not short, a name longer than Kubernetes allows.
+fn check_bounds(request: &RequestView<'_>) -> Result<(), (BadRequest, Option<String>)> {
+    let uid_chars = request.uid.chars().count();
+    if uid_chars > MAX_UID_CHARS {
+        return Err((BadRequest::UidTooLong(uid_chars), None));
+    }
+    let uid = || Some(request.uid.clone());
+    let names = [
+        ("request.name", Some(request.name.as_str())),
+        (
+            "request.object.metadata.name",
+            request.object.as_ref().map(|o| o.name()),
+        ),
+        (
+            "request.oldObject.metadata.name",
+            request.old_object.as_ref().map(|o| o.name()),
+        ),
+    ];
+    for (field, name) in names {
+        let chars = name.map_or(0, |n| n.chars().count());
+        if chars > MAX_NAME_CHARS {
+            return Err((BadRequest::NameTooLong { field, chars }, uid()));
+        }
+    }
+    Ok(())
+}
+
+fn check_review(kind: &str, api_version: &str) -> Result<(), (BadRequest, Option<String>)> {
+    if kind != "AdmissionReview" {
+        return Err((BadRequest::Kind(echo(kind).into_owned()), None));
+    }
+    if api_version != "admission.k8s.io/v1" {
+        return Err((BadRequest::Version(echo(api_version).into_owned()), None));
+    }
+    Ok(())
+}
