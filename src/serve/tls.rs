@@ -27,10 +27,66 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
+use super::parse::parse_duration;
 use super::readiness::Gate;
 use crate::certs;
 use crate::core::echo::echo;
 use crate::metrics::Metrics;
+
+/// The flags of the serving certificate and of client certificates.
+#[derive(clap::Args, Clone, Debug)]
+pub struct TlsArgs {
+    /// PEM certificate chain to serve; re-read when the file changes. Without it, a
+    /// self-signed certificate for localhost is made in memory (for trying it out only).
+    #[arg(long, env = "GDG_TLS_CERT", requires = "tls_key", display_order = 2)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "GDG_TLS_KEY", requires = "tls_cert", display_order = 3)]
+    pub tls_key: Option<PathBuf>,
+    /// With the self-signed certificate: write its CA here so a client can trust it.
+    #[arg(
+        long,
+        env = "GDG_WRITE_CA",
+        conflicts_with = "tls_cert",
+        display_order = 4
+    )]
+    pub write_ca: Option<PathBuf>,
+    /// PEM CA bundle: require a client certificate signed by it (the API server presents one
+    /// when its AdmissionConfiguration gives the webhook a kubeconfig; see
+    /// docs/client-certificates.md). Re-read when the file changes.
+    #[arg(long, env = "GDG_CLIENT_CA", display_order = 14)]
+    pub client_ca: Option<PathBuf>,
+    /// With --client-ca: the names a client certificate may carry (its subject's common name,
+    /// or a DNS, URI or email subject alternative name), comma-separated; empty allows any
+    /// certificate the CA signed. The clientAuth extended key usage is always required.
+    #[arg(
+        long,
+        env = "GDG_CLIENT_CA_ALLOWED_NAMES",
+        value_delimiter = ',',
+        requires = "client_ca",
+        display_order = 15
+    )]
+    pub client_ca_allowed_names: Vec<String>,
+    /// How often the certificate files are checked for rotation.
+    #[arg(long, env = "GDG_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration,
+          display_order = 32)]
+    pub tls_reload_interval: Duration,
+}
+
+impl TlsArgs {
+    /// The files given, else a self-signed certificate.
+    pub fn source(&self) -> TlsSource {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => TlsSource::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            _ => TlsSource::SelfSigned {
+                write_ca: self.write_ca.clone(),
+            },
+        }
+    }
+}
 
 /// Where the serving certificate comes from.
 #[derive(Clone, Debug)]

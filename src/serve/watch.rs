@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::auditor;
-use super::lease::{Election, LeaseConfig};
+use super::lease::{Election, LeaseArgs, LeaseConfig};
 use crate::audit::metrics::AuditMetrics;
 use crate::core::facts::{ClusterFacts, PolicySource, VersionSource};
 use crate::core::operator::OperatorVersion;
@@ -59,6 +59,32 @@ use crate::metrics::Metrics;
 /// Objects per list page by default: a Node's metadata is ~10 KB and a Pod ~5–10 KB, so a page
 /// stays near a megabyte.
 pub const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// The flags of the cluster watch and of the continuous audit.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ClusterArgs {
+    /// Do not read the cluster: decide with the GPU Operator's default operand switches and
+    /// run no continuous audit. Without this, the ClusterPolicy, the operand DaemonSets, their
+    /// pods, the operator's Deployment (for its version) and the nodes are watched (in-cluster
+    /// config or KUBECONFIG).
+    #[arg(long, env = "GDG_NO_CLUSTER_WATCH", display_order = 24)]
+    pub no_cluster_watch: bool,
+    /// Write the continuous audit as ClusterPolicyReport `gpu-deploy-guard` (wgpolicyk8s.io/v1alpha2).
+    #[arg(
+        long,
+        env = "GDG_REPORT",
+        conflicts_with = "no_cluster_watch",
+        display_order = 25
+    )]
+    pub report: bool,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+    /// Objects per page when listing the nodes and the operator's pods; one page is held in
+    /// memory at a time.
+    #[arg(long, env = "GDG_LIST_PAGE_SIZE", default_value_t = DEFAULT_PAGE_SIZE,
+          value_parser = clap::value_parser!(u32).range(1..=500), display_order = 31)]
+    pub list_page_size: u32,
+}
 
 /// What the watch needs to know.
 #[derive(Clone, Debug)]
