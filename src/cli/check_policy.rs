@@ -11,11 +11,12 @@ use clap::ValueEnum;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, assumed_version, operator_defaults};
 use crate::core::policy::{Decision, Operation, Policy, Verdict};
 use crate::core::policy_change::{NvidiaDriver, PolicyKind, Shift, name_nodes};
+use crate::core::version;
+use crate::flags::{NOT_GIVEN, OperatorVersionArg};
 use crate::k8s::daemonset::learn_daemonsets;
 use crate::k8s::fleet::{Fleet, LabelFilter, NodeIndex};
 use crate::k8s::node::NodeView;
@@ -181,8 +182,10 @@ pub fn check(args: &CheckPolicyArgs) -> Result<(String, u8), CheckPolicyError> {
     if let Some(path) = &args.daemonsets {
         learn_daemonsets(&mut facts, &list::read_daemonsets(path)?);
     }
-    (facts.version, facts.version_source) = assumed_version(NOT_GIVEN);
-    apply_given(&mut facts, args.operator_version.given(&config));
+    (facts.version, facts.version_source) = version::resolve(
+        args.operator_version.given(&config),
+        assumed_version(NOT_GIVEN),
+    );
     let nodes = list::read_nodes(&args.nodes)?;
     let fleet = fleet_of(&nodes, &facts);
     let name = new

@@ -14,12 +14,10 @@ use super::limits::RequestArgs;
 use super::readiness::Readiness;
 use super::server::{self, ServerArgs};
 use super::watch::{ClusterArgs, WatchConfig, elect, watch_cluster};
-use crate::cli::version::{OperatorVersionArg, apply_given};
 use crate::core::config::Config;
-use crate::core::facts::{
-    ClusterFacts, PolicySource, VersionSource, assumed_version, operator_defaults,
-};
-use crate::core::operator::OperatorVersion;
+use crate::core::facts::{ClusterFacts, PolicySource, assumed_version, operator_defaults};
+use crate::core::version::{self, Sourced};
+use crate::flags::OperatorVersionArg;
 use crate::k8s::deployment::{self, Unread};
 use crate::k8s::fleet::Fleet;
 use crate::k8s::read;
@@ -96,12 +94,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     let given = operator_version.given(&config);
     let mut facts = operator_defaults();
-    (facts.version, facts.version_source) = if cluster.no_cluster_watch {
-        assumed_version(NOT_WATCHED)
-    } else {
-        deployment::operator_version(&config.operator_namespace, Err(&Unread::NotYet))
-    };
-    apply_given(&mut facts, given.clone());
+    (facts.version, facts.version_source) = version::resolve(
+        given.clone(),
+        if cluster.no_cluster_watch {
+            assumed_version(NOT_WATCHED)
+        } else {
+            deployment::operator_version(&config.operator_namespace, Err(&Unread::NotYet))
+        },
+    );
     let (facts_tx, facts_rx) = tokio::sync::watch::channel(Arc::new(facts));
     let version_rx = facts_rx.clone();
     let fleet = Arc::new(Fleet::default());
@@ -185,7 +185,7 @@ async fn publish_operator_version(
 /// cluster access the webhook still serves, on the operator's defaults, and says so.
 async fn start_cluster_watch(
     config: &Config,
-    operator_version: Option<(OperatorVersion, VersionSource)>,
+    operator_version: Option<Sourced>,
     cluster: &ClusterArgs,
     facts_tx: tokio::sync::watch::Sender<Arc<ClusterFacts>>,
     fleet: Arc<Fleet>,
@@ -198,9 +198,10 @@ async fn start_cluster_watch(
             tracing::warn!(%error, "cannot reach the cluster: deciding with the GPU Operator's default operand switches");
             let mut facts = operator_defaults();
             facts.source = PolicySource::NoAccess(error.to_string());
-            (facts.version, facts.version_source) =
-                assumed_version("the cluster cannot be reached");
-            apply_given(&mut facts, operator_version);
+            (facts.version, facts.version_source) = version::resolve(
+                operator_version,
+                assumed_version("the cluster cannot be reached"),
+            );
             let _ = facts_tx.send(Arc::new(facts));
             return None;
         }
