@@ -20,7 +20,7 @@ use crate::flags::{NOT_GIVEN, OperatorVersionArg};
 use crate::k8s::daemonset::learn_daemonsets;
 use crate::k8s::fleet::{Fleet, LabelFilter, NodeIndex};
 use crate::k8s::node::NodeView;
-use crate::k8s::{list, nvidia_driver, read};
+use crate::k8s::{document, list, nvidia_driver, read};
 use crate::webhook::policy_review::{ObjectChange, decide_and_predict};
 
 #[derive(clap::Args)]
@@ -102,7 +102,7 @@ fn value(path: &Path) -> Result<(String, Value), CheckPolicyError> {
         path: shown.clone(),
         error: e.to_string(),
     })?;
-    let value = read::json_or_yaml(&text).map_err(|problem| CheckPolicyError::Object {
+    let value = document::json_or_yaml(&text).map_err(|problem| CheckPolicyError::Object {
         path: shown.clone(),
         problem: format!("neither JSON nor YAML: {problem}"),
     })?;

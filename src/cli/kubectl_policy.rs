@@ -21,7 +21,7 @@ use crate::core::policy_change::PolicyKind;
 use crate::core::version;
 use crate::flags::OperatorVersionArg;
 use crate::k8s::api::{self, ClusterError, brief, cluster_policy_resource};
-use crate::k8s::{nvidia_driver, read};
+use crate::k8s::{document, nvidia_driver, read};
 use crate::webhook::policy_review::ObjectChange;
 
 #[derive(Args)]
@@ -80,7 +80,7 @@ pub async fn preview(args: &PolicyArgs) -> Result<(String, u8), PolicyError> {
         Some(path) => {
             let text = read::text(path)
                 .map_err(|e| bad(format!("cannot read {}: {e}", read::display(path))))?;
-            Some(read::json_or_yaml(&text).map_err(|m| {
+            Some(document::json_or_yaml(&text).map_err(|m| {
                 bad(format!(
                     "{} is neither JSON nor YAML: {m}",
                     read::display(path)
