@@ -2,8 +2,8 @@
 //! node labels from breaking a node's GPU stack.
 //!
 //! Layers, each importing only from those before it:
-//! `core` <- `k8s` <- {`webhook`, `audit`} <- {`serve`, `cli`} <- `main`; `serve` takes the
-//! one flag it shares with the offline commands, `--operator-version`, from `cli::version`.
+//! `core` <- `k8s` <- {`webhook`, `audit`} <- [`flags`] <- {`serve`, `cli`} <- `main`; [`flags`]
+//! holds the one flag `serve` shares with the offline commands, `--operator-version`.
 //!
 //! - [`core`]: pure decision logic, no I/O: the operand table, the rule table,
 //!   the policy (`decide`, `assess`), the cluster facts, the configuration.
@@ -12,6 +12,7 @@
 //! - [`webhook`]: AdmissionReview bytes in, the verdict's response out.
 //! - [`audit`]: the pure audit of nodes and pods, and its outputs.
 //! - [`serve`]: the process: listeners, TLS, readiness, drain, the cluster watch.
+//! - [`flags`]: `--operator-version`, the flag `serve` and the offline commands share.
 //! - [`cli`]: the offline commands `check`, `audit`, `certs`, `completion`, and the
 //!   kubectl plugin.
 //!
@@ -31,6 +32,7 @@ pub mod audit;
 pub mod certs;
 pub mod cli;
 pub mod core;
+pub mod flags;
 pub mod k8s;
 pub mod metrics;
 pub mod serve;

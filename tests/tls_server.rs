@@ -389,7 +389,7 @@ async fn addresses_in_use_fail_start_up_naming_the_address() {
 #[tokio::test]
 async fn zero_durations_are_refused() {
     let mut opts = options(TlsSource::SelfSigned { write_ca: None });
-    opts.reload_interval = Duration::ZERO;
+    opts.tls.tls_reload_interval = Duration::ZERO;
     let err = Server::bind(opts, Arc::new(Metrics::new()))
         .await
         .err()

@@ -11,9 +11,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::audit::apply::apply_report;
 use crate::audit::report::{self, Timestamp};
 use crate::audit::{AuditReport, audit, output};
-use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
 use crate::core::config::{Config, ConfigError};
 use crate::core::facts::{PolicySource, assumed_version, operator_defaults};
+use crate::core::version;
+use crate::flags::{NOT_GIVEN, OperatorVersionArg};
 use crate::k8s::api::{self as cluster, ClusterError};
 use crate::k8s::cluster_policy::ClusterPolicyError;
 use crate::k8s::daemonset::learn_daemonsets;
@@ -149,8 +150,10 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         let ds = files::read_daemonsets(path)?;
         learn_daemonsets(&mut facts, &ds);
     }
-    (facts.version, facts.version_source) = assumed_version(NOT_GIVEN);
-    apply_given(&mut facts, args.operator_version.given(&config));
+    (facts.version, facts.version_source) = version::resolve(
+        args.operator_version.given(&config),
+        assumed_version(NOT_GIVEN),
+    );
     Ok(audit(&nodes, &pods, &facts, &config.policy))
 }
 
@@ -165,7 +168,10 @@ async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
     if snap.facts.source.is_unavailable() {
         eprintln!("warning: {}", snap.facts.source.describe());
     }
-    apply_given(&mut snap.facts, args.operator_version.given(&config));
+    (snap.facts.version, snap.facts.version_source) = version::resolve(
+        args.operator_version.given(&config),
+        (snap.facts.version, snap.facts.version_source),
+    );
     let result = audit(&snap.nodes, &snap.pods, &snap.facts, &config.policy);
     if args.report {
         apply_report(&client, &report::build(&result, now())).await?;

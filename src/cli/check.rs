@@ -10,7 +10,6 @@ use std::process::ExitCode;
 
 use clap::ValueEnum;
 
-use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, VersionSource, assumed_version, operator_defaults};
 use crate::core::operands::{
@@ -21,6 +20,8 @@ use crate::core::operator::{
 };
 use crate::core::policy::{self, Decision, Operation, Review, Verdict};
 use crate::core::rules::{self, Finding};
+use crate::core::version;
+use crate::flags::{NOT_GIVEN, OperatorVersionArg};
 use crate::k8s::node::NodeFileError;
 use crate::k8s::read;
 
@@ -180,7 +181,10 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         None => Config::default(),
     };
     let mut facts = input.facts.clone();
-    apply_given(&mut facts, input.operator_version.given(&config));
+    (facts.version, facts.version_source) = version::resolve(
+        input.operator_version.given(&config),
+        (facts.version, facts.version_source),
+    );
     let facts = &facts;
     let changes = input
         .changes

@@ -11,15 +11,16 @@ use clap::ValueEnum;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cli::version::{NOT_GIVEN, OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, assumed_version, operator_defaults};
 use crate::core::policy::{Decision, Operation, Policy, Verdict};
 use crate::core::policy_change::{NvidiaDriver, PolicyKind, Shift, name_nodes};
+use crate::core::version;
+use crate::flags::{NOT_GIVEN, OperatorVersionArg};
 use crate::k8s::daemonset::learn_daemonsets;
 use crate::k8s::fleet::{Fleet, LabelFilter, NodeIndex};
 use crate::k8s::node::NodeView;
-use crate::k8s::{list, nvidia_driver, read};
+use crate::k8s::{document, list, nvidia_driver, read};
 use crate::webhook::policy_review::{ObjectChange, decide_and_predict};
 
 #[derive(clap::Args)]
@@ -101,7 +102,7 @@ fn value(path: &Path) -> Result<(String, Value), CheckPolicyError> {
         path: shown.clone(),
         error: e.to_string(),
     })?;
-    let value = read::json_or_yaml(&text).map_err(|problem| CheckPolicyError::Object {
+    let value = document::json_or_yaml(&text).map_err(|problem| CheckPolicyError::Object {
         path: shown.clone(),
         problem: format!("neither JSON nor YAML: {problem}"),
     })?;
@@ -181,8 +182,10 @@ pub fn check(args: &CheckPolicyArgs) -> Result<(String, u8), CheckPolicyError> {
     if let Some(path) = &args.daemonsets {
         learn_daemonsets(&mut facts, &list::read_daemonsets(path)?);
     }
-    (facts.version, facts.version_source) = assumed_version(NOT_GIVEN);
-    apply_given(&mut facts, args.operator_version.given(&config));
+    (facts.version, facts.version_source) = version::resolve(
+        args.operator_version.given(&config),
+        assumed_version(NOT_GIVEN),
+    );
     let nodes = list::read_nodes(&args.nodes)?;
     let fleet = fleet_of(&nodes, &facts);
     let name = new

@@ -21,11 +21,12 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Map, Value};
 
 use crate::cli::check::{Change, CheckError, apply_changes};
-use crate::cli::version::{OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::operands::OperandSet;
 use crate::core::policy::{self, Decision, Operation, Review, Verdict};
 use crate::core::rules::Action;
+use crate::core::version;
+use crate::flags::OperatorVersionArg;
 use crate::k8s::api::{self, ClusterError, FIELD_MANAGER, brief};
 use crate::k8s::node::NodeView;
 use crate::k8s::read;
@@ -182,7 +183,10 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
     let client = api::connect().await?;
     let mut snapshot = api::snapshot(&client, &config.operator_namespace).await?;
     // --operator-version, then the config file's, win over the Deployment's, as in `serve`.
-    apply_given(&mut snapshot.facts, args.operator_version.given(&config));
+    (snapshot.facts.version, snapshot.facts.version_source) = version::resolve(
+        args.operator_version.given(&config),
+        (snapshot.facts.version, snapshot.facts.version_source),
+    );
     let chosen: Vec<&NodeView> = match &selection {
         Selection::All => snapshot.nodes.iter().collect(),
         Selection::Names(names) => {

@@ -15,12 +15,13 @@ use kube::api::{Api, DynamicObject};
 use serde_json::Value;
 
 use crate::cli::check_policy::{Format, fleet_of, report};
-use crate::cli::version::{OperatorVersionArg, apply_given};
 use crate::core::config::Config;
 use crate::core::policy::Operation;
 use crate::core::policy_change::PolicyKind;
+use crate::core::version;
+use crate::flags::OperatorVersionArg;
 use crate::k8s::api::{self, ClusterError, brief, cluster_policy_resource};
-use crate::k8s::{nvidia_driver, read};
+use crate::k8s::{document, nvidia_driver, read};
 use crate::webhook::policy_review::ObjectChange;
 
 #[derive(Args)]
@@ -79,7 +80,7 @@ pub async fn preview(args: &PolicyArgs) -> Result<(String, u8), PolicyError> {
         Some(path) => {
             let text = read::text(path)
                 .map_err(|e| bad(format!("cannot read {}: {e}", read::display(path))))?;
-            Some(read::json_or_yaml(&text).map_err(|m| {
+            Some(document::json_or_yaml(&text).map_err(|m| {
                 bad(format!(
                     "{} is neither JSON nor YAML: {m}",
                     read::display(path)
@@ -172,7 +173,10 @@ pub async fn preview(args: &PolicyArgs) -> Result<(String, u8), PolicyError> {
         .map(|m| m.keys().cloned().collect())
         .unwrap_or_default();
     let mut snapshot = api::snapshot_keeping(&client, &config.operator_namespace, &extra).await?;
-    apply_given(&mut snapshot.facts, args.operator_version.given(&config));
+    (snapshot.facts.version, snapshot.facts.version_source) = version::resolve(
+        args.operator_version.given(&config),
+        (snapshot.facts.version, snapshot.facts.version_source),
+    );
     let fleet = fleet_of(&snapshot.nodes, &snapshot.facts);
     let change = ObjectChange {
         kind,

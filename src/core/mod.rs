@@ -11,3 +11,4 @@ pub mod operator;
 pub mod policy;
 pub mod policy_change;
 pub mod rules;
+pub mod version;

@@ -46,6 +46,7 @@ pub mod api;
 pub mod cluster_policy;
 pub mod daemonset;
 pub mod deployment;
+pub mod document;
 pub mod fleet;
 pub mod list;
 mod meta;

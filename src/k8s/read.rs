@@ -1,6 +1,7 @@
 //! The one way files are read: a path, or standard input for `-`; JSON when the text starts
-//! with `{`, YAML otherwise (kubectl writes both). The readers of a Node, a ClusterPolicy and
-//! the configuration file are here; the audit's large List files are streamed by [`super::list`].
+//! with `{`, YAML otherwise (kubectl writes both; [`super::document`] tells them apart). The
+//! readers of a Node, a ClusterPolicy and the configuration file are here; the audit's large
+//! List files are streamed by [`super::list`].
 
 use std::io::{self, Read};
 use std::path::Path;
@@ -38,15 +39,6 @@ pub fn text(path: &Path) -> std::io::Result<String> {
     let mut text = String::new();
     open(path)?.read_to_string(&mut text)?;
     Ok(text)
-}
-
-/// JSON when the text starts with `{`, YAML otherwise; the error is the parser's message.
-pub fn json_or_yaml(text: &str) -> Result<serde_json::Value, String> {
-    if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).map_err(|e| e.to_string())
-    } else {
-        serde_norway::from_str(text).map_err(|e| e.to_string())
-    }
 }
 
 /// A Node file (`kubectl get node NAME -o json|yaml`), or standard input for `-`.
@@ -137,6 +129,28 @@ pub fn regular_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_file_is_named() {
+        let msg = node_file(std::path::Path::new("/nonexistent/node.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("cannot read /nonexistent/node.json"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_missing_cluster_policy_file_is_named() {
+        let missing = cluster_policy_file(Path::new("/nonexistent/cp.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.starts_with("cannot read ClusterPolicy file /nonexistent/cp.yaml: "),
+            "{missing}"
+        );
+    }
 
     #[test]
     fn a_missing_config_file_names_the_path() {

@@ -21,8 +21,8 @@ use tower::ServiceExt;
 use tracing::{debug, warn};
 
 use super::idle;
+use super::parse::parse_duration;
 use super::pool::{Pool, Slot};
-use super::server::ServeOptions;
 use crate::metrics::Metrics;
 
 /// HTTP/2 ping interval. Detects a peer that vanished without closing (its
@@ -47,6 +47,49 @@ pub(super) const ADMIN_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time for an admin request head.
 const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How each webhook connection is served: its HTTP/2 streams and its timeouts.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ConnArgs {
+    /// HTTP/2 requests in flight per connection.
+    #[arg(
+        long,
+        env = "GDG_MAX_CONCURRENT_STREAMS",
+        default_value_t = 64,
+        display_order = 12
+    )]
+    pub max_concurrent_streams: u32,
+    // Its whole body sent (an HTTP/2 client may grant no window) and no write to the socket
+    // blocked longer.
+    /// Time for a client to take an answer (an HTTP/2 client granting no window, a client
+    /// that stops reading); the connection is closed after it.
+    #[arg(long, env = "GDG_WRITE_TIMEOUT", default_value = "10s", value_parser = parse_duration,
+          display_order = 13)]
+    pub write_timeout: Duration,
+    // Also spreads connections over replicas.
+    /// The longest a webhook connection lives before the client is asked to reconnect
+    /// (HTTP/2 GOAWAY, HTTP/1.1 `Connection: close`): a client authenticated by a CA since
+    /// removed from --client-ca stops being served after it (plus the idle timeout at most).
+    #[arg(long, env = "GDG_MAX_CONNECTION_AGE", default_value = "10m", value_parser = parse_duration,
+          display_order = 16)]
+    pub max_connection_age: Duration,
+    /// Time for a request's head to arrive, from the start of a connection or from the first byte
+    /// of a later request on it.
+    #[arg(long, env = "GDG_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration,
+          display_order = 17)]
+    pub header_timeout: Duration,
+    // See `serve/idle.rs`.
+    /// How long an idle HTTP/1.1 keep-alive connection stays open. Keep it above the API server's
+    /// 90 s, so the API server closes idle connections first and never sends a review on a
+    /// connection being closed.
+    #[arg(long, env = "GDG_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration,
+          display_order = 18)]
+    pub idle_timeout: Duration,
+    /// Time for a TLS handshake.
+    #[arg(long, env = "GDG_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = parse_duration,
+          display_order = 21)]
+    pub handshake_timeout: Duration,
+}
+
 /// Per-connection settings shared by all connections of a listener.
 pub(super) struct ConnConfig {
     /// The protocol is fixed per connection from ALPN, so hyper never has to
@@ -65,7 +108,7 @@ pub(super) struct ConnConfig {
 }
 
 impl ConnConfig {
-    pub(super) fn new(opts: &ServeOptions, metrics: Option<Arc<Metrics>>) -> Self {
+    pub(super) fn new(opts: &ConnArgs, metrics: Option<Arc<Metrics>>) -> Self {
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -97,7 +140,7 @@ impl ConnConfig {
     /// The admin port's: probes and scrapes send their request at once and seldom reuse a
     /// connection for long, so idle and silent connections are closed soon, leaving the
     /// slots to the kubelet.
-    pub(super) fn admin(opts: &ServeOptions) -> Self {
+    pub(super) fn admin(opts: &ConnArgs) -> Self {
         let mut config = Self::new(opts, None);
         config.idle_timeout = ADMIN_IDLE_TIMEOUT;
         config.header_timeout = config.header_timeout.min(ADMIN_HEADER_TIMEOUT);

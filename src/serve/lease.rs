@@ -18,10 +18,72 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::{oneshot, watch};
 
 use super::conn::AbortOnDrop;
+use super::parse::parse_duration;
 use crate::k8s::api::missing_or_forbidden;
 
 /// Field manager of the Lease's fields.
 const FIELD_MANAGER: &str = "gpu-deploy-guard";
+
+/// The flags of the audit's Lease.
+#[derive(clap::Args, Clone, Debug)]
+pub struct LeaseArgs {
+    /// Name of the coordination.k8s.io Lease that elects the one replica running the continuous
+    /// audit (pod watch, gauges, report); every replica answers reviews.
+    #[arg(
+        long,
+        env = "GDG_AUDIT_LEASE",
+        default_value = "gpu-deploy-guard-audit",
+        display_order = 26
+    )]
+    pub audit_lease: String,
+    /// Namespace of the audit's Lease: the pod's own (the chart passes it), else the
+    /// kubeconfig's namespace.
+    #[arg(long, env = "POD_NAMESPACE", display_order = 27)]
+    pub audit_lease_namespace: Option<String>,
+    /// This replica's name in the Lease: the pod's name (the chart passes it), else the host
+    /// name and process id.
+    #[arg(long, env = "POD_NAME", display_order = 28)]
+    pub audit_lease_identity: Option<String>,
+    /// How long the Lease holds without renewal: the longest a dead auditor's work waits
+    /// for another replica to take over (a replica that stops cleanly hands over at once).
+    #[arg(long, env = "GDG_AUDIT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration,
+          display_order = 29)]
+    pub audit_lease_duration: Duration,
+    /// Run the continuous audit in this replica without an election (one replica only).
+    #[arg(long, env = "GDG_NO_AUDIT_LEASE", display_order = 30)]
+    pub no_audit_lease: bool,
+}
+
+impl LeaseArgs {
+    /// The Lease to elect the auditor with; `None` with `--no-audit-lease`.
+    pub fn config(&self, client: &Client) -> Option<LeaseConfig> {
+        (!self.no_audit_lease).then(|| LeaseConfig {
+            name: self.audit_lease.clone(),
+            namespace: self
+                .audit_lease_namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned()),
+            identity: self
+                .audit_lease_identity
+                .clone()
+                .unwrap_or_else(default_identity),
+            duration: self.audit_lease_duration,
+        })
+    }
+}
+
+/// The host name and process id: unique among replicas outside a pod too.
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let host = if host.is_empty() {
+        "gpu-deploy-guard".to_owned()
+    } else {
+        host
+    };
+    format!("{host}-{}", std::process::id())
+}
 
 /// How the audit's Lease is named and held.
 #[derive(Clone, Debug, PartialEq, Eq)]

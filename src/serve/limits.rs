@@ -1,4 +1,65 @@
-//! Defaults derived from the process's limits.
+//! The webhook's request limits (its flags), and defaults derived from the process's limits.
+
+use std::time::Duration;
+
+use super::parse::parse_duration;
+use crate::webhook::Limits;
+
+/// The flags that bound what requests may hold and how long they may take: the webhook's
+/// [`Limits`], made in [`RequestArgs::limits`].
+#[derive(clap::Args, Clone, Debug)]
+pub struct RequestArgs {
+    /// Largest request body accepted, in bytes (413 above). The API server sends at most about
+    /// 3 MiB per review.
+    #[arg(long, env = "GDG_MAX_BODY_BYTES", default_value_t = Limits::default().max_body_bytes,
+          display_order = 8)]
+    pub max_body_bytes: usize,
+    /// Request body bytes held at once across all connections; a body waits for room (503
+    /// after the body timeout). At least --max-body-bytes.
+    #[arg(long, env = "GDG_MAX_INFLIGHT_BODY_BYTES", default_value_t = Limits::default().max_inflight_body_bytes,
+          display_order = 9)]
+    pub max_inflight_body_bytes: usize,
+    /// Requests in flight from one client address across all its connections (HTTP/2
+    /// streams and HTTP/1.1 requests); more are answered 503 at once. The default is half of
+    /// --max-connections, so that a source at its share leaves connections the pool may close
+    /// for another (src/webhook/shares.rs).
+    #[arg(long, env = "GDG_MAX_REQUESTS_PER_SOURCE", display_order = 11)]
+    pub max_requests_per_source: Option<usize>,
+    /// Time for a request's body to arrive.
+    #[arg(long, env = "GDG_BODY_TIMEOUT", default_value = "5s", value_parser = parse_duration,
+          display_order = 19)]
+    pub body_timeout: Duration,
+    /// Time for a whole request, body included.
+    #[arg(long, env = "GDG_REQUEST_TIMEOUT", default_value = "10s", value_parser = parse_duration,
+          display_order = 20)]
+    pub request_timeout: Duration,
+}
+
+impl RequestArgs {
+    /// The webhook's limits, with `--max-requests-per-source` defaulting to half of
+    /// `max_connections`; an error names the flags that disagree.
+    pub fn limits(&self, max_connections: usize) -> anyhow::Result<Limits> {
+        if self.max_inflight_body_bytes < self.max_body_bytes {
+            anyhow::bail!(
+                "--max-inflight-body-bytes ({}) must be at least --max-body-bytes ({})",
+                self.max_inflight_body_bytes,
+                self.max_body_bytes
+            );
+        }
+        if self.max_requests_per_source == Some(0) {
+            anyhow::bail!("--max-requests-per-source must be at least 1");
+        }
+        Ok(Limits {
+            max_body_bytes: self.max_body_bytes,
+            max_inflight_body_bytes: self.max_inflight_body_bytes,
+            body_timeout: self.body_timeout,
+            request_timeout: self.request_timeout,
+            max_requests_per_source: self
+                .max_requests_per_source
+                .unwrap_or((max_connections / 2).max(1)),
+        })
+    }
+}
 
 /// Connections `serve` accepts at most by default, whatever the descriptor limit: an idle
 /// TLS HTTP/2 connection that has been answered once costs about 48 KiB (measured with
@@ -34,7 +95,7 @@ pub struct RequestMemory {
 }
 
 impl RequestMemory {
-    pub fn of(max_connections: usize, limits: &crate::webhook::Limits) -> Self {
+    pub fn of(max_connections: usize, limits: &Limits) -> Self {
         RequestMemory {
             connections: max_connections.saturating_mul(CONNECTION_BYTES),
             bodies: limits.max_inflight_body_bytes.max(limits.max_body_bytes),

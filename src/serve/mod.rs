@@ -9,6 +9,7 @@ mod idle;
 pub mod lease;
 pub mod limits;
 pub mod logs;
+mod parse;
 mod pool;
 pub mod readiness;
 pub mod server;

@@ -8,7 +8,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,10 +16,12 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+pub use super::conn::ConnArgs;
 use super::conn::{AbortOnDrop, Acceptor, ConnConfig, Stage};
+use super::parse::{parse_duration, parse_listen};
 use super::pool::Pool;
 use super::readiness::{Readiness, admin_router};
-use super::tls::{Tls, TlsError, TlsSource};
+use super::tls::{Tls, TlsArgs, TlsError};
 use crate::metrics::Metrics;
 
 /// How long the admin listener may take to finish its own requests once the
@@ -39,51 +40,50 @@ const ADMIN_MAX_PER_SOURCE: usize = 8;
 /// pool's fairness (`serve/pool.rs`) keeps a flood of silent connections from taking it.
 pub const MAX_HANDSHAKES: usize = 64;
 
-#[derive(Clone, Debug)]
-pub struct ServeOptions {
-    /// HTTPS for the webhook. Port 0 picks a free port; see [`Server::local_addr`].
+/// The server's flags: where it listens, its certificate ([`TlsArgs`]), its connections
+/// ([`ConnArgs`]), and how it shuts down.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ServerArgs {
+    // Port 0 picks a free port; see [`Server::local_addr`].
+    /// HTTPS address of the webhook (POST /validate).
+    #[arg(long, env = "GDG_LISTEN", default_value = "0.0.0.0:8443", value_parser = parse_listen,
+          display_order = 0)]
     pub listen: SocketAddr,
-    /// Plain HTTP: `/livez`, `/readyz`, `/metrics`.
+    /// Plain-HTTP address of /livez, /readyz and /metrics. In a pod, the kubelet's probes and
+    /// Prometheus reach it on the pod IP: `--admin-listen=$(POD_IP):8080` binds only there
+    /// (the Helm chart's default); a bare IPv6 address before the port is read too.
+    #[arg(long, env = "GDG_ADMIN_LISTEN", default_value = "0.0.0.0:8080", value_parser = parse_listen,
+          display_order = 1)]
     pub admin_listen: SocketAddr,
-    pub tls: TlsSource,
-    /// How often the certificate files are checked for a rotation.
-    pub reload_interval: Duration,
-    /// Time allowed to send a request head: from the start of a connection, and from the first
-    /// byte of each later request on it.
-    pub header_timeout: Duration,
-    /// How long an HTTP/1.1 keep-alive connection may wait for its next request. Longer than the
-    /// API server's 90 s, so that the API server, not us, closes idle connections (see
-    /// `serve/idle.rs`).
-    pub idle_timeout: Duration,
-    /// Time allowed for the TLS handshake.
-    pub handshake_timeout: Duration,
-    /// After shutdown starts, the longest in-flight requests may run on.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    // Keep it below the open-file limit (see [`limits::default_max_connections`]).
+    /// Webhook connections served at once; more wait in the listen backlog. The default is
+    /// 128, or less when the open-file limit is low (it stays below it).
+    #[arg(long, env = "GDG_MAX_CONNECTIONS", display_order = 10)]
+    pub max_connections: Option<usize>,
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// After SIGTERM, how long in-flight reviews may take to finish.
+    #[arg(long, env = "GDG_DRAIN_TIMEOUT", default_value = "20s", value_parser = parse_duration,
+          display_order = 22)]
     pub drain_timeout: Duration,
-    /// After SIGTERM, how long to keep accepting while readiness is already 503: Kubernetes
-    /// takes a moment to drop the endpoint, and the API server must not be refused meanwhile.
-    /// HTTP/2 connections get a GOAWAY and HTTP/1.1 answers `Connection: close` from its
-    /// start, so clients move to another replica before the drain.
+    // Kubernetes takes a moment to drop the endpoint, and the API server must not be refused
+    // meanwhile. HTTP/2 connections get a GOAWAY and HTTP/1.1 answers `Connection: close` from
+    // its start, so clients move to another replica before the drain.
+    /// After SIGTERM, how long to keep serving with /readyz at 503 before draining, so the
+    /// endpoint is gone from the Service before the listener closes.
+    #[arg(long, env = "GDG_SHUTDOWN_DELAY", default_value = "3s", value_parser = parse_duration,
+          display_order = 23)]
     pub shutdown_delay: Duration,
-    /// Time for a client to take an answer: its whole body sent (an HTTP/2 client may grant no
-    /// window) and no write to the socket blocked longer.
-    pub write_timeout: Duration,
-    /// Webhook connections served at once; more wait in the listen backlog. Keep it below the
-    /// open-file limit (see [`limits::default_max_connections`]).
-    pub max_connections: usize,
-    /// HTTP/2 streams (requests) per connection at once.
-    pub max_concurrent_streams: u32,
-    /// PEM CA bundle: when set, the webhook requires a client certificate signed by one of
-    /// these CAs (the API server's, configured by an AdmissionConfiguration). Re-read like
-    /// the serving certificate.
-    pub client_ca: Option<PathBuf>,
-    /// With `client_ca`: names a client certificate must carry (subject common name, or a DNS,
-    /// URI or email subject alternative name); empty allows any the CA signed. The clientAuth
-    /// extended key usage is required either way.
-    pub client_ca_allowed_names: Vec<String>,
-    /// The longest a webhook connection lives: then HTTP/2 gets a GOAWAY and HTTP/1.1 answers
-    /// `Connection: close`, so that a client authenticated by a CA since removed from
-    /// `client_ca` is made to handshake again, and so that connections spread over replicas.
-    pub max_connection_age: Duration,
+}
+
+impl ServerArgs {
+    /// `--max-connections`, or the default for this process's open-file limit.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+            .unwrap_or_else(super::limits::default_max_connections)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,7 +106,7 @@ pub enum ServeError {
 /// accepting. Splitting bind from serve lets a caller (or a test) learn the
 /// actual addresses when asked to listen on port 0.
 pub struct Server {
-    opts: ServeOptions,
+    opts: ServerArgs,
     tls: Tls,
     listener: TcpListener,
     admin_listener: TcpListener,
@@ -118,30 +118,30 @@ pub struct Server {
 impl Server {
     /// Loads the certificate first, so a bad file fails start-up naming the
     /// file before any port is taken, then binds the webhook and admin ports.
-    pub async fn bind(opts: ServeOptions, metrics: Arc<Metrics>) -> Result<Self, ServeError> {
+    pub async fn bind(opts: ServerArgs, metrics: Arc<Metrics>) -> Result<Self, ServeError> {
         for (name, value) in [
-            ("reload_interval", opts.reload_interval),
-            ("header_timeout", opts.header_timeout),
-            ("idle_timeout", opts.idle_timeout),
-            ("handshake_timeout", opts.handshake_timeout),
+            ("reload_interval", opts.tls.tls_reload_interval),
+            ("header_timeout", opts.conn.header_timeout),
+            ("idle_timeout", opts.conn.idle_timeout),
+            ("handshake_timeout", opts.conn.handshake_timeout),
             ("drain_timeout", opts.drain_timeout),
-            ("write_timeout", opts.write_timeout),
-            ("max_connection_age", opts.max_connection_age),
+            ("write_timeout", opts.conn.write_timeout),
+            ("max_connection_age", opts.conn.max_connection_age),
         ] {
             if value.is_zero() {
                 return Err(ServeError::ZeroDuration(name));
             }
         }
-        if opts.max_connections == 0 {
+        if opts.max_connections() == 0 {
             return Err(ServeError::ZeroLimit("max_connections"));
         }
-        if opts.max_concurrent_streams == 0 {
+        if opts.conn.max_concurrent_streams == 0 {
             return Err(ServeError::ZeroLimit("max_concurrent_streams"));
         }
         let tls = Tls::load(
-            &opts.tls,
-            opts.client_ca.as_deref(),
-            &opts.client_ca_allowed_names,
+            &opts.tls.source(),
+            opts.tls.client_ca.as_deref(),
+            &opts.tls.client_ca_allowed_names,
             &metrics,
         )?;
         let (listener, local_addr) = bind(opts.listen, "webhook").await?;
@@ -198,19 +198,20 @@ impl Server {
         } = self;
         let _reloader = tls
             .spawn_reloader(
-                opts.reload_interval,
+                opts.tls.tls_reload_interval,
                 metrics.clone(),
                 readiness.gate("serving-certificate"),
             )
             .map(AbortOnDrop);
 
-        metrics.set_connection_limit(opts.max_connections);
-        let conn = Arc::new(ConnConfig::new(&opts, Some(metrics.clone())));
+        let max_connections = opts.max_connections();
+        metrics.set_connection_limit(max_connections);
+        let conn = Arc::new(ConnConfig::new(&opts.conn, Some(metrics.clone())));
         let admin = Acceptor {
             listener: admin_listener,
             tls: None,
             app: admin_router(metrics.clone(), readiness.clone()),
-            conn: Arc::new(ConnConfig::admin(&opts)),
+            conn: Arc::new(ConnConfig::admin(&opts.conn)),
             pool: Pool::new(
                 "admin",
                 ADMIN_MAX_CONNECTIONS,
@@ -229,14 +230,14 @@ impl Server {
             conn,
             pool: Pool::new(
                 "webhook",
-                opts.max_connections,
-                opts.max_connections,
+                max_connections,
+                max_connections,
                 MAX_HANDSHAKES,
                 Some(metrics.clone()),
             ),
             what: "webhook",
         };
-        info!(%local_addr, %admin_addr, max_connections = opts.max_connections, "serving");
+        info!(%local_addr, %admin_addr, max_connections, "serving");
         readiness.set_serving(true);
         let stopping = readiness.clone();
         let delay = opts.shutdown_delay;
@@ -357,7 +358,7 @@ async fn bind(
 /// endpoints over HTTP until `shutdown` resolves, then drains in-flight
 /// requests for at most `drain_timeout` and returns.
 pub async fn run(
-    opts: ServeOptions,
+    opts: ServerArgs,
     app: Router,
     metrics: Arc<Metrics>,
     readiness: Readiness,
@@ -374,7 +375,7 @@ pub async fn run(
 /// once. Every signal whose default is to end the process (SIGTERM from the kubelet, SIGINT,
 /// SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) drains: none of them may cut reviews in flight.
 pub async fn run_until_signalled(
-    opts: ServeOptions,
+    opts: ServerArgs,
     app: Router,
     metrics: Arc<Metrics>,
     readiness: Readiness,

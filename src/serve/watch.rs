@@ -40,12 +40,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::auditor;
-use super::lease::{Election, LeaseConfig};
+use super::lease::{Election, LeaseArgs, LeaseConfig};
 use crate::audit::metrics::AuditMetrics;
-use crate::core::facts::{ClusterFacts, PolicySource, VersionSource};
-use crate::core::operator::OperatorVersion;
+use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::policy::Policy;
 use crate::core::policy_change::NvidiaDriver;
+use crate::core::version::{self, Sourced};
 use crate::k8s::api::{
     cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,
 };
@@ -59,6 +59,32 @@ use crate::metrics::Metrics;
 /// Objects per list page by default: a Node's metadata is ~10 KB and a Pod ~5–10 KB, so a page
 /// stays near a megabyte.
 pub const DEFAULT_PAGE_SIZE: u32 = 100;
+
+/// The flags of the cluster watch and of the continuous audit.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ClusterArgs {
+    /// Do not read the cluster: decide with the GPU Operator's default operand switches and
+    /// run no continuous audit. Without this, the ClusterPolicy, the operand DaemonSets, their
+    /// pods, the operator's Deployment (for its version) and the nodes are watched (in-cluster
+    /// config or KUBECONFIG).
+    #[arg(long, env = "GDG_NO_CLUSTER_WATCH", display_order = 24)]
+    pub no_cluster_watch: bool,
+    /// Write the continuous audit as ClusterPolicyReport `gpu-deploy-guard` (wgpolicyk8s.io/v1alpha2).
+    #[arg(
+        long,
+        env = "GDG_REPORT",
+        conflicts_with = "no_cluster_watch",
+        display_order = 25
+    )]
+    pub report: bool,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+    /// Objects per page when listing the nodes and the operator's pods; one page is held in
+    /// memory at a time.
+    #[arg(long, env = "GDG_LIST_PAGE_SIZE", default_value_t = DEFAULT_PAGE_SIZE,
+          value_parser = clap::value_parser!(u32).range(1..=500), display_order = 31)]
+    pub list_page_size: u32,
+}
 
 /// What the watch needs to know.
 #[derive(Clone, Debug)]
@@ -76,7 +102,7 @@ pub struct WatchConfig {
     pub report: bool,
     /// The operator version given (flag or config file), and how; `None`: read it from the
     /// operator's Deployment.
-    pub operator_version: Option<(OperatorVersion, VersionSource)>,
+    pub operator_version: Option<Sourced>,
     /// Objects per page of the nodes' and pods' lists: one page is held whole in memory while
     /// it is read, so this bounds the lists' cost whatever the size of the fleet.
     pub page_size: u32,
@@ -432,7 +458,7 @@ impl Publisher<'_> {
         let deadline = Instant::now() + config.sync_timeout;
         let mut on_synced = Some(on_synced);
         let mut logged_source: Option<PolicySource> = None;
-        let mut logged_version: Option<(OperatorVersion, VersionSource)> = None;
+        let mut logged_version: Option<Sourced> = None;
         loop {
             tokio::select! {
                 received = dirty.recv() => if received.is_none() { return },
@@ -614,20 +640,18 @@ fn current_facts(
     let ds_refs: Vec<&DaemonSetView> = ds_state.iter().map(AsRef::as_ref).collect();
     let daemonsets = (*daemonsets == Health::Synced).then_some(ds_refs.as_slice());
     let mut facts = cluster_from(policies, daemonsets);
-    (facts.version, facts.version_source) = match &config.operator_version {
-        Some((version, source)) => (version.clone(), source.clone()),
-        None => {
-            let state = stores.deployments.state();
-            let refs: Vec<&DeploymentView> = state.iter().map(AsRef::as_ref).collect();
-            let listed = match deployments {
-                Health::Synced => Ok(refs.as_slice()),
-                Health::Starting => Err(&Unread::NotYet),
-                Health::Unavailable(Unavailable::NotFound) => Err(&Unread::NotFound),
-                Health::Unavailable(Unavailable::Forbidden) => Err(&Unread::Forbidden),
-            };
-            deployment::operator_version(&config.namespace, listed)
-        }
+    let state = stores.deployments.state();
+    let refs: Vec<&DeploymentView> = state.iter().map(AsRef::as_ref).collect();
+    let listed = match deployments {
+        Health::Synced => Ok(refs.as_slice()),
+        Health::Starting => Err(&Unread::NotYet),
+        Health::Unavailable(Unavailable::NotFound) => Err(&Unread::NotFound),
+        Health::Unavailable(Unavailable::Forbidden) => Err(&Unread::Forbidden),
     };
+    (facts.version, facts.version_source) = version::resolve(
+        config.operator_version.clone(),
+        deployment::operator_version(&config.namespace, listed),
+    );
     facts
 }
 
@@ -671,6 +695,8 @@ fn log_source(facts: &ClusterFacts) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::facts::VersionSource;
+    use crate::core::operator::OperatorVersion;
     use kube::core::Status as ApiStatus;
 
     fn api(code: u16, reason: &str) -> kube::Error {

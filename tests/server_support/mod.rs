@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use gpu_deploy_guard::certs::{self, Bundle};
 use gpu_deploy_guard::metrics::Metrics;
 use gpu_deploy_guard::serve::readiness::Readiness;
-use gpu_deploy_guard::serve::server::{ServeOptions, Server};
-use gpu_deploy_guard::serve::tls::TlsSource;
+use gpu_deploy_guard::serve::server::{ConnArgs, Server, ServerArgs};
+use gpu_deploy_guard::serve::tls::{TlsArgs, TlsSource};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
@@ -44,23 +44,33 @@ pub fn leaf_der(bundle: &Bundle) -> Vec<u8> {
 
 /// Options listening on free ports of 127.0.0.1, with short timeouts so
 /// tests do not wait long.
-pub fn options(tls: TlsSource) -> ServeOptions {
-    ServeOptions {
+pub fn options(tls: TlsSource) -> ServerArgs {
+    let (tls_cert, tls_key, write_ca) = match tls {
+        TlsSource::Files { cert, key } => (Some(cert), Some(key), None),
+        TlsSource::SelfSigned { write_ca } => (None, None, write_ca),
+    };
+    ServerArgs {
         listen: SocketAddr::new(LOCALHOST, 0),
         admin_listen: SocketAddr::new(LOCALHOST, 0),
-        tls,
-        reload_interval: Duration::from_millis(100),
-        header_timeout: Duration::from_secs(1),
-        idle_timeout: Duration::from_secs(4),
-        handshake_timeout: Duration::from_secs(1),
+        tls: TlsArgs {
+            tls_cert,
+            tls_key,
+            write_ca,
+            client_ca: None,
+            client_ca_allowed_names: Vec::new(),
+            tls_reload_interval: Duration::from_millis(100),
+        },
+        max_connections: Some(64),
+        conn: ConnArgs {
+            max_concurrent_streams: 16,
+            write_timeout: Duration::from_secs(5),
+            max_connection_age: Duration::from_secs(600),
+            header_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(4),
+            handshake_timeout: Duration::from_secs(1),
+        },
         drain_timeout: Duration::from_secs(10),
         shutdown_delay: Duration::ZERO,
-        write_timeout: Duration::from_secs(5),
-        max_connections: 64,
-        max_concurrent_streams: 16,
-        client_ca: None,
-        client_ca_allowed_names: Vec::new(),
-        max_connection_age: Duration::from_secs(600),
     }
 }
 
@@ -96,11 +106,11 @@ impl Running {
     }
 }
 
-pub async fn start(opts: ServeOptions, app: axum::Router) -> Running {
+pub async fn start(opts: ServerArgs, app: axum::Router) -> Running {
     start_with(opts, app, Readiness::new()).await
 }
 
-pub async fn start_with(opts: ServeOptions, app: axum::Router, readiness: Readiness) -> Running {
+pub async fn start_with(opts: ServerArgs, app: axum::Router, readiness: Readiness) -> Running {
     let metrics = Arc::new(Metrics::new());
     let server = Server::bind(opts, metrics.clone()).await.unwrap();
     let (addr, admin) = (server.local_addr(), server.admin_addr());

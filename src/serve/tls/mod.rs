@@ -7,30 +7,87 @@
 //! so the files are polled and a changed pair is loaded without a restart.
 //! A broken renewal must never take the webhook down: the old certificate
 //! stays in use and the failure is logged and counted.
+//!
+//! Here: the flags, loading a certificate and the server's rustls configuration; client
+//! certificates in `client.rs`; the polling and swapping in `reload.rs`.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use rustls::{
-    DigitallySignedStruct, DistinguishedName, InconsistentKeys, RootCertStore, ServerConfig,
-    SignatureScheme,
-};
+use rustls::{InconsistentKeys, ServerConfig};
 use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
-use tokio::task::JoinHandle;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
-use super::readiness::Gate;
+mod client;
+mod reload;
+
+pub use client::{ClientVerifier, check_client_cert, load_client_ca};
+use reload::Snapshot;
+
+use super::parse::parse_duration;
 use crate::certs;
-use crate::core::echo::echo;
 use crate::metrics::Metrics;
+
+/// The flags of the serving certificate and of client certificates.
+#[derive(clap::Args, Clone, Debug)]
+pub struct TlsArgs {
+    /// PEM certificate chain to serve; re-read when the file changes. Without it, a
+    /// self-signed certificate for localhost is made in memory (for trying it out only).
+    #[arg(long, env = "GDG_TLS_CERT", requires = "tls_key", display_order = 2)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "GDG_TLS_KEY", requires = "tls_cert", display_order = 3)]
+    pub tls_key: Option<PathBuf>,
+    /// With the self-signed certificate: write its CA here so a client can trust it.
+    #[arg(
+        long,
+        env = "GDG_WRITE_CA",
+        conflicts_with = "tls_cert",
+        display_order = 4
+    )]
+    pub write_ca: Option<PathBuf>,
+    /// PEM CA bundle: require a client certificate signed by it (the API server presents one
+    /// when its AdmissionConfiguration gives the webhook a kubeconfig; see
+    /// docs/client-certificates.md). Re-read when the file changes.
+    #[arg(long, env = "GDG_CLIENT_CA", display_order = 14)]
+    pub client_ca: Option<PathBuf>,
+    /// With --client-ca: the names a client certificate may carry (its subject's common name,
+    /// or a DNS, URI or email subject alternative name), comma-separated; empty allows any
+    /// certificate the CA signed. The clientAuth extended key usage is always required.
+    #[arg(
+        long,
+        env = "GDG_CLIENT_CA_ALLOWED_NAMES",
+        value_delimiter = ',',
+        requires = "client_ca",
+        display_order = 15
+    )]
+    pub client_ca_allowed_names: Vec<String>,
+    /// How often the certificate files are checked for rotation.
+    #[arg(long, env = "GDG_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration,
+          display_order = 32)]
+    pub tls_reload_interval: Duration,
+}
+
+impl TlsArgs {
+    /// The files given, else a self-signed certificate.
+    pub fn source(&self) -> TlsSource {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => TlsSource::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            _ => TlsSource::SelfSigned {
+                write_ca: self.write_ca.clone(),
+            },
+        }
+    }
+}
 
 /// Where the serving certificate comes from.
 #[derive(Clone, Debug)]
@@ -275,176 +332,6 @@ impl ResolvesServerCert for CertResolver {
     }
 }
 
-/// Parses a PEM bundle of CA certificates into a verifier that requires a
-/// client certificate signed by one of them. Every certificate in the bundle must be a CA
-/// (basicConstraints CA:TRUE): a leaf put there by mistake would otherwise become a trust
-/// anchor of its own, and its holder would be let in.
-pub fn load_client_ca(pem: &[u8], path: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
-    let err = |detail: String| TlsError::ClientCa {
-        path: path.to_path_buf(),
-        detail,
-    };
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(format!("malformed PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(err("no PEM certificate found".to_owned()));
-    }
-    if certs.len() > MAX_CLIENT_CAS {
-        return Err(err(format!(
-            "{} certificates; at most {MAX_CLIENT_CAS} CAs are read",
-            certs.len()
-        )));
-    }
-    let mut roots = RootCertStore::empty();
-    for (i, cert) in certs.into_iter().enumerate() {
-        let (_, parsed) = x509_parser::parse_x509_certificate(&cert)
-            .map_err(|e| err(format!("certificate {}: not valid X.509: {e}", i + 1)))?;
-        if !parsed.is_ca() {
-            return Err(err(format!(
-                "certificate {} ({}) is not a CA certificate (no basicConstraints CA:TRUE); \
-                 only CAs may be trust anchors",
-                i + 1,
-                echo(&parsed.subject().to_string())
-            )));
-        }
-        roots
-            .add(cert)
-            .map_err(|e| err(format!("not a CA certificate: {e}")))?;
-    }
-    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-        .build()
-        .map_err(|e| err(e.to_string()))
-}
-
-/// What a client certificate must carry besides a CA's signature: the clientAuth extended
-/// key usage (a serving certificate signed by the same CA is not a client's), and, when
-/// `allowed_names` is not empty, one of them as its subject's common name or a DNS, URI or
-/// email subject alternative name.
-pub fn check_client_cert(
-    end_entity: &CertificateDer<'_>,
-    allowed_names: &[String],
-) -> Result<(), rustls::Error> {
-    use rustls::CertificateError;
-    use x509_parser::extensions::GeneralName;
-    let bad = |e: CertificateError| rustls::Error::InvalidCertificate(e);
-    let (_, cert) = x509_parser::parse_x509_certificate(end_entity)
-        .map_err(|_| bad(CertificateError::BadEncoding))?;
-    let client_auth = cert
-        .extended_key_usage()
-        .ok()
-        .flatten()
-        .is_some_and(|eku| eku.value.client_auth);
-    if !client_auth {
-        return Err(bad(CertificateError::InvalidPurpose));
-    }
-    if allowed_names.is_empty() {
-        return Ok(());
-    }
-    let allowed = |name: &str| allowed_names.iter().any(|a| a == name);
-    let by_cn = cert
-        .subject()
-        .iter_common_name()
-        .any(|cn| cn.as_str().is_ok_and(allowed));
-    let by_san = cert
-        .subject_alternative_name()
-        .ok()
-        .flatten()
-        .is_some_and(|san| {
-            san.value.general_names.iter().any(|name| match name {
-                GeneralName::DNSName(n) | GeneralName::URI(n) | GeneralName::RFC822Name(n) => {
-                    allowed(n)
-                }
-                _ => false,
-            })
-        });
-    if by_cn || by_san {
-        Ok(())
-    } else {
-        Err(bad(CertificateError::NotValidForName))
-    }
-}
-
-/// Verifies client certificates against the client CA in use; `replace`
-/// swaps the CA for handshakes that start afterwards.
-#[derive(Debug)]
-pub struct ClientVerifier {
-    current: RwLock<Arc<dyn ClientCertVerifier>>,
-    /// `--client-ca-allowed-names`: empty allows any name the CA signed.
-    allowed_names: Vec<String>,
-}
-
-impl ClientVerifier {
-    pub fn new(verifier: Arc<dyn ClientCertVerifier>, allowed_names: Vec<String>) -> Self {
-        Self {
-            current: RwLock::new(verifier),
-            allowed_names,
-        }
-    }
-
-    fn current(&self) -> Arc<dyn ClientCertVerifier> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    pub fn replace(&self, verifier: Arc<dyn ClientCertVerifier>) {
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = verifier;
-    }
-}
-
-impl ClientCertVerifier for ClientVerifier {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        true
-    }
-
-    /// No hints: they would have to outlive a CA swap. The API server has one client
-    /// certificate per webhook (its kubeconfig) and sends it whatever the hints.
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .current()
-            .verify_client_cert(end_entity, intermediates, now)?;
-        check_client_cert(end_entity, &self.allowed_names)?;
-        Ok(verified)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current().verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current().verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.current().supported_verify_schemes()
-    }
-}
-
 /// The rustls configuration the webhook serves with: TLS 1.2 and 1.3 only
 /// (the API server supports both; older versions are broken), ALPN for
 /// HTTP/2 and HTTP/1.1. Client certificates are required when `client` is
@@ -534,60 +421,6 @@ impl Tls {
     pub fn acceptor(&self) -> TlsAcceptor {
         TlsAcceptor::from(self.config.clone())
     }
-
-    /// Starts polling the certificate files every `interval`, if the
-    /// certificate came from files, and the client CA file if there is one.
-    /// `valid` is held open while the certificate in use is valid: closed, `/readyz` fails,
-    /// since every handshake would. The task runs until aborted.
-    pub fn spawn_reloader(
-        &self,
-        interval: Duration,
-        metrics: Arc<Metrics>,
-        valid: Gate,
-    ) -> Option<JoinHandle<()>> {
-        valid.open();
-        let reloader = self.watched.clone().map(|(cert, key, seen)| Reloader {
-            cert,
-            key,
-            seen,
-            retry: false,
-            validity: self.validity,
-            valid,
-            resolver: self.resolver.clone(),
-            metrics: metrics.clone(),
-        });
-        let client_ca = self
-            .client_ca
-            .clone()
-            .map(|(path, seen, verifier)| CaReloader {
-                path,
-                seen: Snapshot::Read(seen, Vec::new()),
-                verifier,
-                metrics,
-            });
-        if reloader.is_none() && client_ca.is_none() {
-            return None;
-        }
-        // tokio's interval panics on zero; Server::bind already refuses it,
-        // this only keeps a direct caller from crashing the process.
-        let interval = interval.max(Duration::from_millis(10));
-        Some(tokio::spawn(async move {
-            let mut ticker = tokio::time::interval(interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            // The first tick fires at once; the files were just loaded.
-            ticker.tick().await;
-            let (mut reloader, mut client_ca) = (reloader, client_ca);
-            loop {
-                ticker.tick().await;
-                if let Some(r) = &mut reloader {
-                    r.poll().await;
-                }
-                if let Some(r) = &mut client_ca {
-                    r.poll().await;
-                }
-            }
-        }))
-    }
 }
 
 fn self_signed(write_ca: Option<&Path>) -> Result<LoadedCert, TlsError> {
@@ -617,153 +450,4 @@ fn self_signed(write_ca: Option<&Path>) -> Result<LoadedCert, TlsError> {
         name,
         name,
     )
-}
-
-/// What the certificate files held at the last poll. Contents are compared
-/// rather than modification times: the kubelet replaces a Secret by
-/// re-pointing a symlink, which leaves the visible paths' times unreliable.
-#[derive(Clone, PartialEq, Eq)]
-enum Snapshot {
-    Read(Vec<u8>, Vec<u8>),
-    Unreadable(String),
-}
-
-struct Reloader {
-    cert: PathBuf,
-    key: PathBuf,
-    seen: Snapshot,
-    /// The files last seen held a certificate refused for its dates only (not yet valid):
-    /// tried again at every poll, since time alone can make it valid.
-    retry: bool,
-    /// Validity of the certificate in use, in Unix seconds.
-    validity: (i64, i64),
-    /// Open while the certificate in use is valid.
-    valid: Gate,
-    resolver: Arc<CertResolver>,
-    metrics: Arc<Metrics>,
-}
-
-/// Polls the client CA file; a changed, valid bundle replaces the CA for new
-/// handshakes, a broken one is reported once and the previous CA stays.
-struct CaReloader {
-    path: PathBuf,
-    seen: Snapshot,
-    verifier: Arc<ClientVerifier>,
-    metrics: Arc<Metrics>,
-}
-
-/// Reads a PEM file off the runtime's workers (a slow volume must not stall them).
-async fn read_pem_async(path: &Path) -> Result<Vec<u8>, String> {
-    let owned = path.to_path_buf();
-    match tokio::task::spawn_blocking(move || read_pem_file(&owned)).await {
-        Ok(read) => read.map_err(|e| e.to_string()),
-        Err(e) => Err(format!("{}: cannot read: {e}", path.display())),
-    }
-}
-
-impl CaReloader {
-    async fn poll(&mut self) {
-        let now = match read_pem_async(&self.path).await {
-            Ok(pem) => Snapshot::Read(pem, Vec::new()),
-            Err(e) => Snapshot::Unreadable(e),
-        };
-        if now == self.seen {
-            return;
-        }
-        let result = match &now {
-            Snapshot::Read(pem, _) => load_client_ca(pem, &self.path).map_err(|e| e.to_string()),
-            Snapshot::Unreadable(e) => Err(e.clone()),
-        };
-        match result {
-            Ok(verifier) => {
-                self.verifier.replace(verifier);
-                self.metrics.observe_client_ca_reload(true);
-                info!(client_ca = %self.path.display(), "using a rotated client CA");
-            }
-            Err(error) => {
-                self.metrics.observe_client_ca_reload(false);
-                warn!(%error, "rotated client CA is unusable; still using the previous one");
-            }
-        }
-        self.seen = now;
-    }
-}
-
-impl Reloader {
-    async fn read(&self) -> Snapshot {
-        match (
-            read_pem_async(&self.cert).await,
-            read_pem_async(&self.key).await,
-        ) {
-            (Ok(cert), Ok(key)) => Snapshot::Read(cert, key),
-            (Err(e), _) | (_, Err(e)) => Snapshot::Unreadable(e),
-        }
-    }
-
-    /// Loads the files if they changed since the last poll. Each distinct
-    /// broken state is reported once, not on every poll. Then checks that the certificate in
-    /// use is still valid, and says so to readiness.
-    async fn poll(&mut self) {
-        self.reload().await;
-        let (not_before, not_after) = self.validity;
-        let now = unix_now();
-        let valid = not_before <= now && now < not_after;
-        if valid != self.valid.is_open() {
-            if valid {
-                self.valid.open();
-            } else {
-                warn!(cert = %self.cert.display(), not_before, not_after,
-                      "the certificate in use is not valid now and no valid one is available: \
-                       not ready");
-                self.valid.close();
-            }
-        }
-    }
-
-    async fn reload(&mut self) {
-        let now = self.read().await;
-        if now == self.seen && !self.retry {
-            return;
-        }
-        let retrying = now == self.seen;
-        let result = match &now {
-            Snapshot::Read(cert, key) => load_pem(cert, key, &self.cert, &self.key).map_err(|e| {
-                (
-                    matches!(e, TlsError::NotYetValid { .. }),
-                    e.reason(),
-                    e.to_string(),
-                )
-            }),
-            Snapshot::Unreadable(e) => Err((false, "unreadable", e.clone())),
-        };
-        self.retry = false;
-        match result {
-            Ok(loaded) => {
-                self.resolver.replace(loaded.key);
-                self.validity = (loaded.not_before, loaded.not_after);
-                self.metrics.set_cert_expiry(loaded.not_after);
-                self.metrics.observe_cert_reload(true);
-                info!(cert = %self.cert.display(), not_after = loaded.not_after,
-                      "serving a rotated certificate");
-            }
-            Err((not_yet, reason, error)) => {
-                self.retry = not_yet;
-                if retrying {
-                    // Counted and logged when first seen.
-                    return;
-                }
-                // The two files are read one after the other; one that was
-                // caught between the cert and the key of a non-atomic update
-                // is not a failure yet. Look again at the next poll.
-                if self.read().await != now {
-                    self.retry = false;
-                    return;
-                }
-                warn!(%error, reason, "rotated certificate is unusable; still serving the previous one");
-                self.metrics.observe_cert_reload(false);
-                self.metrics.observe_cert_reload_failure(reason);
-            }
-        }
-        self.seen = now;
-    }
 }

@@ -1,11 +1,10 @@
-//! `--operator-version`, one flag for `check`, `audit`, `serve` and the kubectl plugin, and
-//! which version wins: the flag, then the config file's `operatorVersion`, then what the
-//! cluster says (the operator Deployment's image tag), else the newest modelled version,
-//! assumed.
+//! Flags shared by `serve` and the offline commands, below both: `--operator-version`, one
+//! flag for `check`, `audit`, `serve` and the kubectl plugin. Which version wins is
+//! [`core::version::resolve`](crate::core::version::resolve)'s to say.
 
 use crate::core::config::Config;
-use crate::core::facts::{ClusterFacts, VersionSource};
 use crate::core::operator::OperatorVersion;
+use crate::core::version::{self, Sourced};
 
 /// Why the version is assumed where no cluster is read (`check`, `audit` of files).
 pub const NOT_GIVEN: &str = "no --operator-version given: the newest version the model follows";
@@ -27,32 +26,18 @@ pub struct OperatorVersionArg {
 
 impl OperatorVersionArg {
     /// The version given by the flag or, without it, by the config file; and how it was given.
-    pub fn given(&self, config: &Config) -> Option<(OperatorVersion, VersionSource)> {
-        match (&self.operator_version, &config.operator_version) {
-            (Some(v), _) => Some((
-                v.clone(),
-                VersionSource::Given("--operator-version".to_owned()),
-            )),
-            (None, Some(v)) => Some((
-                v.clone(),
-                VersionSource::Given("the config file's operatorVersion".to_owned()),
-            )),
-            (None, None) => None,
-        }
-    }
-}
-
-/// Sets the facts' version to the given one, if any; otherwise leaves what they have.
-pub fn apply_given(facts: &mut ClusterFacts, given: Option<(OperatorVersion, VersionSource)>) {
-    if let Some((version, source)) = given {
-        facts.version = version;
-        facts.version_source = source;
+    pub fn given(&self, config: &Config) -> Option<Sourced> {
+        version::given(
+            self.operator_version.as_ref(),
+            config.operator_version.as_ref(),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::facts::{ClusterFacts, VersionSource};
     use crate::core::operator::Era;
     use clap::Parser;
 
@@ -99,13 +84,14 @@ mod tests {
     #[test]
     fn a_given_version_replaces_the_assumed_one() {
         let mut facts = ClusterFacts::default();
-        apply_given(&mut facts, None);
+        let assumed = (facts.version.clone(), facts.version_source.clone());
+        (facts.version, facts.version_source) = version::resolve(None, assumed.clone());
         assert!(facts.version_source.assumed().is_some());
         let given = (
             OperatorVersion::parse("v24.9.2").unwrap(),
             VersionSource::Given("--operator-version".into()),
         );
-        apply_given(&mut facts, Some(given));
+        (facts.version, facts.version_source) = version::resolve(Some(given), assumed);
         assert_eq!(
             facts.annotation(),
             "GPU Operator v24.9.2 given by --operator-version"
