@@ -11,8 +11,9 @@ use std::hint::black_box;
 
 use common::Case;
 use gpu_deploy_guard::core::facts::operator_defaults;
-use gpu_deploy_guard::core::policy::{Decision, Operation, Policy};
+use gpu_deploy_guard::core::policy::{Decision, Policy};
 use gpu_deploy_guard::core::policy_change::PolicyKind;
+use gpu_deploy_guard::core::review::Operation;
 use gpu_deploy_guard::k8s::fleet::{Fleet, LabelFilter, NodeIndex};
 use gpu_deploy_guard::k8s::read;
 use gpu_deploy_guard::webhook::policy_review::{ObjectChange, decide_objects};

@@ -10,8 +10,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::core::policy::{Decision, Operation};
+use crate::core::policy::Decision;
 use crate::core::policy_change::PolicyKind;
+use crate::core::review::Operation;
 use crate::core::rules::{Action, Rule};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -18,7 +18,8 @@ use crate::core::operands::{
 use crate::core::operator::{
     LabelAction, OperatorVersion, Pass, Workload, has_nfd_gpu, labelling_pass,
 };
-use crate::core::policy::{self, Decision, Operation, Review, Verdict};
+use crate::core::policy::{self, Decision, Verdict};
+use crate::core::review::{Operation, Review};
 use crate::core::rules::{self, Finding};
 use crate::core::version;
 use crate::flags::{NOT_GIVEN, OperatorVersionArg};

@@ -13,8 +13,9 @@ use serde_json::Value;
 
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, assumed_version, operator_defaults};
-use crate::core::policy::{Decision, Operation, Policy, Verdict};
+use crate::core::policy::{Decision, Policy, Verdict};
 use crate::core::policy_change::{NvidiaDriver, PolicyKind, Shift, name_nodes};
+use crate::core::review::Operation;
 use crate::core::version;
 use crate::flags::{NOT_GIVEN, OperatorVersionArg};
 use crate::k8s::daemonset::learn_daemonsets;

@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use crate::cli::check_policy::{Format, fleet_of, report};
 use crate::core::config::Config;
-use crate::core::policy::Operation;
 use crate::core::policy_change::PolicyKind;
+use crate::core::review::Operation;
 use crate::core::version;
 use crate::flags::OperatorVersionArg;
 use crate::k8s::api::{self, ClusterError, brief, cluster_policy_resource};

@@ -10,5 +10,6 @@ pub mod operands;
 pub mod operator;
 pub mod policy;
 pub mod policy_change;
+pub mod review;
 pub mod rules;
 pub mod version;

@@ -25,7 +25,8 @@ use std::collections::BTreeMap;
 use super::facts::ClusterFacts;
 use super::operands::{Labels, NFD_KERNEL_KEY, NFD_OS_KEYS, Operand, OperandSet};
 use super::operator::{Era, labelling_pass};
-use super::policy::{self, Operation, Policy, Verdict};
+use super::policy::{self, Policy, Verdict};
+use super::review::Operation;
 use super::rules::{Action, Change, Finding, Rule};
 
 /// The annotation by which a ClusterPolicy change says the hosts bring their own container

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{LabelChange, Operand, OperandSet};
-use crate::core::policy::Review;
+use crate::core::review::Review;
 
 /// A rule's id is part of the interface: config keys, JSON output, metrics and annotations use it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -21,7 +21,8 @@ use super::{Webhook, refuse};
 use crate::core::echo::echo;
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
-use crate::core::policy::{self, Decision, Exemptions, Operation, Policy, Review, Verdict};
+use crate::core::policy::{self, Decision, Exemptions, Policy, Verdict};
+use crate::core::review::{Operation, Review};
 
 mod many_labels;
 

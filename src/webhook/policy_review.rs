@@ -20,11 +20,12 @@ use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::operands::OPERANDS;
-use crate::core::policy::{self, Decision, Operation, Policy, Verdict};
+use crate::core::policy::{self, Decision, Policy, Verdict};
 use crate::core::policy_change::{
     Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, NvidiaDriver, PolicyChange, PolicyKind,
     PolicyReview, Shift, decide_policy, shifts,
 };
+use crate::core::review::Operation;
 use crate::k8s::{cluster_policy, nvidia_driver};
 use std::sync::Arc;
 

@@ -10,7 +10,7 @@
 //!
 //! - the first [`KEPT`] the request writes (adds or gives a new value), in key order, with the
 //!   old value when there is one; the others written are counted
-//!   ([`crate::core::policy::Review::unknown_not_copied`]) and named by that count;
+//!   ([`crate::core::review::Review::unknown_not_copied`]) and named by that count;
 //! - the first [`KEPT`] the request removes, so that the request still changes a deploy
 //!   label;
 //! - every one whose value is paused (`…paused-for-…`): the operator model resumes it.

@@ -37,7 +37,7 @@ use super::view::{
     GroupVersionKind, Groups, LabelPairs, Metadata, NodeLabels, RequestView, ReviewBody, Text,
     UserInfo,
 };
-use crate::core::policy::Operation;
+use crate::core::review::Operation;
 
 mod reread;
 pub use reread::{ScannedLabels, ScannedStrings};

@@ -20,7 +20,8 @@ use serde::Deserialize;
 use super::scan::{ScannedLabels, ScannedStrings};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
-use crate::core::policy::{self, Operation};
+use crate::core::policy;
+use crate::core::review::Operation;
 
 /// A JSON string, borrowed from the body unless it contains escapes.
 #[derive(Debug)]
