@@ -16,7 +16,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::{AuditReport, AuditRule};
+use super::AuditReport;
+use crate::core::rules::Rule;
 use crate::metrics::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -81,7 +82,7 @@ impl AuditMetrics {
         };
         // Until the ClusterPolicy has been read, the defaults are in use.
         m.cluster_policy_available.set(0);
-        for rule in AuditRule::all() {
+        for rule in Rule::state_rules() {
             m.findings
                 .get_or_create(&RuleLabel { rule: rule.id() })
                 .set(0);
@@ -152,7 +153,7 @@ impl AuditMetrics {
             self.operand_nodes.remove(&gone);
         }
         drop(totals);
-        for rule in AuditRule::all() {
+        for rule in Rule::state_rules() {
             self.findings
                 .get_or_create(&RuleLabel { rule: rule.id() })
                 .set(0);
@@ -221,7 +222,7 @@ impl AuditMetrics {
         }
         *totals = totals_now;
         drop(totals);
-        for rule in AuditRule::all() {
+        for rule in Rule::state_rules() {
             let count = if report.rules.contains(&rule) {
                 report.count(rule)
             } else {

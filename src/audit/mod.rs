@@ -16,7 +16,6 @@ pub mod report;
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::fmt;
 
 use serde::Serialize;
 
@@ -27,42 +26,6 @@ use crate::core::rules::{Action, Rule};
 use crate::k8s::daemonset::{is_daemonset_pod, operand_of_pod};
 use crate::k8s::node::NodeView;
 use crate::k8s::pod::{PodOnNode, PodPhase, PodView};
-
-/// A rule the audit reports: one of the webhook's state rules, or its own pod check.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum AuditRule {
-    Policy(Rule),
-    /// An operand is expected on a node and has no Running pod there.
-    OperandNotRunning,
-}
-
-impl AuditRule {
-    pub fn id(self) -> &'static str {
-        match self {
-            AuditRule::Policy(rule) => rule.id(),
-            AuditRule::OperandNotRunning => "operand-not-running",
-        }
-    }
-
-    /// Every rule the audit evaluates, in report order.
-    pub fn all() -> impl Iterator<Item = AuditRule> {
-        Rule::state_rules()
-            .map(AuditRule::Policy)
-            .chain(std::iter::once(AuditRule::OperandNotRunning))
-    }
-}
-
-impl fmt::Display for AuditRule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.id())
-    }
-}
-
-impl Serialize for AuditRule {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.id())
-    }
-}
 
 /// How bad a finding is, in the words of a PolicyReport result.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
@@ -84,7 +47,7 @@ pub enum Basis {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct AuditFinding {
-    pub rule: AuditRule,
+    pub rule: Rule,
     pub level: Level,
     pub basis: Basis,
     pub message: String,
@@ -132,12 +95,12 @@ impl NodeAudit {
 
     /// The device plugin runs here and the container toolkit does not (the pods say so).
     pub fn device_plugin_without_toolkit(&self) -> bool {
-        self.findings.iter().any(|f| {
-            f.rule == AuditRule::Policy(Rule::DevicePluginWithoutToolkit) && f.basis == Basis::Pods
-        })
+        self.findings
+            .iter()
+            .any(|f| f.rule == Rule::DevicePluginWithoutToolkit && f.basis == Basis::Pods)
     }
 
-    pub fn has(&self, rule: AuditRule) -> bool {
+    pub fn has(&self, rule: Rule) -> bool {
         self.findings.iter().any(|f| f.rule == rule)
     }
 
@@ -156,8 +119,9 @@ pub struct AuditReport {
     /// Running DaemonSet pods in the namespace (the matrix's `TOTAL_PODS`).
     pub running_daemonset_pods: usize,
     pub facts: ClusterFacts,
-    /// The rules evaluated: every [`AuditRule`] but those the policy switches off.
-    pub rules: Vec<AuditRule>,
+    /// The rules evaluated: every state rule ([`Rule::state_rules`]) the policy does not switch
+    /// off.
+    pub rules: Vec<Rule>,
 }
 
 impl AuditReport {
@@ -178,7 +142,7 @@ impl AuditReport {
     }
 
     /// Number of nodes with a finding of `rule`.
-    pub fn count(&self, rule: AuditRule) -> usize {
+    pub fn count(&self, rule: Rule) -> usize {
         self.nodes.iter().filter(|n| n.has(rule)).count()
     }
 }
@@ -190,7 +154,7 @@ impl AuditReport {
 pub struct Context {
     pub facts: ClusterFacts,
     pub columns: Vec<Operand>,
-    pub rules: Vec<AuditRule>,
+    pub rules: Vec<Rule>,
 }
 
 impl Context {
@@ -204,11 +168,8 @@ impl Context {
         let columns = Operand::always_shown()
             .chain(Operand::all().filter(|op| present.contains(*op) && !op.info().always_shown))
             .collect();
-        let rules = AuditRule::all()
-            .filter(|r| match r {
-                AuditRule::Policy(rule) => policy.action(*rule) != Action::Off,
-                AuditRule::OperandNotRunning => true,
-            })
+        let rules = Rule::state_rules()
+            .filter(|rule| policy.action(*rule) != Action::Off)
             .collect();
         Context {
             facts,
@@ -332,7 +293,7 @@ fn findings(
         && policy.action(dp_rule) != Action::Off
     {
         out.push(AuditFinding {
-            rule: AuditRule::Policy(dp_rule),
+            rule: dp_rule,
             level: level(policy.action(dp_rule)),
             basis: Basis::Pods,
             message: plugin_without_toolkit_message(audit),
@@ -343,16 +304,17 @@ fn findings(
         .iter()
         .filter(|s| s.expected && !s.running)
         .collect();
-    if !missing.is_empty() {
+    let not_running = Rule::OperandNotRunning;
+    if !missing.is_empty() && policy.action(not_running) != Action::Off {
         out.push(AuditFinding {
-            rule: AuditRule::OperandNotRunning,
-            level: Level::Fail,
+            rule: not_running,
+            level: level(policy.action(not_running)),
             basis: Basis::Pods,
             message: not_running_message(&audit.name, &missing, facts),
         });
     }
     for f in policy::assess(&audit.name, labels, facts, policy) {
-        let rule = AuditRule::Policy(f.rule);
+        let rule = f.rule;
         // What the pods show says more than what the labels imply.
         if out.iter().any(|o| o.rule == rule) {
             continue;

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{AuditReport, AuditRule, Level, NodeAudit};
+use super::{AuditReport, Level, NodeAudit};
+use crate::core::rules::{Rule, Severity};
 
 pub const API_VERSION: &str = "wgpolicyk8s.io/v1alpha2";
 pub const KIND: &str = "ClusterPolicyReport";
@@ -64,7 +65,7 @@ pub struct ReportResult {
     pub policy: &'static str,
     pub rule: &'static str,
     pub result: Outcome,
-    pub severity: &'static str,
+    pub severity: Severity,
     pub message: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<ResourceRef>,
@@ -91,21 +92,9 @@ pub struct Summary {
     pub skip: usize,
 }
 
-/// How much a rule's failure hurts, in the report's words.
-pub fn severity(rule: AuditRule) -> &'static str {
-    match rule {
-        AuditRule::Policy(rule) => rule.spec().severity,
-        AuditRule::OperandNotRunning => "medium",
-    }
-}
-
 /// What a pass means, per rule.
-fn passed(rule: AuditRule, node: &str) -> String {
-    let what = match rule {
-        AuditRule::Policy(rule) => rule.spec().pass,
-        AuditRule::OperandNotRunning => "every expected operand runs",
-    };
-    format!("node {node}: {what}")
+fn passed(rule: Rule, node: &str) -> String {
+    format!("node {node}: {}", rule.spec().pass)
 }
 
 impl NodeAudit {
@@ -126,7 +115,7 @@ pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
             policy: NAME,
             rule: CLUSTER_POLICY_UNAVAILABLE,
             result: Outcome::Warn,
-            severity: "info",
+            severity: Severity::Info,
             message: source.describe(),
             resources: Vec::new(),
             properties: BTreeMap::new(),
@@ -158,7 +147,7 @@ pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
                 policy: NAME,
                 rule: rule.id(),
                 result,
-                severity: severity(*rule),
+                severity: rule.spec().severity,
                 message,
                 resources: vec![ResourceRef {
                     api_version: "v1",

@@ -10,6 +10,7 @@ use crate::audit::report::{self, Outcome, Timestamp};
 use crate::core::facts::VersionSource;
 use crate::core::facts::{PolicySource, operator_defaults};
 use crate::core::operator::OperatorVersion;
+use crate::core::rules::Severity;
 use crate::k8s::daemonset::{custom_selectors, operands_present};
 use crate::k8s::list as files;
 use crate::k8s::read;
@@ -153,7 +154,7 @@ fn gaps_are_listed_per_node_and_operand() {
         "node lab-node-0: expected operands are not running: dcgm-exporter \
          (nvidia.com/gpu.deploy.dcgm-exporter=true; no pod)."
     );
-    assert_eq!(r.count(AuditRule::OperandNotRunning), 2);
+    assert_eq!(r.count(Rule::OperandNotRunning), 2);
 }
 
 #[test]
@@ -354,14 +355,11 @@ fn a_rule_switched_off_in_the_config_is_not_reported() {
     policy.actions[Rule::DevicePluginWithoutToolkit as usize] = Action::Off;
     let r = audit(&nodes, &pods, &operator_defaults(), &policy);
     assert_eq!(r.exit_code(), 0);
-    assert!(
-        !r.rules
-            .contains(&AuditRule::Policy(Rule::DevicePluginWithoutToolkit))
-    );
+    assert!(!r.rules.contains(&Rule::DevicePluginWithoutToolkit));
     assert!(
         !r.node("lab-node-2")
             .unwrap()
-            .has(AuditRule::Policy(Rule::DevicePluginWithoutToolkit))
+            .has(Rule::DevicePluginWithoutToolkit)
     );
 }
 
@@ -459,7 +457,7 @@ fn the_report_has_one_result_per_relevant_node_and_rule() {
         .find(|x| x.result == Outcome::Fail)
         .unwrap();
     assert_eq!(fail.rule, "device-plugin-without-toolkit");
-    assert_eq!(fail.severity, "high");
+    assert_eq!(fail.severity, Severity::High);
     assert_eq!(fail.resources[0].name, "lab-node-2");
     // Only the operator version it followed: no result was left out.
     assert_eq!(

@@ -17,7 +17,7 @@ use crate::core::operands::{
 use crate::core::operator::{PASS_READS, after_pauses};
 use crate::core::review::{Operation, Review};
 use crate::core::rules::Ctx;
-use crate::core::rules::{Action, Change, Finding, Kind, RULES, Rule};
+use crate::core::rules::{Action, Change, Finding, Found, Kind, RULES, Rule};
 
 /// How findings reach the requester. The staged rollout goes `audit`, `warn`, `enforce`.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -236,12 +236,9 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
             assessing: false,
             changes: &changes,
         };
-        findings = state_findings(review, facts, before, after, false);
-        ctx.run(Kind::Change, &mut findings);
-        findings.retain(|f| policy.action(f.rule) != Action::Off);
-        for f in &mut findings {
-            f.action = effective_action(policy, review.operation, f);
-        }
+        let mut found = state_findings(review, facts, before, after, false);
+        ctx.run(Kind::Change, &mut found);
+        findings = act(found, policy, review.operation);
     }
 
     conclude(
@@ -322,12 +319,13 @@ pub fn assess(node: &str, labels: &Labels, facts: &ClusterFacts, policy: &Policy
         unknown_not_copied: 0,
     };
     let running = simulate(labels, facts);
-    let mut findings = state_findings(&review, facts, running, running, true);
-    findings.retain(|f| policy.action(f.rule) != Action::Off);
-    for f in &mut findings {
-        f.action = policy.action(f.rule);
-    }
-    findings
+    state_findings(&review, facts, running, running, true)
+        .into_iter()
+        .filter_map(|f| {
+            let action = policy.action(f.rule);
+            (action != Action::Off).then(|| f.acted(action))
+        })
+        .collect()
 }
 
 /// The state rules on the labels as they are, then on the labels once every pause has ended:
@@ -340,7 +338,7 @@ fn state_findings(
     before: OperandSet,
     after: OperandSet,
     assessing: bool,
-) -> Vec<Finding> {
+) -> Vec<Found> {
     let mut findings = Vec::new();
     Ctx {
         review,
@@ -388,7 +386,20 @@ fn state_findings(
     findings
 }
 
-pub(crate) fn effective_action(policy: &Policy, operation: Operation, finding: &Finding) -> Action {
+/// The decision's actions on what the rules found: rules set to `off` drop their findings, the
+/// others get [`effective_action`].
+pub(crate) fn act(found: Vec<Found>, policy: &Policy, operation: Operation) -> Vec<Finding> {
+    found
+        .into_iter()
+        .filter(|f| policy.action(f.rule) != Action::Off)
+        .map(|f| {
+            let action = effective_action(policy, operation, &f);
+            f.acted(action)
+        })
+        .collect()
+}
+
+pub(crate) fn effective_action(policy: &Policy, operation: Operation, finding: &Found) -> Action {
     let configured = policy.action(finding.rule);
     if configured != Action::Deny {
         return configured;

@@ -27,7 +27,7 @@ use super::operands::{Labels, NFD_KERNEL_KEY, NFD_OS_KEYS, Operand, OperandSet};
 use super::operator::{Era, labelling_pass};
 use super::policy::{self, Policy, Verdict};
 use super::review::Operation;
-use super::rules::{Action, Change, Finding, Rule};
+use super::rules::{Action, Change, Found, Rule};
 
 /// The annotation by which a ClusterPolicy change says the hosts bring their own container
 /// toolkit: set (or changed) in the request that turns `spec.toolkit.enabled` off, it lets the
@@ -207,12 +207,9 @@ pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Polic
             Fleet::Unknown(why) => judge_blind(review, why, &mut findings),
         }
     }
-    findings.retain(|f| policy.action(f.rule) != Action::Off);
-    for f in &mut findings {
-        // A policy object a person creates changes what runs at once: judged like an UPDATE
-        // (a Node's CREATE is the kubelet registering it, and is lowered).
-        f.action = policy::effective_action(policy, Operation::Update, f);
-    }
+    // A policy object a person creates changes what runs at once: judged like an UPDATE (a
+    // Node's CREATE is the kubelet registering it, and is lowered).
+    let mut findings = policy::act(findings, policy, Operation::Update);
     let override_note = match review.change {
         PolicyChange::ClusterPolicy {
             host_toolkit: Some(why),
@@ -421,10 +418,9 @@ fn lose(n: usize) -> &'static str {
     if n == 1 { "loses" } else { "lose" }
 }
 
-fn finding(rule: Rule, message: String, warning: String) -> Finding {
-    Finding {
+fn finding(rule: Rule, message: String, warning: String) -> Found {
+    Found {
         rule,
-        action: Action::Warn,
         change: Change::New,
         message,
         warning,
@@ -435,7 +431,7 @@ fn judge(
     review: &PolicyReview<'_>,
     outcomes: &[Outcome<'_, '_>],
     policy: &Policy,
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     let object = format!(
         "{} {}",
@@ -487,7 +483,7 @@ fn toolkit_switched_off(
     before: &ClusterFacts,
     after: &ClusterFacts,
     outcomes: &[Outcome<'_, '_>],
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     if !before.toolkit_managed || after.toolkit_managed {
         return;
@@ -518,7 +514,7 @@ fn device_plugin_switched_off(
     before: &ClusterFacts,
     after: &ClusterFacts,
     outcomes: &[Outcome<'_, '_>],
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     if before.off().contains(Operand::DevicePlugin) || !after.off().contains(Operand::DevicePlugin)
     {
@@ -555,7 +551,7 @@ fn driver_selected_twice(
     after: &ClusterFacts,
     drivers: &[NvidiaDriver],
     outcomes: &[Outcome<'_, '_>],
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     if !before.driver_crd || after.driver_crd {
         return;
@@ -606,7 +602,7 @@ fn runtime_classes_removed(
     before: &ClusterFacts,
     after: &ClusterFacts,
     outcomes: &[Outcome<'_, '_>],
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     if after.version.era < Era::V26_3 || before.nri_plugin || !after.nri_plugin {
         return;
@@ -644,7 +640,7 @@ fn sandbox_relabel(
     before: &ClusterFacts,
     after: &ClusterFacts,
     outcomes: &[Outcome<'_, '_>],
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     // Nodes grouped by what changes on them.
     let mut by_change: BTreeMap<String, Vec<&str>> = BTreeMap::new();
@@ -714,7 +710,7 @@ fn driver_removed(
     review: &PolicyReview<'_>,
     object: &str,
     outcomes: &[Outcome<'_, '_>],
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     let lost = outcomes
         .iter()
@@ -761,7 +757,7 @@ fn overlap(
     this: &NvidiaDriver,
     others: &[NvidiaDriver],
     outcomes: &[Outcome<'_, '_>],
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     for other in others {
         // From v26.7 a default NVIDIADriver takes the nodes no other one claims: sharing a node
@@ -806,7 +802,7 @@ fn state_transitions(
     object: &str,
     outcomes: &[Outcome<'_, '_>],
     policy: &Policy,
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     let (before_facts, after_facts) = match review.change {
         PolicyChange::ClusterPolicy { before, after, .. } => (before, after),
@@ -854,7 +850,7 @@ fn state_transitions(
 fn unkept_selector_keys(
     review: &PolicyReview<'_>,
     keeps: &dyn Fn(&str) -> bool,
-    out: &mut Vec<Finding>,
+    out: &mut Vec<Found>,
 ) {
     let PolicyChange::NvidiaDriver {
         after: Some(this),
@@ -897,7 +893,7 @@ fn unkept_selector_keys(
 
 /// Without the nodes, what the policy alone says: the toolkit switched off while the device
 /// plugin stays enabled is refused (it runs wherever its label is), the rest is not judged.
-fn judge_blind(review: &PolicyReview<'_>, why: &str, out: &mut Vec<Finding>) {
+fn judge_blind(review: &PolicyReview<'_>, why: &str, out: &mut Vec<Found>) {
     if let PolicyChange::ClusterPolicy { before, after, .. } = review.change
         && before.toolkit_managed
         && !after.toolkit_managed

@@ -36,6 +36,7 @@ pub enum Rule {
     DevicePluginSwitchedOff,
     DriverSelectedTwice,
     RuntimeClassesRemoved,
+    OperandNotRunning,
 }
 
 /// What happens when a rule finds something.
@@ -73,9 +74,35 @@ pub enum Kind {
 #[derive(Copy, Clone)]
 pub enum Check {
     /// On one node's labels: adds the rule's findings for one evaluation.
-    Node(fn(&Ctx<'_, '_>, &mut Vec<Finding>)),
+    Node(fn(&Ctx<'_, '_>, &mut Vec<Found>)),
     /// Over the fleet, by the policy-change decision (`core/policy_change.rs`).
     Fleet,
+    /// On the pods running on one node, by the audit (`audit/mod.rs`).
+    Pods,
+}
+
+/// What a rule reads.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Reads {
+    /// Labels (a node's, a request's) and the cluster's policy: the webhook, `check` and, for
+    /// state rules, the audit judge it.
+    Labels,
+    /// The labels, and in the audit first the pods running on the node: what runs says more
+    /// than what the labels imply.
+    LabelsAndPods,
+    /// Only the pods running on a node: only the audit judges it.
+    Pods,
+}
+
+/// How much a failure hurts, in the words of a PolicyReport result.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    High,
+    Medium,
+    Low,
+    /// Not a rule's failure: something the report says about itself.
+    Info,
 }
 
 /// One row of [`RULES`]: everything about one rule.
@@ -85,8 +112,10 @@ pub struct RuleSpec {
     pub id: &'static str,
     pub kind: Kind,
     pub default: Action,
+    /// What it reads: labels, pods or both.
+    pub reads: Reads,
     /// How much a failure hurts, in the words of a PolicyReport result.
-    pub severity: &'static str,
+    pub severity: Severity,
     /// What a pass means, in the PolicyReport (only state rules are reported).
     pub pass: &'static str,
     /// What the rule finds.
@@ -95,14 +124,16 @@ pub struct RuleSpec {
 }
 
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
-/// [`Rule`] and its function (in `rules/state.rs` or `rules/change.rs`).
-pub const RULES: [RuleSpec; 16] = [
+/// [`Rule`] and its function (in `rules/state.rs` or `rules/change.rs`; a fleet rule's in
+/// `core/policy_change.rs`, a pod rule's in `audit/mod.rs`).
+pub const RULES: [RuleSpec; 17] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
         kind: Kind::State,
         default: Action::Deny,
-        severity: "high",
+        reads: Reads::LabelsAndPods,
+        severity: Severity::High,
         pass: "the device plugin does not run without the container toolkit",
         summary: "the device plugin would run while the operator-managed container toolkit would not",
         check: Check::Node(|ctx, out| ctx.device_plugin_without_toolkit(out)),
@@ -112,7 +143,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "operand-without-toolkit",
         kind: Kind::State,
         default: Action::Warn,
-        severity: "medium",
+        reads: Reads::Labels,
+        severity: Severity::Medium,
         pass: "no operand waits for a container toolkit that does not run",
         summary: "GFD, DCGM, DCGM exporter or MIG manager would run without the container toolkit",
         check: Check::Node(|ctx, out| ctx.operand_without_toolkit(out)),
@@ -122,7 +154,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "operand-without-validator",
         kind: Kind::State,
         default: Action::Warn,
-        severity: "medium",
+        reads: Reads::Labels,
+        severity: Severity::Medium,
         pass: "no operand waits for an operator validator that is labelled off",
         summary: "operator-validator is labelled off while operands that wait for toolkit-ready run",
         check: Check::Node(|ctx, out| ctx.operand_without_validator(out)),
@@ -132,7 +165,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "operand-without-sandbox-validator",
         kind: Kind::State,
         default: Action::Warn,
-        severity: "medium",
+        reads: Reads::Labels,
+        severity: Severity::Medium,
         pass: "no sandbox operand waits for a sandbox validator that is labelled off",
         summary: "sandbox-validator is labelled off while the sandbox or kata device plugin or the vGPU device manager runs",
         check: Check::Node(|ctx, out| ctx.operand_without_sandbox_validator(out)),
@@ -142,7 +176,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "device-plugin-on-non-gpu-node",
         kind: Kind::State,
         default: Action::Warn,
-        severity: "low",
+        reads: Reads::Labels,
+        severity: Severity::Low,
         pass: "the device plugin does not run on a node without a GPU label",
         summary: "the device plugin would run on a node with no sign of an NVIDIA GPU",
         check: Check::Node(|ctx, out| ctx.device_plugin_on_non_gpu_node(out)),
@@ -152,7 +187,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "unknown-deploy-label",
         kind: Kind::Change,
         default: Action::Warn,
-        severity: "low",
+        reads: Reads::Labels,
+        severity: Severity::Low,
         pass: "no finding",
         summary: "a nvidia.com/gpu.deploy.* key that no operand uses",
         check: Check::Node(|ctx, out| ctx.unknown_deploy_label(out)),
@@ -162,7 +198,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "value-not-true",
         kind: Kind::Change,
         default: Action::Warn,
-        severity: "low",
+        reads: Reads::Labels,
+        severity: Severity::Low,
         pass: "no finding",
         summary: "a deploy label set to a value a person probably meant as on (only `true` schedules)",
         check: Check::Node(|ctx, out| ctx.value_not_true(out)),
@@ -172,7 +209,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "operator-will-restore",
         kind: Kind::Change,
         default: Action::Warn,
-        severity: "low",
+        reads: Reads::Labels,
+        severity: Severity::Low,
         pass: "no finding",
         summary: "the GPU Operator's next labelling pass changes a label this request writes: adds it back, sweeps it, or (operands=false) sweeps them all",
         check: Check::Node(|ctx, out| ctx.operator_will_restore(out)),
@@ -182,7 +220,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "toolkit-switched-off",
         kind: Kind::Policy,
         default: Action::Deny,
-        severity: "high",
+        reads: Reads::Labels,
+        severity: Severity::High,
         pass: "no policy change removes the container toolkit where the device plugin runs",
         summary: "a ClusterPolicy change stops deploying the container toolkit on nodes where the device plugin keeps running",
         check: Check::Fleet,
@@ -192,7 +231,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "driver-removed",
         kind: Kind::Policy,
         default: Action::Warn,
-        severity: "high",
+        reads: Reads::Labels,
+        severity: Severity::High,
         pass: "no policy change removes a driver DaemonSet from a node",
         summary: "a ClusterPolicy or NVIDIADriver change leaves nodes without a driver DaemonSet",
         check: Check::Fleet,
@@ -202,7 +242,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "sandbox-relabel",
         kind: Kind::Policy,
         default: Action::Warn,
-        severity: "medium",
+        reads: Reads::Labels,
+        severity: Severity::Medium,
         pass: "no sandboxWorkloads change swaps the operands of a node",
         summary: "a sandboxWorkloads change makes the operator swap the operands of nodes",
         check: Check::Fleet,
@@ -212,7 +253,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "nvidia-driver-overlap",
         kind: Kind::Policy,
         default: Action::Deny,
-        severity: "high",
+        reads: Reads::Labels,
+        severity: Severity::High,
         pass: "no two NVIDIADriver resources select the same node",
         summary: "an NVIDIADriver selects a node another NVIDIADriver selects",
         check: Check::Fleet,
@@ -222,7 +264,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "cluster-policy-ignored",
         kind: Kind::Policy,
         default: Action::Warn,
-        severity: "low",
+        reads: Reads::Labels,
+        severity: Severity::Low,
         pass: "one ClusterPolicy",
         summary: "a second ClusterPolicy, which the operator ignores",
         check: Check::Fleet,
@@ -232,7 +275,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "device-plugin-switched-off",
         kind: Kind::Policy,
         default: Action::Warn,
-        severity: "medium",
+        reads: Reads::Labels,
+        severity: Severity::Medium,
         pass: "no policy change stops the device plugin where it runs",
         summary: "a ClusterPolicy change stops the device plugin on nodes: their GPUs are no longer advertised, new GPU pods stay Pending there",
         check: Check::Fleet,
@@ -242,7 +286,8 @@ pub const RULES: [RuleSpec; 16] = [
         id: "driver-selected-twice",
         kind: Kind::Policy,
         default: Action::Warn,
-        severity: "high",
+        reads: Reads::Labels,
+        severity: Severity::High,
         pass: "no node is selected by two driver DaemonSets",
         summary: "driver.useNvidiaDriverCRD true -> false brings the ClusterPolicy's driver DaemonSet back on nodes NVIDIADriver DaemonSets still serve",
         check: Check::Fleet,
@@ -252,10 +297,22 @@ pub const RULES: [RuleSpec; 16] = [
         id: "runtime-classes-removed",
         kind: Kind::Policy,
         default: Action::Warn,
-        severity: "high",
+        reads: Reads::Labels,
+        severity: Severity::High,
         pass: "no policy change deletes the nvidia RuntimeClasses",
         summary: "cdi.nriPluginEnabled false -> true (v26.3+) deletes the nvidia RuntimeClasses: pods that name runtimeClassName nvidia are then refused",
         check: Check::Fleet,
+    },
+    RuleSpec {
+        rule: Rule::OperandNotRunning,
+        id: "operand-not-running",
+        kind: Kind::State,
+        default: Action::Deny,
+        reads: Reads::Pods,
+        severity: Severity::Medium,
+        pass: "every expected operand runs",
+        summary: "an operand the DaemonSet controller should run on a node has no Running pod there",
+        check: Check::Pods,
     },
 ];
 
@@ -300,6 +357,17 @@ impl Serialize for Rule {
     }
 }
 
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::High => "high",
+            Severity::Medium => "medium",
+            Severity::Low => "low",
+            Severity::Info => "info",
+        }
+    }
+}
+
 impl Action {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -319,6 +387,31 @@ pub enum Change {
     Existing,
 }
 
+/// What a rule function finds: a [`Finding`] before the decision gives it its action.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub rule: Rule,
+    pub change: Change,
+    /// A whole sentence: names the node, the labels and the fix.
+    pub message: String,
+    /// The same, short enough for a kubectl `Warning:` line.
+    pub warning: String,
+}
+
+impl Found {
+    /// The finding, with the action the decision takes on it.
+    pub fn acted(self, action: Action) -> Finding {
+        Finding {
+            rule: self.rule,
+            action,
+            change: self.change,
+            message: self.message,
+            warning: self.warning,
+        }
+    }
+}
+
+/// A finding with the action taken on it, as a verdict carries it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Finding {
     pub rule: Rule,
@@ -350,7 +443,7 @@ pub struct Ctx<'r, 'a> {
 
 impl Ctx<'_, '_> {
     /// Runs every rule of `kind`, in table order.
-    pub(crate) fn run(&self, kind: Kind, out: &mut Vec<Finding>) {
+    pub(crate) fn run(&self, kind: Kind, out: &mut Vec<Found>) {
         for spec in RULES.iter().filter(|s| s.kind == kind) {
             if let Check::Node(check) = spec.check {
                 check(self, out);
@@ -423,7 +516,7 @@ impl Ctx<'_, '_> {
     /// that were already in it.
     fn per_subset(
         &self,
-        out: &mut Vec<Finding>,
+        out: &mut Vec<Found>,
         rule: Rule,
         after: OperandSet,
         before: OperandSet,
@@ -444,9 +537,8 @@ impl Ctx<'_, '_> {
                 continue;
             }
             let (message, warning) = text(&list.join(", "), change);
-            out.push(Finding {
+            out.push(Found {
                 rule,
-                action: Action::Off,
                 change,
                 message,
                 warning,

@@ -3,6 +3,7 @@ use crate::core::facts::operator_defaults;
 use crate::core::operator::{Sandbox, SandboxMode, Workload};
 use crate::core::policy::Decision;
 use crate::core::policy::tests::labels;
+use crate::core::rules::Finding;
 
 const NFD: (&str, &str) = ("feature.node.kubernetes.io/pci-10de.present", "true");
 

@@ -1,6 +1,6 @@
 //! The change rules: what a request writes.
 
-use super::{Action, Change, Ctx, Finding, Rule, UNKNOWN_KEYS_SHOWN};
+use super::{Change, Ctx, Found, Rule, UNKNOWN_KEYS_SHOWN};
 use crate::core::echo::echo;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, LabelChange, OPERANDS_KEY, Operand, Value, closest_known,
@@ -11,7 +11,7 @@ use crate::core::operator::Plan;
 impl Ctx<'_, '_> {
     /// Every unknown key the request writes, as one finding: a request with many of them costs
     /// one message and one warning, naming the first few.
-    pub(super) fn unknown_deploy_label(&self, out: &mut Vec<Finding>) {
+    pub(super) fn unknown_deploy_label(&self, out: &mut Vec<Found>) {
         let mut unknown = self
             .written_deploy_labels()
             .filter(|(key, _)| is_unknown_deploy_key(key));
@@ -73,16 +73,15 @@ impl Ctx<'_, '_> {
                 ),
             )
         };
-        out.push(Finding {
+        out.push(Found {
             rule: Rule::UnknownDeployLabel,
-            action: Action::Off,
             change: Change::New,
             message,
             warning,
         });
     }
 
-    pub(super) fn value_not_true(&self, out: &mut Vec<Finding>) {
+    pub(super) fn value_not_true(&self, out: &mut Vec<Found>) {
         let node = self.node();
         for (key, value) in self.written_deploy_labels() {
             let kind = Value::of(value);
@@ -122,9 +121,8 @@ impl Ctx<'_, '_> {
                 None
             };
             if let Some((message, warning)) = text {
-                out.push(Finding {
+                out.push(Found {
                     rule: Rule::ValueNotTrue,
-                    action: Action::Off,
                     change: Change::New,
                     message,
                     warning,
@@ -137,7 +135,7 @@ impl Ctx<'_, '_> {
     /// ([`Plan`], `docs/gpu-operator.md`): adds a removed (from v26.7 also an emptied) label
     /// back as `true`, sweeps a label outside the node's set, and for `operands=false` deletes
     /// every label it manages. Only the labels the request changes are asked about.
-    pub(super) fn operator_will_restore(&self, out: &mut Vec<Finding>) {
+    pub(super) fn operator_will_restore(&self, out: &mut Vec<Found>) {
         let Some(old) = self.review.old_labels else {
             return;
         };
@@ -165,9 +163,8 @@ impl Ctx<'_, '_> {
                     .map(|(k, _)| &k[DEPLOY_PREFIX.len()..])
                     .collect();
                 if !gone.is_empty() {
-                    out.push(Finding {
+                    out.push(Found {
                         rule: Rule::OperatorWillRestore,
-                        action: Action::Off,
                         change: Change::New,
                         message: format!(
                             "node {node}: with {OPERANDS_KEY}=false the GPU Operator ({version}) sweeps every deploy \
@@ -194,9 +191,8 @@ impl Ctx<'_, '_> {
                     .collect();
                 if !lost.is_empty() {
                     lost.sort_unstable();
-                    out.push(Finding {
+                    out.push(Found {
                         rule: Rule::OperatorWillRestore,
-                        action: Action::Off,
                         change: Change::New,
                         message: format!(
                             "node {node}: {OPERANDS_KEY}=false stays on this node, so the GPU Operator ({version}) \
@@ -218,9 +214,8 @@ impl Ctx<'_, '_> {
             let mut names: Vec<&str> = plan.added(labels).map(Operand::name).collect();
             if !names.is_empty() {
                 names.sort_unstable();
-                out.push(Finding {
+                out.push(Found {
                     rule: Rule::OperatorWillRestore,
-                    action: Action::Off,
                     change: Change::New,
                     message: format!(
                         "node {node}: without {OPERANDS_KEY}=false the GPU Operator ({version}) adds {} back as \"true\" \
@@ -250,9 +245,8 @@ impl Ctx<'_, '_> {
                     Some(w) => format!("a {} node's deploy labels", w.name()),
                     None => format!("the deploy labels of a node with {GPU_PRESENT_KEY}=true"),
                 };
-                out.push(Finding {
+                out.push(Found {
                     rule: Rule::OperatorWillRestore,
-                    action: Action::Off,
                     change: Change::New,
                     message: format!(
                         "node {node}: this request sets {key}={value:?}, but the GPU Operator ({version}) sweeps \
@@ -291,9 +285,8 @@ impl Ctx<'_, '_> {
                     "use =false to keep it off",
                 )
             };
-            out.push(Finding {
+            out.push(Found {
                 rule: Rule::OperatorWillRestore,
-                action: Action::Off,
                 change: Change::New,
                 message: format!(
                     "node {node}: this request {what} {key}, but the GPU Operator ({version}) adds it back \

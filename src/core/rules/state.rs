@@ -1,10 +1,10 @@
 //! The state rules: what the DaemonSet controller will run on the node.
 
-use super::{Action, Change, Ctx, Finding, Rule};
+use super::{Change, Ctx, Found, Rule};
 use crate::core::operands::{GPU_PRESENT_KEY, Labels, Operand, OperandSet, Wait, is_gpu_node};
 
 impl Ctx<'_, '_> {
-    pub(super) fn device_plugin_without_toolkit(&self, out: &mut Vec<Finding>) {
+    pub(super) fn device_plugin_without_toolkit(&self, out: &mut Vec<Found>) {
         let broken =
             |set: OperandSet| set.contains(Operand::DevicePlugin) && !self.toolkit_provided(set);
         if !broken(self.after) {
@@ -48,16 +48,15 @@ impl Ctx<'_, '_> {
                 )
             }
         };
-        out.push(Finding {
+        out.push(Found {
             rule: Rule::DevicePluginWithoutToolkit,
-            action: Action::Off,
             change,
             message,
             warning,
         });
     }
 
-    pub(super) fn operand_without_toolkit(&self, out: &mut Vec<Finding>) {
+    pub(super) fn operand_without_toolkit(&self, out: &mut Vec<Found>) {
         let stranded = |set: OperandSet| -> OperandSet {
             if self.toolkit_provided(set) {
                 return OperandSet::EMPTY;
@@ -112,7 +111,7 @@ impl Ctx<'_, '_> {
         )
     }
 
-    pub(super) fn operand_without_validator(&self, out: &mut Vec<Finding>) {
+    pub(super) fn operand_without_validator(&self, out: &mut Vec<Found>) {
         let key = Operand::OperatorValidator.key();
         let (after, before, value) = self.waiting_on_validator(key, Wait::ToolkitReady);
         self.per_subset(out, Rule::OperandWithoutValidator, after, before, |names, change| {
@@ -131,7 +130,7 @@ impl Ctx<'_, '_> {
         });
     }
 
-    pub(super) fn operand_without_sandbox_validator(&self, out: &mut Vec<Finding>) {
+    pub(super) fn operand_without_sandbox_validator(&self, out: &mut Vec<Found>) {
         let key = Operand::SandboxValidator.key();
         let (after, before, value) = self.waiting_on_validator(key, Wait::SandboxValidator);
         self.per_subset(
@@ -157,7 +156,7 @@ impl Ctx<'_, '_> {
         );
     }
 
-    pub(super) fn device_plugin_on_non_gpu_node(&self, out: &mut Vec<Finding>) {
+    pub(super) fn device_plugin_on_non_gpu_node(&self, out: &mut Vec<Found>) {
         let misplaced = |labels: &Labels, set: OperandSet| {
             set.contains(Operand::DevicePlugin) && !is_gpu_node(labels)
         };
@@ -175,9 +174,8 @@ impl Ctx<'_, '_> {
         } else {
             ""
         };
-        out.push(Finding {
+        out.push(Found {
             rule: Rule::DevicePluginOnNonGpuNode,
-            action: Action::Off,
             change,
             message: format!(
                 "node {node}: the NVIDIA device plugin {already}runs on a node without {GPU_PRESENT_KEY}=true \
