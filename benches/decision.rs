@@ -9,7 +9,8 @@ use std::hint::black_box;
 use common::Case;
 use gpu_deploy_guard::core::facts::ClusterFacts;
 use gpu_deploy_guard::core::policy::{self, Decision, Policy};
-use gpu_deploy_guard::webhook::{RequestLabels, parse_review};
+use gpu_deploy_guard::webhook::node_review::RequestLabels;
+use gpu_deploy_guard::webhook::read::parse_review;
 
 fn case(name: &'static str) -> Case {
     let facts = ClusterFacts::default();

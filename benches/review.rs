@@ -15,8 +15,11 @@ use common::Case;
 use gpu_deploy_guard::core::facts::ClusterFacts;
 use gpu_deploy_guard::core::policy::Policy;
 use gpu_deploy_guard::metrics::Metrics;
+use gpu_deploy_guard::webhook::node_review::review_request;
+use gpu_deploy_guard::webhook::read::parse_review;
+use gpu_deploy_guard::webhook::read::reference::parse_with_serde;
 use gpu_deploy_guard::webhook::response::respond;
-use gpu_deploy_guard::webhook::{Limits, Webhook, parse_review, parse_with_serde, review_request};
+use gpu_deploy_guard::webhook::{Limits, Webhook};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 

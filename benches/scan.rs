@@ -7,7 +7,7 @@ mod common;
 use std::hint::black_box;
 
 use common::Case;
-use gpu_deploy_guard::webhook::scan;
+use gpu_deploy_guard::webhook::read::scan;
 
 fn case(name: &str) -> Case {
     let body = common::review_body(name);

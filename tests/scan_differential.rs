@@ -8,9 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use gpu_deploy_guard::core::facts::ClusterFacts;
+use gpu_deploy_guard::core::labels;
 use gpu_deploy_guard::core::operands::{Labels, Operand};
+use gpu_deploy_guard::webhook::read::reference::parse_with_serde;
 use gpu_deploy_guard::webhook::read::{NodeLabels, ReviewBody};
-use gpu_deploy_guard::webhook::{label_syntax, parse_review, parse_with_serde, scan};
+use gpu_deploy_guard::webhook::read::{parse_review, scan};
 
 /// What the webhook reads from a review, in a form both readings can be compared in.
 #[derive(Debug, PartialEq, Eq)]
@@ -130,7 +132,7 @@ fn compare(body: &[u8], tally: &mut Tally) {
         let bad = nodes(review)
             .iter()
             .flat_map(|n| n.pairs())
-            .any(|(k, v)| label_syntax::check(&k, &v).is_err());
+            .any(|(k, v)| labels::check_lengths(&k, &v).is_err());
         // What the scanner noted while reading says the same.
         let noted = nodes(review).iter().any(|n| !n.syntax_ok());
         assert_eq!(bad, noted, "{}", String::from_utf8_lossy(body));

@@ -12,7 +12,8 @@ mod cases;
 use cases::cases;
 use gpu_deploy_guard::core::policy::Decision;
 use gpu_deploy_guard::webhook::response::{MAX_MESSAGE_BYTES, MAX_WARNING_BYTES, MAX_WARNINGS, respond};
-use gpu_deploy_guard::webhook::{parse_review, review_request};
+use gpu_deploy_guard::webhook::node_review::review_request;
+use gpu_deploy_guard::webhook::read::parse_review;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 

@@ -1,5 +1,5 @@
 //! The body scanner against serde, on any bytes: the webhook reads a review with the scanner
-//! (`webhook::scan`) and falls back to serde only where the scanner refuses. Whatever the body,
+//! (`webhook::read::scan`) and falls back to serde only where the scanner refuses. Whatever the body,
 //! the answer the webhook gives must be the answer serde's reading (`parse_with_serde`) gives:
 //! the same refusal, or the same AdmissionReview response, byte for byte, under every policy
 //! and set of cluster facts below. tests/scan_differential.rs holds the same property on the
@@ -12,8 +12,10 @@ mod cases;
 
 use cases::cases;
 use gpu_deploy_guard::webhook::response::respond;
-use gpu_deploy_guard::webhook::RequestView;
-use gpu_deploy_guard::webhook::{parse_review, parse_with_serde, review_request};
+use gpu_deploy_guard::webhook::read::RequestView;
+use gpu_deploy_guard::webhook::node_review::review_request;
+use gpu_deploy_guard::webhook::read::parse_review;
+use gpu_deploy_guard::webhook::read::reference::parse_with_serde;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -12,6 +12,7 @@ use clap::ValueEnum;
 
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, VersionSource, assumed_version, operator_defaults};
+use crate::core::labels::{Change, ChangeError};
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet,
 };
@@ -32,39 +33,10 @@ pub enum CheckError {
     Node(#[from] NodeFileError),
     #[error(transparent)]
     Config(#[from] crate::core::config::ConfigError),
-    #[error("change {change:?}: {problem}")]
-    Change { change: String, problem: String },
+    #[error(transparent)]
+    Change(#[from] ChangeError),
     #[error("--operation create judges a new node: it takes no --old-node")]
     CreateWithOldNode,
-}
-
-/// One label change in kubectl syntax.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
-    Set(String, String),
-    Remove(String),
-}
-
-impl Change {
-    /// Parses `key=value` or `key-`, checking the key and value like the API server does.
-    pub fn parse(text: &str) -> Result<Change, CheckError> {
-        let bad = |problem: String| CheckError::Change {
-            change: text.to_owned(),
-            problem,
-        };
-        if let Some((key, value)) = text.split_once('=') {
-            validate_key(key).map_err(bad)?;
-            validate_value(value).map_err(bad)?;
-            Ok(Change::Set(key.to_owned(), value.to_owned()))
-        } else if let Some(key) = text.strip_suffix('-') {
-            validate_key(key).map_err(bad)?;
-            Ok(Change::Remove(key.to_owned()))
-        } else {
-            Err(bad(
-                "expected key=value to set a label or key- to remove it".to_owned(),
-            ))
-        }
-    }
 }
 
 /// Applies kubectl-style changes to a node's labels, as `kubectl label` would; returns a note
@@ -84,63 +56,6 @@ pub fn apply_changes(labels: &mut Labels, changes: &[Change]) -> Vec<String> {
         }
     }
     notes
-}
-
-fn is_name(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').all(|part| {
-            let b = part.as_bytes();
-            !b.is_empty()
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        })
-}
-
-/// A label key: `[prefix/]name`, prefix a DNS subdomain, name at most 63 characters.
-pub fn validate_key(key: &str) -> Result<(), String> {
-    let (prefix, name) = match key.split_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    if let Some(prefix) = prefix
-        && !is_dns_subdomain(prefix)
-    {
-        return Err(format!(
-            "label key prefix {prefix:?} is not a DNS subdomain"
-        ));
-    }
-    if !is_name(name) {
-        return Err(format!(
-            "label name {name:?} must be 1-63 characters of letters, digits, '-', '_' or '.', \
-             starting and ending with a letter or digit"
-        ));
-    }
-    Ok(())
-}
-
-/// A label value: empty, or at most 63 characters like a name.
-pub fn validate_value(value: &str) -> Result<(), String> {
-    if value.is_empty() || is_name(value) {
-        Ok(())
-    } else {
-        Err(format!(
-            "label value {value:?} must be empty or 1-63 characters of letters, digits, '-', '_' or '.', \
-             starting and ending with a letter or digit"
-        ))
-    }
 }
 
 /// Everything `check` needs, already parsed from the command line.

@@ -20,8 +20,9 @@ use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Map, Value};
 
-use crate::cli::check::{Change, CheckError, apply_changes};
+use crate::cli::check::apply_changes;
 use crate::core::config::Config;
+use crate::core::labels::{Change, ChangeError};
 use crate::core::operands::OperandSet;
 use crate::core::policy::{self, Decision, Verdict};
 use crate::core::review::{Operation, Review};
@@ -81,7 +82,7 @@ enum PluginError {
     #[error("{0}")]
     BadInput(String),
     #[error(transparent)]
-    Change(#[from] CheckError),
+    Change(#[from] ChangeError),
     #[error(transparent)]
     Config(#[from] crate::core::config::ConfigError),
     #[error(transparent)]

@@ -6,6 +6,7 @@
 pub mod config;
 pub mod echo;
 pub mod facts;
+pub mod labels;
 pub mod operands;
 pub mod operator;
 pub mod policy;

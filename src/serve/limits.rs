@@ -77,7 +77,7 @@ pub const CONNECTION_BYTES: usize = 48 * 1024;
 /// - `connections`: the pool full of the dearest connections (`--max-connections`).
 /// - `bodies`: the bytes of request bodies (`--max-inflight-body-bytes`, the overdraft
 ///   included). A body's memory is the bytes that came (`webhook::Collected`), and its view
-///   holds no copy of its labels or groups (`webhook::scan`), a few hundred bytes whatever it
+///   holds no copy of its labels or groups (`webhook::read::scan`), a few hundred bytes whatever it
 ///   carries (`tests/view_memory.rs`).
 /// - `waiting`: what the bodies waiting for room hold that the budget does not count, the
 ///   frames they could not place and their streams' HTTP/2 windows, which they may not

@@ -7,8 +7,9 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use super::read::{MAX_NAME_CHARS, MAX_UID_CHARS};
+use super::read::MAX_UID_CHARS;
 use super::response::{self, json_response};
+use crate::core::labels::MAX_NAME_CHARS;
 
 /// The most bytes of a parser's error message repeated in an answer or a log line.
 pub(super) const MAX_ERROR_BYTES: usize = 300;

@@ -19,22 +19,16 @@ use axum::routing::post;
 use tokio::sync::{Semaphore, watch};
 use tower_http::timeout::TimeoutLayer;
 
-mod bad_request;
+pub mod bad_request;
 mod body;
-mod node_review;
+pub mod node_review;
 pub mod policy_review;
 mod pruned;
 pub mod read;
 pub mod response;
 mod shares;
 
-pub use bad_request::BadRequest;
-use bad_request::MAX_ERROR_BYTES;
-pub use node_review::{RequestLabels, review_request};
-pub use read::{
-    MAX_NAME_CHARS, MAX_UID_CHARS, RequestView, Scanned, explain, label_syntax, parse_review,
-    parse_with_serde, scan, scan_review,
-};
+use bad_request::{BadRequest, MAX_ERROR_BYTES};
 pub use shares::{BODY_WINDOW, MAX_WAITING_BYTES, WAITING_ROOM};
 
 use crate::core::echo::echo;

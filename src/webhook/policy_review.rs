@@ -12,13 +12,16 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::bad_request::BadRequest;
 use super::body::Started;
 use super::pruned::Keep;
+use super::read::MAX_UID_CHARS;
 use super::read::UserInfo;
 use super::response::json_response;
-use super::{BadRequest, MAX_NAME_CHARS, MAX_UID_CHARS, Webhook, refuse};
+use super::{Webhook, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
+use crate::core::labels::MAX_NAME_CHARS;
 use crate::core::operands::OPERANDS;
 use crate::core::policy::{self, Decision, Policy, Verdict};
 use crate::core::policy_change::{

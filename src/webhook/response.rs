@@ -173,7 +173,8 @@ mod tests {
     use super::*;
     use crate::core::facts::ClusterFacts;
     use crate::core::policy::Policy;
-    use crate::webhook::{parse_review, review_request};
+    use crate::webhook::node_review::review_request;
+    use crate::webhook::read::parse_review;
 
     #[test]
     fn a_refusal_is_the_v1_review_the_api_server_reads() {

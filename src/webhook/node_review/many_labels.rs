@@ -132,7 +132,8 @@ mod tests {
     use super::*;
     use crate::core::operands::{DEPLOY_PREFIX, Operand};
     use crate::core::policy::{Policy, Verdict, decide};
-    use crate::webhook::{RequestLabels, parse_review};
+    use crate::webhook::node_review::RequestLabels;
+    use crate::webhook::read::parse_review;
 
     /// A Node review whose objects carry these labels, as JSON text (so that a key may be given
     /// twice).

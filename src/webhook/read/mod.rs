@@ -4,22 +4,19 @@
 //! Two readers make the same view: the scanner ([`scan`]), fast, which reads what the webhook
 //! needs and skips the rest unbuilt, and serde (`reference`), the reference it is held to,
 //! which also says where and why a body is refused. Labels outside Kubernetes syntax
-//! ([`label_syntax`]) are refused by both while reading.
+//! ([`check_lengths`](crate::core::labels::check_lengths)) are refused by both while reading.
 
-pub mod label_syntax;
-mod reference;
+pub mod reference;
 pub mod scan;
 mod skip;
 pub mod view;
 
-pub use reference::parse_with_serde;
 pub use view::{GroupVersionKind, NodeLabels, RequestView, ReviewBody, UserInfo};
 
 use super::bad_request::{BadRequest, MAX_ERROR_BYTES};
 use crate::core::echo::echo;
-
-/// The longest node name Kubernetes accepts (a DNS subdomain).
-pub const MAX_NAME_CHARS: usize = 253;
+use crate::core::labels::MAX_NAME_CHARS;
+use reference::parse_with_serde;
 
 /// Request uids are UUIDs (36 characters); the answer must repeat the uid, so a longer one is
 /// refused rather than echoed.

@@ -8,10 +8,10 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::label_syntax;
 use super::view::{Groups, LabelPairs, RequestView, ReviewBody, Table, Text};
 use super::{MAX_ERROR_BYTES, MAX_UID_CHARS, check_bounds, check_review};
 use crate::core::echo::bounded_display;
+use crate::core::labels;
 use crate::webhook::bad_request::BadRequest;
 
 impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
@@ -67,8 +67,8 @@ impl<'de> Deserialize<'de> for LabelPairs<'_> {
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Table, M::Error> {
                 let mut table = Table::default();
                 while let Some((key, value)) = map.next_entry::<Text<'de>, Text<'de>>()? {
-                    // Refused here, before any work per label: see `label_syntax`.
-                    label_syntax::check(key.as_str(), value.as_str())
+                    // Refused here, before any work per label: see `labels::check_lengths`.
+                    labels::check_lengths(key.as_str(), value.as_str())
                         .map_err(serde::de::Error::custom)?;
                     table.push(key.as_str())?;
                     table.push(value.as_str())?;

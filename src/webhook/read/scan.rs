@@ -26,17 +26,17 @@
 //! there are ([`ScannedLabels`], [`ScannedStrings`]), and reads them again, in order, each time
 //! they are walked. A view therefore costs the same few words whatever a body holds; collected,
 //! the 3.5 MiB body's worth of one-byte labels was 24 MiB of pairs, and of empty groups 48 MiB.
-//! Each label's syntax (`label_syntax`) is checked as it is first read.
+//! Each label's lengths (`core::labels::check_lengths`) are checked as it is first read.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use super::label_syntax;
 use super::skip::{Skip, find_special, skip_literal, skip_value};
 use super::view::{
     GroupVersionKind, Groups, LabelPairs, Metadata, NodeLabels, RequestView, ReviewBody, Text,
     UserInfo,
 };
+use crate::core::labels;
 use crate::core::review::Operation;
 
 mod reread;
@@ -664,7 +664,7 @@ impl<'a> Scanner<'a> {
         let (mut len, mut syntax_ok) = (0, true);
         self.object(|s, key| {
             let value = s.string()?;
-            syntax_ok &= label_syntax::check(&key, &value).is_ok();
+            syntax_ok &= labels::check_lengths(&key, &value).is_ok();
             len += 1;
             Ok(())
         })?;

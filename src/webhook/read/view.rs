@@ -193,7 +193,7 @@ impl NodeLabels<'_> {
         self.metadata.name.as_ref().map_or("", Text::as_str)
     }
 
-    /// Whether every label is within Kubernetes label syntax ([`label_syntax`](super::label_syntax)).
+    /// Whether every label is within Kubernetes label syntax ([`check_lengths`](crate::core::labels::check_lengths)).
     /// serde's reading refuses a label outside it; the scanner notes it while reading, and the
     /// caller has serde say why.
     pub fn syntax_ok(&self) -> bool {

@@ -51,7 +51,7 @@ impl<'a> Reread<'a> {
 #[derive(Clone, Copy)]
 pub struct ScannedLabels<'a> {
     pub(super) at: Reread<'a>,
-    /// Every pair is within `label_syntax`.
+    /// Every pair is within `core::labels::check_lengths`.
     pub(super) syntax_ok: bool,
 }
 
@@ -93,7 +93,7 @@ impl<'a> ScannedLabels<'a> {
         self.at.len == 0
     }
 
-    /// Whether every label is within Kubernetes label syntax (`label_syntax::check`).
+    /// Whether every label is within Kubernetes label syntax (`core::labels::check_lengths`).
     pub fn syntax_ok(&self) -> bool {
         self.syntax_ok
     }
