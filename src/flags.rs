@@ -38,7 +38,7 @@ impl OperatorVersionArg {
 mod tests {
     use super::*;
     use crate::core::facts::{ClusterFacts, VersionSource};
-    use crate::core::operator::Era;
+    use crate::core::operands::Era;
     use clap::Parser;
 
     #[derive(Parser)]

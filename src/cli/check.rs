@@ -13,12 +13,11 @@ use clap::ValueEnum;
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, VersionSource, assumed_version, operator_defaults};
 use crate::core::labels::{Change, ChangeError};
+use crate::core::operands::Workload;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet,
 };
-use crate::core::operator::{
-    LabelAction, OperatorVersion, Pass, Workload, has_nfd_gpu, labelling_pass,
-};
+use crate::core::operator::{LabelAction, OperatorVersion, Pass, has_nfd_gpu, labelling_pass};
 use crate::core::policy::{self, Decision, Verdict};
 use crate::core::review::{Operation, Review};
 use crate::core::rules::{self, Finding};

@@ -225,7 +225,7 @@ fn check_shape(text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::operator::Era;
+    use crate::core::operands::Era;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("test.yaml"))

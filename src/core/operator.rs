@@ -11,10 +11,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::core::operands::{
-    DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, OperandSet,
-    deploy_labels, managed, mig_labelled,
+    DEPLOY_PREFIX, Era, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand,
+    OperandSet, SandboxMode, Workload, deploy_labels, label_set, managed, mig_labelled,
 };
-pub use crate::core::operands::{Era, SandboxMode, Workload, label_set};
 
 const WORKLOAD: &str = "nvidia.com/gpu.workload.config";
 const MIG_CAPABLE: &str = "nvidia.com/mig.capable";

@@ -23,8 +23,9 @@
 use std::collections::BTreeMap;
 
 use super::facts::ClusterFacts;
+use super::operands::Era;
 use super::operands::{Labels, NFD_KERNEL_KEY, NFD_OS_KEYS, Operand, OperandSet};
-use super::operator::{Era, labelling_pass};
+use super::operator::labelling_pass;
 use super::policy::{self, Policy, Verdict};
 use super::review::Operation;
 use super::rules::{Action, Change, Found, Rule};
@@ -687,7 +688,7 @@ fn sandbox_words(before: &ClusterFacts, after: &ClusterFacts) -> String {
         ));
     }
     if b.default_workload != a.default_workload {
-        let w = |w: Option<super::operator::Workload>| {
+        let w = |w: Option<super::operands::Workload>| {
             w.map_or("none".to_owned(), |w| w.name().to_owned())
         };
         parts.push(format!(

@@ -35,7 +35,7 @@ pub fn resolve(given: Option<Sourced>, cluster: Sourced) -> Sourced {
 mod tests {
     use super::*;
     use crate::core::facts::assumed_version;
-    use crate::core::operator::Era;
+    use crate::core::operands::Era;
 
     fn v(text: &str) -> OperatorVersion {
         OperatorVersion::parse(text).unwrap()

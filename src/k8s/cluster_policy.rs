@@ -12,7 +12,8 @@ use serde_json::Value;
 use super::document;
 use crate::core::facts::{ClusterFacts, switched_off};
 use crate::core::operands::Operand;
-use crate::core::operator::{Sandbox, SandboxMode, Workload};
+use crate::core::operands::{SandboxMode, Workload};
+use crate::core::operator::Sandbox;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterPolicyError {

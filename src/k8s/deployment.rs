@@ -234,7 +234,7 @@ pub fn operator_version(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::operator::Era;
+    use crate::core::operands::Era;
 
     fn image(s: &str) -> (&str, Option<&str>, Option<&str>) {
         let r = ImageRef::parse(s);

@@ -826,7 +826,7 @@ mod tests {
             )
         };
         let c = facts(&config, Health::Synced);
-        assert_eq!(c.version.era, crate::core::operator::Era::V24_9);
+        assert_eq!(c.version.era, crate::core::operands::Era::V24_9);
         assert_eq!(
             c.annotation(),
             "ClusterPolicy unavailable (no ClusterPolicy object exists): the GPU Operator's \
@@ -835,7 +835,7 @@ mod tests {
         );
         // RBAC forbids the Deployments: the newest era, assumed, and why.
         let c = facts(&config, Health::Unavailable(Unavailable::Forbidden));
-        assert_eq!(c.version.era, crate::core::operator::Era::NEWEST);
+        assert_eq!(c.version.era, crate::core::operands::Era::NEWEST);
         assert!(c.version_source.assumed().is_some());
         assert_eq!(
             c.version_described(),
@@ -847,7 +847,7 @@ mod tests {
             VersionSource::Given("--operator-version".into()),
         ));
         let c = facts(&config, Health::Synced);
-        assert_eq!(c.version.era, crate::core::operator::Era::V26_3);
+        assert_eq!(c.version.era, crate::core::operands::Era::V26_3);
         assert_eq!(
             c.version_described(),
             "GPU Operator v26.3.0 given by --operator-version"

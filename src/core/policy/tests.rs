@@ -1300,8 +1300,8 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
             "v26.3.1",
             crate::core::operator::Sandbox {
                 enabled: true,
-                default_workload: Some(crate::core::operator::Workload::VmVgpu),
-                mode: crate::core::operator::SandboxMode::Kata,
+                default_workload: Some(crate::core::operands::Workload::VmVgpu),
+                mode: crate::core::operands::SandboxMode::Kata,
             },
         ),
     ];
@@ -1418,7 +1418,7 @@ fn facts_for(version: &str, sandbox: crate::core::operator::Sandbox) -> ClusterF
     facts
 }
 
-fn sandbox_on(mode: crate::core::operator::SandboxMode) -> crate::core::operator::Sandbox {
+fn sandbox_on(mode: crate::core::operands::SandboxMode) -> crate::core::operator::Sandbox {
     crate::core::operator::Sandbox {
         enabled: true,
         default_workload: None,
@@ -1466,7 +1466,7 @@ fn turning_the_toolkit_off_under_a_paused_device_plugin_is_denied() {
 fn sandbox_operands_without_the_sandbox_validator_warn() {
     let facts = facts_for(
         "v25.3.4",
-        sandbox_on(crate::core::operator::SandboxMode::KubeVirt),
+        sandbox_on(crate::core::operands::SandboxMode::KubeVirt),
     );
     let old = labels(&[
         ("feature.node.kubernetes.io/pci-10de.present", "true"),
@@ -1496,7 +1496,7 @@ fn sandbox_operands_without_the_sandbox_validator_warn() {
 fn a_label_outside_the_nodes_workload_set_is_swept() {
     let facts = facts_for(
         "v25.3.4",
-        sandbox_on(crate::core::operator::SandboxMode::KubeVirt),
+        sandbox_on(crate::core::operands::SandboxMode::KubeVirt),
     );
     let old = labels(&[
         ("feature.node.kubernetes.io/pci-10de.present", "true"),
@@ -1543,7 +1543,7 @@ fn an_emptied_label_is_added_back_from_v26_7_only() {
 
 #[test]
 fn mode_and_version_decide_which_sandbox_operands_exist() {
-    use crate::core::operator::SandboxMode::{Kata, KubeVirt};
+    use crate::core::operands::SandboxMode::{Kata, KubeVirt};
     let off = |version: &str, mode| facts_for(version, sandbox_on(mode)).off();
     // Before v26.3: no mode; no kata sandbox device plugin.
     assert!(!off("v25.10.1", Kata).contains(Operand::SandboxDevicePlugin));

@@ -1,6 +1,7 @@
 use super::*;
 use crate::core::facts::operator_defaults;
-use crate::core::operator::{Sandbox, SandboxMode, Workload};
+use crate::core::operands::{SandboxMode, Workload};
+use crate::core::operator::Sandbox;
 use crate::core::policy::Decision;
 use crate::core::policy::tests::labels;
 use crate::core::rules::Finding;
