@@ -119,17 +119,23 @@ impl Verdict {
         self.decision != Decision::Denied
     }
 
+    /// Each finding's rule and action, `rule=action`, comma-separated: the `findings` audit
+    /// annotation and the log field.
+    pub fn findings_in_words(&self) -> String {
+        let list: Vec<String> = self
+            .findings
+            .iter()
+            .map(|f| format!("{}={}", f.rule, f.action.as_str()))
+            .collect();
+        list.join(",")
+    }
+
     /// Key/value pairs for the AdmissionResponse's `auditAnnotations`; the API server prefixes
     /// each key with the webhook's name.
     pub fn audit_annotations(&self) -> Vec<(&'static str, String)> {
         let mut out = vec![("decision", self.decision.as_str().to_owned())];
         if !self.findings.is_empty() {
-            let list: Vec<String> = self
-                .findings
-                .iter()
-                .map(|f| format!("{}={}", f.rule, f.action.as_str()))
-                .collect();
-            out.push(("findings", list.join(",")));
+            out.push(("findings", self.findings_in_words()));
         }
         if self.before != self.after {
             let mut changes = Vec::new();

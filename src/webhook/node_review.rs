@@ -174,12 +174,7 @@ impl RequestLabels {
 fn log_verdict(req: &RequestView<'_>, verdict: &Verdict) {
     // Bounded: names were checked, but a username is not.
     let user = &*echo(req.user_info.username.as_deref().unwrap_or_default());
-    let findings: Vec<String> = verdict
-        .findings
-        .iter()
-        .map(|f| format!("{}={}", f.rule, f.action.as_str()))
-        .collect();
-    let findings = findings.join(",");
+    let findings = verdict.findings_in_words();
     match verdict.decision {
         Decision::Denied => tracing::info!(
             uid = %req.uid, node = %req.name, user, dry_run = req.dry_run, decision = "denied",

@@ -459,19 +459,15 @@ fn status_verdict(facts: &ClusterFacts, policy: &Policy) -> Verdict {
 
 fn log(req: &PolicyRequest, kind: PolicyKind, verdict: &Verdict) {
     let user = &*echo(req.user_info.username.as_deref().unwrap_or_default());
-    let findings: Vec<String> = verdict
-        .findings
-        .iter()
-        .map(|f| format!("{}={}", f.rule, f.action.as_str()))
-        .collect();
+    let findings = verdict.findings_in_words();
     let nodes = verdict.policy_change.as_ref().and_then(|n| n.nodes);
     let (uid, name) = (&*echo(&req.uid), &*echo(&req.name));
     match verdict.decision {
         Decision::Denied => {
-            tracing::info!(uid, kind = kind.as_str(), name, user, operation = req.operation.as_str(), ?nodes, findings = %findings.join(","), decision = "denied", "policy review")
+            tracing::info!(uid, kind = kind.as_str(), name, user, operation = req.operation.as_str(), ?nodes, findings = %findings, decision = "denied", "policy review")
         }
         _ => {
-            tracing::debug!(uid, kind = kind.as_str(), name, user, operation = req.operation.as_str(), ?nodes, findings = %findings.join(","), decision = verdict.decision.as_str(), "policy review")
+            tracing::debug!(uid, kind = kind.as_str(), name, user, operation = req.operation.as_str(), ?nodes, findings = %findings, decision = verdict.decision.as_str(), "policy review")
         }
     }
 }
