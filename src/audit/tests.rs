@@ -119,6 +119,31 @@ fn device_plugin_alone_on_lab_node_2_is_a_broken_pairing() {
     );
 }
 
+/// operand-not-running is a row of RULES like the others: its configured action sets the level
+/// of its findings, and `off` leaves it out of the audit.
+#[test]
+fn operand_not_running_follows_its_configured_action() {
+    let (nodes, pods) = lab("lab-gaps");
+    let with = |action: Action| {
+        let mut policy = Policy::default();
+        policy.actions[Rule::OperandNotRunning as usize] = action;
+        audit(&nodes, &pods, &operator_defaults(), &policy)
+    };
+    let levels = |r: &AuditReport| -> Vec<Level> {
+        r.nodes
+            .iter()
+            .flat_map(|n| &n.findings)
+            .filter(|f| f.rule == Rule::OperandNotRunning)
+            .map(|f| f.level)
+            .collect()
+    };
+    assert_eq!(levels(&with(Action::Deny)), [Level::Fail, Level::Fail]);
+    assert_eq!(levels(&with(Action::Warn)), [Level::Warn, Level::Warn]);
+    let off = with(Action::Off);
+    assert!(levels(&off).is_empty());
+    assert!(!off.rules.contains(&Rule::OperandNotRunning));
+}
+
 #[test]
 fn gaps_are_listed_per_node_and_operand() {
     let r = run("lab-gaps");
