@@ -77,20 +77,8 @@ pub enum Check {
     Node(fn(&Ctx<'_, '_>, &mut Vec<Found>)),
     /// Over the fleet, by the policy-change decision (`core/policy_change.rs`).
     Fleet,
-    /// On the pods running on one node, by the audit (`audit/mod.rs`).
-    Pods,
-}
-
-/// What a rule reads.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Reads {
-    /// Labels (a node's, a request's) and the cluster's policy: the webhook, `check` and, for
-    /// state rules, the audit judge it.
-    Labels,
-    /// The labels, and in the audit first the pods running on the node: what runs says more
-    /// than what the labels imply.
-    LabelsAndPods,
-    /// Only the pods running on a node: only the audit judges it.
+    /// On the pods running on one node, by the audit (`audit/mod.rs`). (The audit also judges
+    /// `device-plugin-without-toolkit` on the pods first: what runs says more than the labels.)
     Pods,
 }
 
@@ -112,8 +100,6 @@ pub struct RuleSpec {
     pub id: &'static str,
     pub kind: Kind,
     pub default: Action,
-    /// What it reads: labels, pods or both.
-    pub reads: Reads,
     /// How much a failure hurts, in the words of a PolicyReport result.
     pub severity: Severity,
     /// What a pass means, in the PolicyReport (only state rules are reported).
@@ -132,7 +118,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "device-plugin-without-toolkit",
         kind: Kind::State,
         default: Action::Deny,
-        reads: Reads::LabelsAndPods,
         severity: Severity::High,
         pass: "the device plugin does not run without the container toolkit",
         summary: "the device plugin would run while the operator-managed container toolkit would not",
@@ -143,7 +128,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "operand-without-toolkit",
         kind: Kind::State,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::Medium,
         pass: "no operand waits for a container toolkit that does not run",
         summary: "GFD, DCGM, DCGM exporter or MIG manager would run without the container toolkit",
@@ -154,7 +138,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "operand-without-validator",
         kind: Kind::State,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::Medium,
         pass: "no operand waits for an operator validator that is labelled off",
         summary: "operator-validator is labelled off while operands that wait for toolkit-ready run",
@@ -165,7 +148,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "operand-without-sandbox-validator",
         kind: Kind::State,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::Medium,
         pass: "no sandbox operand waits for a sandbox validator that is labelled off",
         summary: "sandbox-validator is labelled off while the sandbox or kata device plugin or the vGPU device manager runs",
@@ -176,7 +158,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "device-plugin-on-non-gpu-node",
         kind: Kind::State,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::Low,
         pass: "the device plugin does not run on a node without a GPU label",
         summary: "the device plugin would run on a node with no sign of an NVIDIA GPU",
@@ -187,7 +168,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "unknown-deploy-label",
         kind: Kind::Change,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::Low,
         pass: "no finding",
         summary: "a nvidia.com/gpu.deploy.* key that no operand uses",
@@ -198,7 +178,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "value-not-true",
         kind: Kind::Change,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::Low,
         pass: "no finding",
         summary: "a deploy label set to a value a person probably meant as on (only `true` schedules)",
@@ -209,7 +188,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "operator-will-restore",
         kind: Kind::Change,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::Low,
         pass: "no finding",
         summary: "the GPU Operator's next labelling pass changes a label this request writes: adds it back, sweeps it, or (operands=false) sweeps them all",
@@ -220,7 +198,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "toolkit-switched-off",
         kind: Kind::Policy,
         default: Action::Deny,
-        reads: Reads::Labels,
         severity: Severity::High,
         pass: "no policy change removes the container toolkit where the device plugin runs",
         summary: "a ClusterPolicy change stops deploying the container toolkit on nodes where the device plugin keeps running",
@@ -231,7 +208,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "driver-removed",
         kind: Kind::Policy,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::High,
         pass: "no policy change removes a driver DaemonSet from a node",
         summary: "a ClusterPolicy or NVIDIADriver change leaves nodes without a driver DaemonSet",
@@ -242,7 +218,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "sandbox-relabel",
         kind: Kind::Policy,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::Medium,
         pass: "no sandboxWorkloads change swaps the operands of a node",
         summary: "a sandboxWorkloads change makes the operator swap the operands of nodes",
@@ -253,7 +228,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "nvidia-driver-overlap",
         kind: Kind::Policy,
         default: Action::Deny,
-        reads: Reads::Labels,
         severity: Severity::High,
         pass: "no two NVIDIADriver resources select the same node",
         summary: "an NVIDIADriver selects a node another NVIDIADriver selects",
@@ -264,7 +238,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "cluster-policy-ignored",
         kind: Kind::Policy,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::Low,
         pass: "one ClusterPolicy",
         summary: "a second ClusterPolicy, which the operator ignores",
@@ -275,7 +248,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "device-plugin-switched-off",
         kind: Kind::Policy,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::Medium,
         pass: "no policy change stops the device plugin where it runs",
         summary: "a ClusterPolicy change stops the device plugin on nodes: their GPUs are no longer advertised, new GPU pods stay Pending there",
@@ -286,7 +258,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "driver-selected-twice",
         kind: Kind::Policy,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::High,
         pass: "no node is selected by two driver DaemonSets",
         summary: "driver.useNvidiaDriverCRD true -> false brings the ClusterPolicy's driver DaemonSet back on nodes NVIDIADriver DaemonSets still serve",
@@ -297,7 +268,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "runtime-classes-removed",
         kind: Kind::Policy,
         default: Action::Warn,
-        reads: Reads::Labels,
         severity: Severity::High,
         pass: "no policy change deletes the nvidia RuntimeClasses",
         summary: "cdi.nriPluginEnabled false -> true (v26.3+) deletes the nvidia RuntimeClasses: pods that name runtimeClassName nvidia are then refused",
@@ -308,7 +278,6 @@ pub const RULES: [RuleSpec; 17] = [
         id: "operand-not-running",
         kind: Kind::State,
         default: Action::Deny,
-        reads: Reads::Pods,
         severity: Severity::Medium,
         pass: "every expected operand runs",
         summary: "an operand the DaemonSet controller should run on a node has no Running pod there",
