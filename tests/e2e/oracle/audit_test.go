@@ -169,7 +169,7 @@ func compareAudit(t *testing.T, o *oracle, when string) {
 		names   []string
 		desired map[string]int
 	)
-	framework.WaitFor(t, 60*time.Second, when+": the audit to expect every operand where the DaemonSet controller schedules it", func() (bool, string) {
+	framework.WaitFor(t, catchUp, when+": the audit to expect every operand where the DaemonSet controller schedules it", func() (bool, string) {
 		sets := operatorDaemonSets(t)
 		desired = map[string]int{}
 		names = names[:0]

@@ -102,7 +102,7 @@ func TestPolicyChangesAgreeWithOperator(t *testing.T) {
 		// Before the change, the operator's DaemonSets select the nodes the
 		// guard says each operand runs on now.
 		var now map[string][]string
-		framework.WaitFor(t, 60*time.Second, s.name+": the DaemonSet controller to catch up before the change", func() (bool, string) {
+		framework.WaitFor(t, catchUp, s.name+": the DaemonSet controller to catch up before the change", func() (bool, string) {
 			var pending string
 			now, pending = selectedSettled(t)
 			return pending == "", pending
@@ -118,7 +118,7 @@ func TestPolicyChangesAgreeWithOperator(t *testing.T) {
 		// The DaemonSet controller and the operator's deletions follow the
 		// labels and the ClusterPolicy some time later: compared until they
 		// agree; a real disagreement stays and fails with the last difference.
-		framework.WaitFor(t, 60*time.Second, s.name+": the operator's DaemonSets to select what the guard predicted", func() (bool, string) {
+		framework.WaitFor(t, catchUp, s.name+": the operator's DaemonSets to select what the guard predicted", func() (bool, string) {
 			after, pending := selectedSettled(t)
 			if pending != "" {
 				return false, pending
@@ -150,6 +150,14 @@ func TestPolicyChangesAgreeWithOperator(t *testing.T) {
 		}
 	}
 }
+
+// catchUp bounds the waits for the operator's DaemonSets and the DaemonSet
+// controller to follow a change. Switching sandbox workloads on or off
+// replaces the operands of twenty nodes at once: the controller's pod
+// creations and deletions are throttled on the client side (its default 20
+// requests a second), which took 15-40 s on two busy cores. The waits end as
+// soon as the selections agree; only a real disagreement waits this long.
+const catchUp = 3 * time.Minute
 
 func deref(s *string) string {
 	if s == nil {

@@ -192,12 +192,17 @@ func (o *oracle) settle(t *testing.T) time.Duration {
 	return first
 }
 
-// touch changes the ClusterPolicy's spec (an annotation for the operand
-// pods, which nothing here reads), so its generation grows.
+// touch changes the ClusterPolicy's spec, so its generation grows, in a
+// field no deployed DaemonSet reads: the kata manager's environment (v25.3.4
+// puts it only into the kata manager's own DaemonSet, and the kata manager is
+// off). A field of every operand's pod template (spec.daemonsets.annotations)
+// would roll every operand pod on every node at each touch, three times per
+// settle; on a busy machine the DaemonSet controller's throttled deletions
+// then fall behind the waits of the tests.
 func (o *oracle) touch(t *testing.T) {
 	t.Helper()
 	o.touches++
-	patch := fmt.Sprintf(`{"spec":{"daemonsets":{"annotations":{"gpu-deploy-guard.oracle/touch":"%d"}}}}`, o.touches)
+	patch := fmt.Sprintf(`{"spec":{"kataManager":{"env":[{"name":"GDG_ORACLE_TOUCH","value":"%d"}]}}}`, o.touches)
 	cp.MustKubectl(t, "patch", "clusterpolicy", o.policyName, "--type=merge", "-p", patch)
 }
 
