@@ -4,7 +4,7 @@
 
 use crate::core::config::Config;
 use crate::core::operator::OperatorVersion;
-use crate::core::version::{self, Sourced};
+use crate::core::version::{self, Followed};
 
 /// Why the version is assumed where no cluster is read (`check`, `audit` of files).
 pub const NOT_GIVEN: &str = "no --operator-version given: the newest version the model follows";
@@ -26,7 +26,7 @@ pub struct OperatorVersionArg {
 
 impl OperatorVersionArg {
     /// The version given by the flag or, without it, by the config file; and how it was given.
-    pub fn given(&self, config: &Config) -> Option<Sourced> {
+    pub fn given(&self, config: &Config) -> Option<Followed> {
         version::given(
             self.operator_version.as_ref(),
             config.operator_version.as_ref(),
@@ -37,8 +37,9 @@ impl OperatorVersionArg {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::facts::{ClusterFacts, VersionSource};
+    use crate::core::facts::ClusterFacts;
     use crate::core::operands::Era;
+    use crate::core::version::VersionSource;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -54,11 +55,11 @@ mod tests {
             ..Config::default()
         };
         let flag = Cli::try_parse_from(["x", "--operator-version", "v24.9.2"]).unwrap();
-        let (v, source) = flag.version.given(&config).unwrap();
+        let Followed { version: v, source } = flag.version.given(&config).unwrap();
         assert_eq!((v.text.as_str(), v.era), ("v24.9.2", Era::V24_9));
         assert_eq!(source.describe(), "given by --operator-version");
         let none = Cli::try_parse_from(["x"]).unwrap();
-        let (v, source) = none.version.given(&config).unwrap();
+        let Followed { version: v, source } = none.version.given(&config).unwrap();
         assert_eq!(v.era, Era::V26_3);
         assert_eq!(
             source.describe(),
@@ -84,14 +85,14 @@ mod tests {
     #[test]
     fn a_given_version_replaces_the_assumed_one() {
         let mut facts = ClusterFacts::default();
-        let assumed = (facts.version.clone(), facts.version_source.clone());
-        (facts.version, facts.version_source) = version::resolve(None, assumed.clone());
-        assert!(facts.version_source.assumed().is_some());
-        let given = (
-            OperatorVersion::parse("v24.9.2").unwrap(),
-            VersionSource::Given("--operator-version".into()),
-        );
-        (facts.version, facts.version_source) = version::resolve(Some(given), assumed);
+        let assumed = facts.operator.clone();
+        facts.operator = version::resolve(None, assumed.clone());
+        assert!(facts.operator.source.assumed().is_some());
+        let given = Followed {
+            version: OperatorVersion::parse("v24.9.2").unwrap(),
+            source: VersionSource::Given("--operator-version".into()),
+        };
+        facts.operator = version::resolve(Some(given), assumed);
         assert_eq!(
             facts.annotation(),
             "GPU Operator v24.9.2 given by --operator-version"

@@ -170,7 +170,7 @@ pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
     }
     let mut annotations = BTreeMap::from([(
         OPERATOR_VERSION_ANNOTATION,
-        report.facts.version_described(),
+        report.facts.operator.describe(),
     )]);
     if results.len() > MAX_RESULTS {
         // Stable: failures, then warnings, then passes, each in node and rule order.

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use super::*;
 use crate::audit::output;
 use crate::audit::report::{self, Outcome, Timestamp};
-use crate::core::facts::VersionSource;
 use crate::core::facts::{PolicySource, operator_defaults};
 use crate::core::operator::OperatorVersion;
 use crate::core::rules::Severity;
+use crate::core::version::VersionSource;
 use crate::k8s::daemonset::{custom_selectors, operands_present};
 use crate::k8s::list as files;
 use crate::k8s::read;
@@ -426,8 +426,10 @@ fn the_operator_version_decides_what_is_expected() {
     ];
     let pods = [pod("km", "nvidia-kata-manager", "a", RUNNING)];
     let given = ClusterFacts {
-        version: OperatorVersion::parse("v24.9.2").unwrap(),
-        version_source: VersionSource::Given("--operator-version".into()),
+        operator: crate::core::version::Followed {
+            version: OperatorVersion::parse("v24.9.2").unwrap(),
+            source: VersionSource::Given("--operator-version".into()),
+        },
         ..operator_defaults()
     };
     let r = audit(&nodes, &pods, &given, &Policy::default());

@@ -12,8 +12,9 @@ use crate::audit::apply::apply_report;
 use crate::audit::report::{self, Timestamp};
 use crate::audit::{AuditReport, audit, output};
 use crate::core::config::{Config, ConfigError};
-use crate::core::facts::{PolicySource, assumed_version, operator_defaults};
+use crate::core::facts::{PolicySource, operator_defaults};
 use crate::core::version;
+use crate::core::version::Followed;
 use crate::flags::{NOT_GIVEN, OperatorVersionArg};
 use crate::k8s::api::{self as cluster, ClusterError};
 use crate::k8s::cluster_policy::ClusterPolicyError;
@@ -150,9 +151,9 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         let ds = files::read_daemonsets(path)?;
         learn_daemonsets(&mut facts, &ds);
     }
-    (facts.version, facts.version_source) = version::resolve(
+    facts.operator = version::resolve(
         args.operator_version.given(&config),
-        assumed_version(NOT_GIVEN),
+        Followed::assumed(NOT_GIVEN),
     );
     Ok(audit(&nodes, &pods, &facts, &config.policy))
 }
@@ -168,10 +169,8 @@ async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
     if snap.facts.source.is_unavailable() {
         eprintln!("warning: {}", snap.facts.source.describe());
     }
-    (snap.facts.version, snap.facts.version_source) = version::resolve(
-        args.operator_version.given(&config),
-        (snap.facts.version, snap.facts.version_source),
-    );
+    snap.facts.operator =
+        version::resolve(args.operator_version.given(&config), snap.facts.operator);
     let result = audit(&snap.nodes, &snap.pods, &snap.facts, &config.policy);
     if args.report {
         apply_report(&client, &report::build(&result, now())).await?;

@@ -11,17 +11,17 @@ use std::process::ExitCode;
 use clap::ValueEnum;
 
 use crate::core::config::Config;
-use crate::core::facts::{ClusterFacts, VersionSource, assumed_version, operator_defaults};
+use crate::core::facts::{ClusterFacts, operator_defaults};
 use crate::core::labels::{Change, ChangeError};
 use crate::core::operands::Workload;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet,
 };
-use crate::core::operator::{LabelAction, OperatorVersion, Pass, has_nfd_gpu, labelling_pass};
+use crate::core::operator::{LabelAction, Pass, has_nfd_gpu, labelling_pass};
 use crate::core::policy::{self, Decision, Verdict};
 use crate::core::review::{Operation, Review};
 use crate::core::rules::{self, Finding};
-use crate::core::version;
+use crate::core::version::{self, Followed};
 use crate::flags::{NOT_GIVEN, OperatorVersionArg};
 use crate::k8s::node::NodeFileError;
 use crate::k8s::read;
@@ -85,8 +85,7 @@ pub struct CheckOutcome {
     /// What the GPU Operator's next labelling pass does to the labels after the request.
     pub operator: Pass,
     /// The operator version that pass follows, and where it came from.
-    pub version: OperatorVersion,
-    pub version_source: VersionSource,
+    pub version: Followed,
 }
 
 /// The verdict on the input, ready to print.
@@ -96,10 +95,7 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         None => Config::default(),
     };
     let mut facts = input.facts.clone();
-    (facts.version, facts.version_source) = version::resolve(
-        input.operator_version.given(&config),
-        (facts.version, facts.version_source),
-    );
+    facts.operator = version::resolve(input.operator_version.given(&config), facts.operator);
     let facts = &facts;
     let changes = input
         .changes
@@ -136,7 +132,7 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         unknown_not_copied: 0,
     };
     let verdict = policy::decide(&review, facts, &config.policy);
-    let operator = labelling_pass(&after, facts.version.era, &facts.sandbox);
+    let operator = labelling_pass(&after, facts.operator.era(), &facts.sandbox);
     let swept = operator
         .actions
         .values()
@@ -159,8 +155,7 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         after_labels: after,
         notes,
         operator,
-        version: facts.version.clone(),
-        version_source: facts.version_source.clone(),
+        version: facts.operator.clone(),
     })
 }
 
@@ -228,9 +223,9 @@ impl CheckOutcome {
             audit_annotations: v.audit_annotations().into_iter().collect(),
             notes: &self.notes,
             operator: OperatorOut {
-                version: &self.version.text,
-                era: self.version.era.name(),
-                assumed: self.version_source.assumed(),
+                version: &self.version.version.text,
+                era: self.version.era().name(),
+                assumed: self.version.source.assumed(),
                 workload: self.operator.workload.map(Workload::name),
                 labels: self
                     .operator
@@ -333,8 +328,8 @@ impl CheckOutcome {
         let _ = writeln!(
             out,
             "\nGPU Operator {}{}: its next labelling pass: {}",
-            self.version,
-            match self.version_source.assumed() {
+            self.version.version,
+            match self.version.source.assumed() {
                 Some(why) => format!(" (assumed: {why})"),
                 None => String::new(),
             },
@@ -453,10 +448,8 @@ pub fn run(args: CheckArgs) -> ExitCode {
         },
         None => operator_defaults(),
     };
-    let (version, version_source) = assumed_version(NOT_GIVEN);
     let facts = ClusterFacts {
-        version,
-        version_source,
+        operator: Followed::assumed(NOT_GIVEN),
         ..facts
     };
     let input = CheckInput {

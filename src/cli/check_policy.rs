@@ -12,12 +12,13 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::core::config::Config;
-use crate::core::facts::{ClusterFacts, assumed_version, operator_defaults};
+use crate::core::facts::{ClusterFacts, operator_defaults};
 use crate::core::policy::{Decision, Policy, Verdict};
 use crate::core::policy_change::judge::name_nodes;
 use crate::core::policy_change::{NvidiaDriver, PolicyKind, Shift};
 use crate::core::review::Operation;
 use crate::core::version;
+use crate::core::version::Followed;
 use crate::flags::{NOT_GIVEN, OperatorVersionArg};
 use crate::k8s::daemonset::learn_daemonsets;
 use crate::k8s::fleet::{Fleet, LabelFilter, NodeIndex};
@@ -184,9 +185,9 @@ pub fn check(args: &CheckPolicyArgs) -> Result<(String, u8), CheckPolicyError> {
     if let Some(path) = &args.daemonsets {
         learn_daemonsets(&mut facts, &list::read_daemonsets(path)?);
     }
-    (facts.version, facts.version_source) = version::resolve(
+    facts.operator = version::resolve(
         args.operator_version.given(&config),
-        assumed_version(NOT_GIVEN),
+        Followed::assumed(NOT_GIVEN),
     );
     let nodes = list::read_nodes(&args.nodes)?;
     let fleet = fleet_of(&nodes, &facts);
@@ -345,11 +346,11 @@ fn render(
         let _ = writeln!(out, "  no finding");
     }
     render_shifts(&mut out, shifts);
-    if let Some(why) = facts.version_source.assumed() {
+    if let Some(why) = facts.operator.source.assumed() {
         let _ = writeln!(
             out,
             "note: GPU Operator {} assumed ({why}); --operator-version says which one runs",
-            facts.version.text
+            facts.operator.version.text
         );
     }
     (out, code)

@@ -185,9 +185,9 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
     let client = api::connect().await?;
     let mut snapshot = api::snapshot(&client, &config.operator_namespace).await?;
     // --operator-version, then the config file's, win over the Deployment's, as in `serve`.
-    (snapshot.facts.version, snapshot.facts.version_source) = version::resolve(
+    snapshot.facts.operator = version::resolve(
         args.operator_version.given(&config),
-        (snapshot.facts.version, snapshot.facts.version_source),
+        snapshot.facts.operator,
     );
     let chosen: Vec<&NodeView> = match &selection {
         Selection::All => snapshot.nodes.iter().collect(),
@@ -250,8 +250,8 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
     if snapshot.facts.source.is_unavailable() {
         let _ = writeln!(out, "note: {}", snapshot.facts.source.describe());
     }
-    if snapshot.facts.version_source.assumed().is_some() {
-        let _ = writeln!(out, "note: {}", snapshot.facts.version_described());
+    if snapshot.facts.operator.source.assumed().is_some() {
+        let _ = writeln!(out, "note: {}", snapshot.facts.operator.describe());
     }
     if let Some(note) = identity_note {
         let _ = writeln!(out, "note: {note}");

@@ -173,9 +173,9 @@ pub async fn preview(args: &PolicyArgs) -> Result<(String, u8), PolicyError> {
         .map(|m| m.keys().cloned().collect())
         .unwrap_or_default();
     let mut snapshot = api::snapshot_keeping(&client, &config.operator_namespace, &extra).await?;
-    (snapshot.facts.version, snapshot.facts.version_source) = version::resolve(
+    snapshot.facts.operator = version::resolve(
         args.operator_version.given(&config),
-        (snapshot.facts.version, snapshot.facts.version_source),
+        snapshot.facts.operator,
     );
     let fleet = fleet_of(&snapshot.nodes, &snapshot.facts);
     let change = ObjectChange {

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use crate::core::operands::{Labels, OPERANDS, Operand, OperandSet, not_deployed};
-use crate::core::operator::{OperatorVersion, Sandbox};
+use crate::core::operator::Sandbox;
+use crate::core::version::Followed;
 
 /// What is known about the cluster beyond the node itself, and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,14 +34,10 @@ pub struct ClusterFacts {
     pub nri_plugin: bool,
     /// The NVIDIADriver resources, when they were listed.
     pub nvidia_drivers: Option<Vec<crate::core::policy_change::NvidiaDriver>>,
-    /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras).
-    pub version: OperatorVersion,
-    /// Where [`version`](Self::version) came from, or why it is assumed.
-    pub version_source: VersionSource,
+    /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras), and
+    /// where it came from or why it is assumed.
+    pub operator: Followed,
 }
-
-/// Why the version is assumed when nothing gave one.
-pub const NO_VERSION: &str = "no GPU Operator version given or found";
 
 impl Default for ClusterFacts {
     fn default() -> Self {
@@ -54,58 +51,9 @@ impl Default for ClusterFacts {
             driver_crd: false,
             nri_plugin: false,
             nvidia_drivers: None,
-            version: OperatorVersion::newest(),
-            version_source: VersionSource::Assumed(NO_VERSION.to_owned()),
+            operator: Followed::default(),
         }
     }
-}
-
-/// Where the GPU Operator version came from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum VersionSource {
-    /// Given by the user: how (`--operator-version`, the config file's `operatorVersion`).
-    Given(String),
-    /// The image tag of the operator's Deployment, named `<namespace>/<name>`.
-    Deployment(String),
-    /// Nothing gave or showed one: the newest modelled version, for this reason.
-    Assumed(String),
-}
-
-impl VersionSource {
-    /// In one word: `given`, `deployment` or `assumed`.
-    pub fn state(&self) -> &'static str {
-        match self {
-            VersionSource::Given(_) => "given",
-            VersionSource::Deployment(_) => "deployment",
-            VersionSource::Assumed(_) => "assumed",
-        }
-    }
-
-    /// How the version was learnt, after the version: `given by --operator-version`,
-    /// `assumed (why)`.
-    pub fn describe(&self) -> String {
-        match self {
-            VersionSource::Given(how) => format!("given by {how}"),
-            VersionSource::Deployment(name) => format!("read from Deployment {name}"),
-            VersionSource::Assumed(why) => format!("assumed ({why})"),
-        }
-    }
-
-    /// Why the version is assumed, if it is.
-    pub fn assumed(&self) -> Option<&str> {
-        match self {
-            VersionSource::Assumed(why) => Some(why),
-            _ => None,
-        }
-    }
-}
-
-/// The newest modelled version, assumed for this reason.
-pub fn assumed_version(why: impl Into<String>) -> (OperatorVersion, VersionSource) {
-    (
-        OperatorVersion::newest(),
-        VersionSource::Assumed(why.into()),
-    )
 }
 
 /// The ClusterPolicy field that turns sandbox workloads (and so the sandbox operands) on.
@@ -144,7 +92,7 @@ impl ClusterFacts {
     /// `controllers/state_manager.go`; the rows' eras and modes, [`not_deployed`]).
     pub fn off(&self) -> OperandSet {
         self.disabled
-            .union(not_deployed(self.version.era, self.sandbox.mode))
+            .union(not_deployed(self.operator.era(), self.sandbox.mode))
     }
 
     /// Evidence beats defaults: when the ClusterPolicy is unknown (its switches are the
@@ -164,21 +112,11 @@ impl ClusterFacts {
         }
     }
 
-    /// The operator version and where it came from, in one phrase: `GPU Operator v25.3.4 read
-    /// from Deployment gpu-operator/gpu-operator`, `GPU Operator v26.7 assumed (why)`.
-    pub fn version_described(&self) -> String {
-        format!(
-            "GPU Operator {} {}",
-            self.version.text,
-            self.version_source.describe()
-        )
-    }
-
     /// The `cluster-facts` audit annotation: what the decision assumed instead of read (the
     /// ClusterPolicy's switches), then which operator version it followed and where that came
     /// from.
     pub fn annotation(&self) -> String {
-        let version = self.version_described();
+        let version = self.operator.describe();
         match self.assumed() {
             None => version,
             Some(a) => format!("{a}; {version}"),

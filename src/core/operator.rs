@@ -23,8 +23,8 @@ const VGPU_HOST_DRIVER: &str = "nvidia.com/vgpu.host-driver-version";
 /// the decision, and so the webhook, must keep them (`policy::reads_label`).
 pub const PASS_READS: [&str; 4] = [WORKLOAD, MIG_CAPABLE, PRODUCT, VGPU_HOST_DRIVER];
 
-/// The operator version a decision follows (where it came from is
-/// [`VersionSource`](crate::core::facts::VersionSource)).
+/// An operator version (the one a decision follows, with where it came from, is
+/// [`Followed`](crate::core::version::Followed)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OperatorVersion {
     pub era: Era,

@@ -331,8 +331,8 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
                 let now = policy::simulate(labels, after);
                 (now, now, labels.clone())
             } else {
-                let old = labelling_pass(labels, before.version.era, &before.sandbox).labels;
-                let new = labelling_pass(labels, after.version.era, &after.sandbox).labels;
+                let old = labelling_pass(labels, before.operator.era(), &before.sandbox).labels;
+                let new = labelling_pass(labels, after.operator.era(), &after.sandbox).labels;
                 (
                     policy::simulate(&old, before),
                     policy::simulate(&new, after),
@@ -344,7 +344,7 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             // From v26.7 the hand-over to NVIDIADriver resources leaves the ClusterPolicy's
             // driver pods running, orphaned, until the NVIDIADriver upgrade replaces them.
             let orphaned = |labels: &Labels| {
-                before.version.era >= Era::V26_7
+                before.operator.era() >= Era::V26_7
                     && !before.driver_crd
                     && policy::simulate(labels, before).contains(Operand::Driver)
             };
@@ -378,7 +378,7 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             let before_here = before.is_some_and(|d| d.selects(labels));
             // Before v26.3 a pool the new selector drops keeps its DaemonSet running
             // (`docs/gpu-operator.md` §11.4); a deleted resource's DaemonSets always go.
-            let kept = after.is_some() && before_here && facts.version.era < Era::V26_3;
+            let kept = after.is_some() && before_here && facts.operator.era() < Era::V26_3;
             Outcome {
                 group,
                 driver_before: by_others || before_here,

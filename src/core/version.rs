@@ -1,41 +1,114 @@
 //! Which GPU Operator version a decision follows, decided in one place: a version given by the
 //! user (`--operator-version`, then the config file's `operatorVersion`) wins over the one the
 //! cluster shows (the image tag of the operator's Deployment); where no cluster is read, or it
-//! shows none, the newest modelled version is assumed, with the reason
-//! ([`assumed_version`](crate::core::facts::assumed_version)).
+//! shows none, the newest modelled version is assumed, with the reason ([`Followed::assumed`]).
 
-use crate::core::facts::VersionSource;
+use crate::core::operands::Era;
 use crate::core::operator::OperatorVersion;
 
-/// A version and where it came from.
-pub type Sourced = (OperatorVersion, VersionSource);
+/// The GPU Operator version a decision follows, and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Followed {
+    pub version: OperatorVersion,
+    pub source: VersionSource,
+}
+
+/// Where the GPU Operator version came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VersionSource {
+    /// Given by the user: how (`--operator-version`, the config file's `operatorVersion`).
+    Given(String),
+    /// The image tag of the operator's Deployment, named `<namespace>/<name>`.
+    Deployment(String),
+    /// Nothing gave or showed one: the newest modelled version, for this reason.
+    Assumed(String),
+}
+
+/// Why the version is assumed when nothing gave one.
+pub const NO_VERSION: &str = "no GPU Operator version given or found";
+
+impl Followed {
+    /// The newest modelled version, assumed for this reason.
+    pub fn assumed(why: impl Into<String>) -> Followed {
+        Followed {
+            version: OperatorVersion::newest(),
+            source: VersionSource::Assumed(why.into()),
+        }
+    }
+
+    /// The model's era of the version.
+    pub fn era(&self) -> Era {
+        self.version.era
+    }
+
+    /// The version and where it came from, in one phrase: `GPU Operator v25.3.4 read from
+    /// Deployment gpu-operator/gpu-operator`, `GPU Operator v26.7 assumed (why)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "GPU Operator {} {}",
+            self.version.text,
+            self.source.describe()
+        )
+    }
+}
+
+impl Default for Followed {
+    fn default() -> Self {
+        Followed::assumed(NO_VERSION)
+    }
+}
+
+impl VersionSource {
+    /// In one word: `given`, `deployment` or `assumed`.
+    pub fn state(&self) -> &'static str {
+        match self {
+            VersionSource::Given(_) => "given",
+            VersionSource::Deployment(_) => "deployment",
+            VersionSource::Assumed(_) => "assumed",
+        }
+    }
+
+    /// How the version was learnt, after the version: `given by --operator-version`,
+    /// `assumed (why)`.
+    pub fn describe(&self) -> String {
+        match self {
+            VersionSource::Given(how) => format!("given by {how}"),
+            VersionSource::Deployment(name) => format!("read from Deployment {name}"),
+            VersionSource::Assumed(why) => format!("assumed ({why})"),
+        }
+    }
+
+    /// Why the version is assumed, if it is.
+    pub fn assumed(&self) -> Option<&str> {
+        match self {
+            VersionSource::Assumed(why) => Some(why),
+            _ => None,
+        }
+    }
+}
 
 /// The version the user gave, if any: the flag wins over the config file.
-pub fn given(flag: Option<&OperatorVersion>, config: Option<&OperatorVersion>) -> Option<Sourced> {
-    match (flag, config) {
-        (Some(v), _) => Some((
-            v.clone(),
-            VersionSource::Given("--operator-version".to_owned()),
-        )),
-        (None, Some(v)) => Some((
-            v.clone(),
-            VersionSource::Given("the config file's operatorVersion".to_owned()),
-        )),
-        (None, None) => None,
-    }
+pub fn given(flag: Option<&OperatorVersion>, config: Option<&OperatorVersion>) -> Option<Followed> {
+    let (version, how) = match (flag, config) {
+        (Some(v), _) => (v, "--operator-version"),
+        (None, Some(v)) => (v, "the config file's operatorVersion"),
+        (None, None) => return None,
+    };
+    Some(Followed {
+        version: version.clone(),
+        source: VersionSource::Given(how.to_owned()),
+    })
 }
 
 /// The version to follow: the given one, else what the cluster shows (or the assumption made
 /// for want of a cluster).
-pub fn resolve(given: Option<Sourced>, cluster: Sourced) -> Sourced {
+pub fn resolve(given: Option<Followed>, cluster: Followed) -> Followed {
     given.unwrap_or(cluster)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::facts::assumed_version;
-    use crate::core::operands::Era;
 
     fn v(text: &str) -> OperatorVersion {
         OperatorVersion::parse(text).unwrap()
@@ -43,23 +116,23 @@ mod tests {
 
     #[test]
     fn the_flag_wins_over_the_config_file_which_wins_over_the_cluster() {
-        let deployment = (
-            v("v25.3.4"),
-            VersionSource::Deployment("gpu-operator/gpu-operator".into()),
-        );
+        let deployment = Followed {
+            version: v("v25.3.4"),
+            source: VersionSource::Deployment("gpu-operator/gpu-operator".into()),
+        };
         let flag = given(Some(&v("v24.9.2")), Some(&v("v26.3.0")));
-        let (version, source) = resolve(flag, deployment.clone());
-        assert_eq!(version.era, Era::V24_9);
-        assert_eq!(source.describe(), "given by --operator-version");
+        let followed = resolve(flag, deployment.clone());
+        assert_eq!(followed.era(), Era::V24_9);
+        assert_eq!(followed.source.describe(), "given by --operator-version");
         let config = given(None, Some(&v("v26.3.0")));
-        let (version, source) = resolve(config, deployment.clone());
-        assert_eq!(version.era, Era::V26_3);
+        let followed = resolve(config, deployment.clone());
+        assert_eq!(followed.era(), Era::V26_3);
         assert_eq!(
-            source.describe(),
+            followed.source.describe(),
             "given by the config file's operatorVersion"
         );
         assert_eq!(resolve(given(None, None), deployment.clone()), deployment);
-        let assumed = assumed_version("not watched");
+        let assumed = Followed::assumed("not watched");
         assert_eq!(resolve(None, assumed.clone()), assumed);
     }
 }

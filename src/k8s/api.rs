@@ -204,7 +204,7 @@ pub async fn snapshot_keeping(
     let mut facts = cluster_from(policies.as_deref().map_err(Clone::clone), Some(&ds_refs));
     let deployment_refs: Result<Vec<&DeploymentView>, &Unread> =
         deployments.as_ref().map(|list| list.iter().collect());
-    (facts.version, facts.version_source) =
+    facts.operator =
         deployment::operator_version(namespace, deployment_refs.as_deref().map_err(|e| *e));
 
     // The NVIDIADriver resources: unreadable (no CRD, no RBAC) is not an error here.

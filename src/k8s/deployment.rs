@@ -14,8 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use super::meta::{PartialMeta, WorkloadSpec};
-use crate::core::facts::{VersionSource, assumed_version};
 use crate::core::operator::OperatorVersion;
+use crate::core::version::{Followed, VersionSource};
 
 /// The operator's name: its Deployment's, its container's and its image's.
 pub const OPERATOR: &str = "gpu-operator";
@@ -186,8 +186,8 @@ pub enum Unread {
 pub fn operator_version(
     namespace: &str,
     deployments: Result<&[&DeploymentView], &Unread>,
-) -> (OperatorVersion, VersionSource) {
-    let assumed = assumed_version;
+) -> Followed {
+    let assumed = Followed::assumed;
     let list = match deployments {
         Ok(list) => list,
         Err(Unread::NotYet) => {
@@ -226,7 +226,10 @@ pub fn operator_version(
         None => Err(format!("it has no {OPERATOR} container")),
     };
     match image {
-        Ok(version) => (version, VersionSource::Deployment(name)),
+        Ok(version) => Followed {
+            version,
+            source: VersionSource::Deployment(name),
+        },
         Err(why) => assumed(format!("Deployment {name}: {why}")),
     }
 }
@@ -373,7 +376,7 @@ mod tests {
             "spec": {"template": {"metadata": {"labels": {"app.kubernetes.io/name": "node-feature-discovery"}},
                 "spec": {"containers": [{"name": "master", "image": "registry.k8s.io/nfd/node-feature-discovery:v0.17.2"}]}}}
         }));
-        let (v, source) = operator_version("gpu-operator", Ok(&[&nfd, &d]));
+        let Followed { version: v, source } = operator_version("gpu-operator", Ok(&[&nfd, &d]));
         assert_eq!((v.text.as_str(), v.era), ("v24.9.2", Era::V24_9));
         assert_eq!(
             source,
@@ -388,7 +391,7 @@ mod tests {
                     {"name": "proxy", "image": "quay.io/proxy:v1.2.3"},
                     {"name": "gpu-operator", "image": "nvcr.io/nvidia/gpu-operator:v26.3.1"}]}}}
         }));
-        let (v, source) = operator_version("nvidia-gpu-operator", Ok(&[&olm]));
+        let Followed { version: v, source } = operator_version("nvidia-gpu-operator", Ok(&[&olm]));
         assert_eq!((v.text.as_str(), v.era), ("v26.3.1", Era::V26_3));
         assert_eq!(
             source.describe(),
@@ -399,7 +402,7 @@ mod tests {
     #[test]
     fn without_a_readable_version_the_newest_is_assumed_and_the_reason_given() {
         let why = |r: Result<&[&DeploymentView], &Unread>| {
-            let (v, source) = operator_version("gpu-operator", r);
+            let Followed { version: v, source } = operator_version("gpu-operator", r);
             assert_eq!(v.era, Era::NEWEST);
             source.assumed().unwrap().to_owned()
         };

@@ -15,8 +15,8 @@ use super::readiness::Readiness;
 use super::server::{self, ServerArgs};
 use super::watch::{ClusterArgs, WatchConfig, elect, watch_cluster};
 use crate::core::config::Config;
-use crate::core::facts::{ClusterFacts, PolicySource, assumed_version, operator_defaults};
-use crate::core::version::{self, Sourced};
+use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
+use crate::core::version::{self, Followed};
 use crate::flags::OperatorVersionArg;
 use crate::k8s::deployment::{self, Unread};
 use crate::k8s::fleet::Fleet;
@@ -94,10 +94,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     let given = operator_version.given(&config);
     let mut facts = operator_defaults();
-    (facts.version, facts.version_source) = version::resolve(
+    facts.operator = version::resolve(
         given.clone(),
         if cluster.no_cluster_watch {
-            assumed_version(NOT_WATCHED)
+            Followed::assumed(NOT_WATCHED)
         } else {
             deployment::operator_version(&config.operator_namespace, Err(&Unread::NotYet))
         },
@@ -124,7 +124,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             tracing::info!(
                 "cluster watch off: deciding with the GPU Operator's default operand switches"
             );
-            tracing::info!("{}", facts_tx.borrow().version_described());
+            tracing::info!("{}", facts_tx.borrow().operator.describe());
             None
         } else {
             start_cluster_watch(
@@ -170,9 +170,9 @@ async fn publish_operator_version(
         {
             let f = facts.borrow_and_update();
             metrics.set_operator_version(
-                &f.version.text,
-                f.version.era.name(),
-                f.version_source.state(),
+                &f.operator.version.text,
+                f.operator.era().name(),
+                f.operator.source.state(),
             );
         }
         if facts.changed().await.is_err() {
@@ -185,7 +185,7 @@ async fn publish_operator_version(
 /// cluster access the webhook still serves, on the operator's defaults, and says so.
 async fn start_cluster_watch(
     config: &Config,
-    operator_version: Option<Sourced>,
+    operator_version: Option<Followed>,
     cluster: &ClusterArgs,
     facts_tx: tokio::sync::watch::Sender<Arc<ClusterFacts>>,
     fleet: Arc<Fleet>,
@@ -198,9 +198,9 @@ async fn start_cluster_watch(
             tracing::warn!(%error, "cannot reach the cluster: deciding with the GPU Operator's default operand switches");
             let mut facts = operator_defaults();
             facts.source = PolicySource::NoAccess(error.to_string());
-            (facts.version, facts.version_source) = version::resolve(
+            facts.operator = version::resolve(
                 operator_version,
-                assumed_version("the cluster cannot be reached"),
+                Followed::assumed("the cluster cannot be reached"),
             );
             let _ = facts_tx.send(Arc::new(facts));
             return None;

@@ -45,7 +45,7 @@ use crate::audit::metrics::AuditMetrics;
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::policy::Policy;
 use crate::core::policy_change::NvidiaDriver;
-use crate::core::version::{self, Sourced};
+use crate::core::version::{self, Followed};
 use crate::k8s::api::{
     cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,
 };
@@ -102,7 +102,7 @@ pub struct WatchConfig {
     pub report: bool,
     /// The operator version given (flag or config file), and how; `None`: read it from the
     /// operator's Deployment.
-    pub operator_version: Option<Sourced>,
+    pub operator_version: Option<Followed>,
     /// Objects per page of the nodes' and pods' lists: one page is held whole in memory while
     /// it is read, so this bounds the lists' cost whatever the size of the fleet.
     pub page_size: u32,
@@ -458,7 +458,7 @@ impl Publisher<'_> {
         let deadline = Instant::now() + config.sync_timeout;
         let mut on_synced = Some(on_synced);
         let mut logged_source: Option<PolicySource> = None;
-        let mut logged_version: Option<Sourced> = None;
+        let mut logged_version: Option<Followed> = None;
         loop {
             tokio::select! {
                 received = dirty.recv() => if received.is_none() { return },
@@ -496,15 +496,15 @@ impl Publisher<'_> {
                     .set_cluster_policy_available(matches!(facts.source, PolicySource::Found(_)));
                 logged_source = Some(facts.source.clone());
             }
-            let version = (facts.version.clone(), facts.version_source.clone());
+            let version = facts.operator.clone();
             if deployments_health.settled() && logged_version.as_ref() != Some(&version) {
-                if facts.version_source.assumed().is_some() {
-                    tracing::warn!("{}", facts.version_described());
+                if facts.operator.source.assumed().is_some() {
+                    tracing::warn!("{}", facts.operator.describe());
                 } else {
                     tracing::info!(
-                        era = facts.version.era.name(),
+                        era = facts.operator.era().name(),
                         "{}",
-                        facts.version_described()
+                        facts.operator.describe()
                     );
                 }
                 logged_version = Some(version);
@@ -648,7 +648,7 @@ fn current_facts(
         Health::Unavailable(Unavailable::NotFound) => Err(&Unread::NotFound),
         Health::Unavailable(Unavailable::Forbidden) => Err(&Unread::Forbidden),
     };
-    (facts.version, facts.version_source) = version::resolve(
+    facts.operator = version::resolve(
         config.operator_version.clone(),
         deployment::operator_version(&config.namespace, listed),
     );
@@ -695,8 +695,8 @@ fn log_source(facts: &ClusterFacts) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::facts::VersionSource;
     use crate::core::operator::OperatorVersion;
+    use crate::core::version::VersionSource;
     use kube::core::Status as ApiStatus;
 
     fn api(code: u16, reason: &str) -> kube::Error {
@@ -775,14 +775,13 @@ mod tests {
         );
         let switches = ClusterFacts {
             source: PolicySource::NotGiven,
-            version: crate::core::facts::operator_defaults().version,
-            version_source: crate::core::facts::operator_defaults().version_source,
+            operator: crate::core::facts::operator_defaults().operator,
             ..c.clone()
         };
         assert_eq!(switches, crate::core::facts::operator_defaults());
         assert_eq!(c.daemonsets, None);
         assert_eq!(
-            c.version_source.assumed(),
+            c.operator.source.assumed(),
             Some("deployments in namespace gpu-operator not read yet")
         );
         let c = current_facts(
@@ -826,7 +825,7 @@ mod tests {
             )
         };
         let c = facts(&config, Health::Synced);
-        assert_eq!(c.version.era, crate::core::operands::Era::V24_9);
+        assert_eq!(c.operator.era(), crate::core::operands::Era::V24_9);
         assert_eq!(
             c.annotation(),
             "ClusterPolicy unavailable (no ClusterPolicy object exists): the GPU Operator's \
@@ -835,21 +834,21 @@ mod tests {
         );
         // RBAC forbids the Deployments: the newest era, assumed, and why.
         let c = facts(&config, Health::Unavailable(Unavailable::Forbidden));
-        assert_eq!(c.version.era, crate::core::operands::Era::NEWEST);
-        assert!(c.version_source.assumed().is_some());
+        assert_eq!(c.operator.era(), crate::core::operands::Era::NEWEST);
+        assert!(c.operator.source.assumed().is_some());
         assert_eq!(
-            c.version_described(),
+            c.operator.describe(),
             "GPU Operator v26.7 assumed (deployments in namespace gpu-operator are forbidden)"
         );
         // A given version wins over the Deployment's.
-        config.operator_version = Some((
-            OperatorVersion::parse("v26.3.0").unwrap(),
-            VersionSource::Given("--operator-version".into()),
-        ));
+        config.operator_version = Some(Followed {
+            version: OperatorVersion::parse("v26.3.0").unwrap(),
+            source: VersionSource::Given("--operator-version".into()),
+        });
         let c = facts(&config, Health::Synced);
-        assert_eq!(c.version.era, crate::core::operands::Era::V26_3);
+        assert_eq!(c.operator.era(), crate::core::operands::Era::V26_3);
         assert_eq!(
-            c.version_described(),
+            c.operator.describe(),
             "GPU Operator v26.3.0 given by --operator-version"
         );
     }

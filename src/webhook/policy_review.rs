@@ -216,8 +216,7 @@ fn with_policy(cluster: &ClusterFacts, object: &Value) -> Result<ClusterFacts, B
         selectors: cluster.selectors.clone(),
         daemonsets: cluster.daemonsets,
         nvidia_drivers: cluster.nvidia_drivers.clone(),
-        version: cluster.version.clone(),
-        version_source: cluster.version_source.clone(),
+        operator: cluster.operator.clone(),
         source: PolicySource::Found(p.name),
         ..p.facts
     })

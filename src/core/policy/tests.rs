@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::core::facts::{PolicySource, VersionSource};
+use crate::core::facts::PolicySource;
 use crate::core::operands::OPERANDS_KEY;
 use crate::core::operator::OperatorVersion;
+use crate::core::version::VersionSource;
 
 const P: &str = "nvidia.com/gpu.deploy.";
 
@@ -1042,8 +1043,10 @@ fn audit_annotations_name_the_decision_and_the_operand_changes() {
     // A known version (and ClusterPolicy) leaves nothing assumed: the annotation says only
     // where the version came from.
     let facts = ClusterFacts {
-        version: OperatorVersion::parse("v25.3.4").unwrap(),
-        version_source: VersionSource::Deployment("gpu-operator/gpu-operator".into()),
+        operator: crate::core::version::Followed {
+            version: OperatorVersion::parse("v25.3.4").unwrap(),
+            source: VersionSource::Deployment("gpu-operator/gpu-operator".into()),
+        },
         source: PolicySource::Found("cluster-policy".into()),
         ..ClusterFacts::default()
     };
@@ -1404,8 +1407,10 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
 
 fn facts_for(version: &str, sandbox: crate::core::operator::Sandbox) -> ClusterFacts {
     let mut facts = ClusterFacts {
-        version: OperatorVersion::parse(version).unwrap(),
-        version_source: VersionSource::Given("--operator-version".into()),
+        operator: crate::core::version::Followed {
+            version: OperatorVersion::parse(version).unwrap(),
+            source: VersionSource::Given("--operator-version".into()),
+        },
         sandbox,
         source: PolicySource::Found("cluster-policy".into()),
         ..ClusterFacts::default()

@@ -185,7 +185,7 @@ fn driver_selected_twice(
     }
     let resources =
         crate::core::echo::echo(&serving.into_iter().collect::<Vec<_>>().join(", ")).into_owned();
-    let kept = if after.version.era >= Era::V26_3 {
+    let kept = if after.operator.era() >= Era::V26_3 {
         "the operator sets them disabled and leaves their DaemonSets"
     } else {
         "this operator version goes on reconciling them"
@@ -214,7 +214,7 @@ fn runtime_classes_removed(
     outcomes: &[Outcome<'_, '_>],
     out: &mut Vec<Found>,
 ) {
-    if after.version.era < Era::V26_3 || before.nri_plugin || !after.nri_plugin {
+    if after.operator.era() < Era::V26_3 || before.nri_plugin || !after.nri_plugin {
         return;
     }
     let toolkit = outcomes
@@ -373,7 +373,7 @@ fn overlap(
         // From v26.7 a default NVIDIADriver takes the nodes no other one claims: sharing a node
         // with a non-default one is the design, not a conflict (`AssignOwners`). Two defaults
         // conflict, as two non-defaults do.
-        if facts.version.era >= Era::V26_7 && this.default != other.default {
+        if facts.operator.era() >= Era::V26_7 && this.default != other.default {
             continue;
         }
         let shared = outcomes

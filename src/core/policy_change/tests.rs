@@ -57,7 +57,7 @@ fn gpu_labels_with(key: &str, value: &str) -> Labels {
 
 /// Sets the facts' operator version.
 fn at(version: &str) -> impl Fn(&mut ClusterFacts) + Copy + '_ {
-    move |f| f.version = crate::core::operator::OperatorVersion::parse(version).unwrap()
+    move |f| f.operator.version = crate::core::operator::OperatorVersion::parse(version).unwrap()
 }
 
 fn switched(f: impl FnOnce(&mut ClusterFacts)) -> ClusterFacts {

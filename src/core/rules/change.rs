@@ -141,7 +141,7 @@ impl Ctx<'_, '_> {
         };
         let labels = self.review.labels;
         let facts = self.facts;
-        let version = &facts.version.text;
+        let version = &facts.operator.version.text;
         // Judged as the operator sees a node NFD has labelled: a node with gpu.present=true
         // and no NFD label is flipped and swept by the operator (`check` shows that pass as
         // it is), but that is NFD's absence, not this request's doing. Nodes without any GPU
@@ -153,7 +153,7 @@ impl Ctx<'_, '_> {
         if self.changes.is_empty() {
             return;
         }
-        let plan = Plan::new(labels, true, facts.version.era, &facts.sandbox);
+        let plan = Plan::new(labels, true, facts.operator.era(), &facts.sandbox);
         let node = self.node();
         let was_off = old.get(OPERANDS_KEY).is_some_and(|v| v == "false");
         if plan.operands_disabled {
