@@ -340,11 +340,14 @@ impl CheckOutcome {
             }
         );
         out.push('\n');
+        let passed = policy::starts_pass(self.before_labels.as_ref(), &self.after_labels)
+            .then_some(&self.operator.labels);
         out.push_str(&operand_table(
             v.before,
             v.after,
             self.before_labels.as_ref(),
             &self.after_labels,
+            passed,
         ));
         out
     }
@@ -352,15 +355,26 @@ impl CheckOutcome {
 
 /// The operands the DaemonSet controller runs before and after, for every operand that runs in
 /// either state or whose label is on the node, plus those always shown (the operand table's
-/// `always shown` column).
+/// `always shown` column). `passed`: the labels the operator's pass leaves when the request
+/// starts one on the same update (what `after` was judged on); a label it changes is shown with
+/// the value it gets.
 fn operand_table(
     before: OperandSet,
     after: OperandSet,
     old: Option<&Labels>,
     new: &Labels,
+    passed: Option<&Labels>,
 ) -> String {
-    let has_label =
-        |op: Operand| new.contains_key(op.key()) || old.is_some_and(|o| o.contains_key(op.key()));
+    let has_label = |op: Operand| {
+        new.contains_key(op.key())
+            || old.is_some_and(|o| o.contains_key(op.key()))
+            || passed.is_some_and(|p| p.contains_key(op.key()))
+    };
+    let shown = |labels: &Labels, op: Operand| {
+        labels
+            .get(op.key())
+            .map_or_else(|| "(none)".to_owned(), |v| format!("{v:?}"))
+    };
     let mut out = format!(
         "{:<28} {:<8} {:<8} {}\n",
         "operand", "before", "after", "label after"
@@ -370,9 +384,10 @@ fn operand_table(
             continue;
         }
         let runs = |set: OperandSet| if set.contains(op) { "runs" } else { "-" };
-        let label = new
-            .get(op.key())
-            .map_or_else(|| "(none)".to_owned(), |v| format!("{v:?}"));
+        let mut label = shown(new, op);
+        if let Some(p) = passed.filter(|p| p.get(op.key()) != new.get(op.key())) {
+            label = format!("{label}, then {} by the operator's pass", shown(p, op));
+        }
         let marker = if before.contains(op) != after.contains(op) {
             "  <- changes"
         } else {

@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_KERNEL_KEY, NFD_NVIDIA_PCI_KEYS, NFD_OS_KEYS,
-    Operand, OperandSet, changed_deploy_labels,
+    OPERANDS_KEY, Operand, OperandSet, changed_deploy_labels,
 };
-use crate::core::operator::{PASS_READS, after_pauses};
+use crate::core::operator::{LabelAction, PASS_READS, after_pauses, labelling_pass};
 use crate::core::review::{Operation, Review};
 use crate::core::rules::Ctx;
 use crate::core::rules::{Action, Change, Finding, Found, Kind, RULES, Rule};
@@ -226,10 +226,20 @@ fn selects(labels: &Labels, op: Operand, facts: &ClusterFacts) -> bool {
 
 /// Decide one request.
 pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Verdict {
-    let after = simulate(review.labels, facts);
+    let requested = simulate(review.labels, facts);
     let before = review
         .old_labels
         .map_or(OperandSet::EMPTY, |old| simulate(old, facts));
+    // The state rules judge what the node will run: after the operator's pass when this very
+    // update starts one, else the labels as the request leaves them.
+    let passed = pass_on_this_update(review, facts);
+    let judged = passed.as_ref().map(|p| Review {
+        labels: &p.labels,
+        ..*review
+    });
+    let after = judged
+        .as_ref()
+        .map_or(requested, |r| simulate(r.labels, facts));
 
     let mut findings = Vec::new();
     if matches!(review.operation, Operation::Create | Operation::Update) {
@@ -238,11 +248,23 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
             review,
             facts,
             before,
-            after,
+            after: requested,
             assessing: false,
             changes: &changes,
         };
-        let mut found = state_findings(review, facts, before, after, false);
+        let mut found = state_findings(
+            judged.as_ref().unwrap_or(review),
+            facts,
+            before,
+            after,
+            false,
+        );
+        if let Some(p) = &passed {
+            for f in &mut found {
+                f.message = format!("{} ({})", f.message, p.why);
+                f.warning = format!("{} after the operator's pass", f.warning);
+            }
+        }
         ctx.run(Kind::Change, &mut found);
         findings = act(found, policy, review.operation);
     }
@@ -255,6 +277,59 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         after,
         facts.annotation(),
     )
+}
+
+/// The labels the GPU Operator's labelling pass leaves when the request itself starts one, and
+/// why it does.
+struct SameUpdatePass {
+    labels: Labels,
+    why: String,
+}
+
+fn operands_disabled(labels: &Labels) -> bool {
+    labels.get(OPERANDS_KEY).is_some_and(|v| v == "false")
+}
+
+/// Whether an update from `old` to `new` starts the operator's labelling pass on that same
+/// update, so the node is judged on what the pass leaves ([`pass_on_this_update`]).
+pub fn starts_pass(old: Option<&Labels>, new: &Labels) -> bool {
+    old.is_some_and(|old| operands_disabled(old) != operands_disabled(new))
+}
+
+/// Setting or removing `operands=false` (`hasOperandsDisabled` flipping) is a node update the
+/// operator answers with a labelling pass at once (`addWatchNewGPUNode` to v26.3,
+/// `getNodeLabelUpdateReasons` in v26.7; `docs/gpu-operator.md` §5): what the request writes
+/// lasts only until that pass has deleted (set) or added back (removed) the deploy labels, so
+/// the node is judged on what the pass leaves. `None` when the request starts no such pass.
+fn pass_on_this_update(review: &Review<'_>, facts: &ClusterFacts) -> Option<SameUpdatePass> {
+    if !starts_pass(review.old_labels, review.labels) {
+        return None;
+    }
+    let is = operands_disabled(review.labels);
+    let pass = labelling_pass(review.labels, facts.operator.era(), &facts.sandbox);
+    if pass.labels == *review.labels {
+        return None;
+    }
+    let what = if is {
+        format!("this request sets {OPERANDS_KEY}=false")
+    } else {
+        format!("this request removes {OPERANDS_KEY}=false")
+    };
+    let done: Vec<String> = pass
+        .actions
+        .iter()
+        .filter(|(_, a)| matches!(a, LabelAction::Add | LabelAction::Sweep))
+        .map(|(k, a)| format!("{} {}", &k[DEPLOY_PREFIX.len()..], a.as_str()))
+        .collect();
+    Some(SameUpdatePass {
+        why: format!(
+            "what the GPU Operator ({}) leaves: {what}, which starts its labelling pass on this same \
+             update ({})",
+            facts.operator.version.text,
+            done.join(", ")
+        ),
+        labels: pass.labels,
+    })
 }
 
 /// The verdict on these findings (their actions already set): denied when one denies, unless

@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::core::facts::PolicySource;
+use crate::core::operands::Era;
 use crate::core::operands::OPERANDS_KEY;
-use crate::core::operator::OperatorVersion;
+use crate::core::operator::{OperatorVersion, labelling_pass};
 use crate::core::version::VersionSource;
 
 const P: &str = "nvidia.com/gpu.deploy.";
@@ -884,6 +885,81 @@ fn operands_switch_only_reacts_to_exact_false() {
             "nvidia.com/gpu.deploy.operands=false: the GPU Operator sweeps 5 deploy labels; removing it later adds them back as true, =false choices lost"
         ]
     );
+}
+
+/// Setting or removing `operands=false` starts the operator's pass on that same update: the
+/// node is judged on what the pass leaves, in every era's label set.
+#[test]
+fn a_request_flipping_operands_false_is_judged_on_the_pass_it_starts() {
+    let gpu = with(
+        &lab_node_0(),
+        &[("feature.node.kubernetes.io/pci-10de.present", Some("true"))],
+    );
+    let off = with(&gpu, &[("operands", Some("false"))]);
+    let swept = labelling_pass(&off, Era::V24_9, &Default::default()).labels;
+    for version in ["v24.9.2", "v25.3.4", "v26.3.0", "v26.7.0"] {
+        let facts = facts_for(version, Default::default());
+        let policy = Policy::default();
+        // Toolkit off together with operands=false: the pass deletes the device plugin's label
+        // too, so nothing runs without the toolkit.
+        let new = with(
+            &gpu,
+            &[
+                ("operands", Some("false")),
+                ("container-toolkit", Some("false")),
+            ],
+        );
+        let v = update_with("n", &gpu, &new, &facts, &policy);
+        assert_eq!(v.decision, Decision::Allowed, "{version}: {:?}", v.findings);
+        assert_eq!(v.after, OperandSet::EMPTY, "{version}");
+        assert!(
+            v.findings
+                .iter()
+                .all(|f| f.rule == Rule::OperatorWillRestore),
+            "{version}: {:?}",
+            v.findings
+        );
+        // The same labels with operands=false already on the node start no pass: the device
+        // plugin runs without the toolkit until one comes.
+        let v = update_with(
+            "n",
+            &with(&gpu, &[("operands", Some("true"))]),
+            &with(&new, &[("operands", Some("true"))]),
+            &facts,
+            &policy,
+        );
+        assert_eq!(v.decision, Decision::Denied, "{version}");
+        // Removing operands=false with the toolkit set off: the pass adds the device plugin
+        // back as true, without the toolkit. Refused, saying why.
+        let new = with(
+            &swept,
+            &[("operands", None), ("container-toolkit", Some("false"))],
+        );
+        let v = update_with("n", &swept, &new, &facts, &policy);
+        assert_eq!(v.decision, Decision::Denied, "{version}: {:?}", v.findings);
+        let deny = v
+            .findings
+            .iter()
+            .find(|f| f.rule == Rule::DevicePluginWithoutToolkit)
+            .expect("the device plugin the pass adds");
+        assert!(
+            deny.message.contains(&format!(
+                "this request removes {OPERANDS_KEY}=false, which starts its labelling pass on this same update ("
+            )) && deny.message.contains("device-plugin add"),
+            "{version}: {}",
+            deny.message
+        );
+        assert!(v.after.contains(Operand::DevicePlugin), "{version}");
+        // Removing it alone: the pass adds the toolkit too; allowed.
+        let new = with(&swept, &[("operands", None)]);
+        let v = update_with("n", &swept, &new, &facts, &policy);
+        assert_eq!(v.decision, Decision::Allowed, "{version}: {:?}", v.findings);
+        assert!(
+            v.after.contains(Operand::DevicePlugin) && v.after.contains(Operand::ContainerToolkit),
+            "{version}: {:?}",
+            v.after
+        );
+    }
 }
 
 #[test]
