@@ -122,6 +122,8 @@ func TestOperatorLabelsNodes(t *testing.T) {
 				"oracle-vgpu":        labels(nfd, workload+"=vm-vgpu", "device-plugin=false"),
 				"oracle-bogus":       labels(nfd, workload+"=bogus"),
 				"oracle-off":         labels(nfd, "operands=false", "device-plugin=false", "nvsm=true"),
+				"oracle-off-with":    labels(nfd),
+				"oracle-on-with":     labels(nfd, "operands=false"),
 			},
 			want: map[string]map[string]string{
 				"oracle-plain": gpu(containerSet),
@@ -147,7 +149,9 @@ func TestOperatorLabelsNodes(t *testing.T) {
 				"oracle-vgpu":        gpu(containerSet, "device-plugin=false"),
 				"oracle-bogus":       gpu(containerSet),
 				// operands=false: no deploy label of the operator's sets stays.
-				"oracle-off": labels(gpuPresent+"=true", "operands=false", "nvsm=true"),
+				"oracle-off":      labels(gpuPresent+"=true", "operands=false", "nvsm=true"),
+				"oracle-off-with": gpu(containerSet),
+				"oracle-on-with":  labels(gpuPresent+"=true", "operands=false"),
 			},
 		},
 		{
@@ -157,6 +161,13 @@ func TestOperatorLabelsNodes(t *testing.T) {
 				"oracle-user":  {deployPrefix + "operands=false"},
 				"oracle-off":   {deployPrefix + "operands-"},
 				"oracle-cpu":   {nfd},
+				// operands=false set, and removed, each with another deploy
+				// label in the same request: the webhook judges what the pass
+				// this starts leaves (the toolkit's label is deleted with the
+				// device plugin's; the device plugin stays off), so neither is
+				// refused.
+				"oracle-off-with": {deployPrefix + "operands=false", deployPrefix + "container-toolkit=false"},
+				"oracle-on-with":  {deployPrefix + "operands-", deployPrefix + "device-plugin=false"},
 			},
 			want: map[string]map[string]string{
 				// A removed label comes back as true; an emptied one stays
@@ -167,6 +178,10 @@ func TestOperatorLabelsNodes(t *testing.T) {
 				// Removing operands=false brings every label back as true.
 				"oracle-off": gpu(containerSet, "nvsm=true"),
 				"oracle-cpu": gpu(containerSet),
+				// The pass the flip starts deletes the =false written with it.
+				"oracle-off-with": labels(gpuPresent+"=true", "operands=false"),
+				// It adds the rest of the set back, and keeps the =false.
+				"oracle-on-with": gpu(containerSet, "device-plugin=false"),
 			},
 		},
 		{
@@ -197,6 +212,7 @@ func TestOperatorLabelsNodes(t *testing.T) {
 				"oracle-off":             gpu(vgpuSet, "nvsm=true"),
 				"oracle-cpu":             gpu(vgpuSet),
 				"oracle-bogus":           gpu(vgpuSet),
+				"oracle-on-with":         gpu(vgpuSet),
 			},
 		},
 		{
@@ -223,6 +239,7 @@ func TestOperatorLabelsNodes(t *testing.T) {
 				"oracle-bogus":           gpu(containerSet),
 				"oracle-passthrough":     gpu(containerSet),
 				"oracle-vgpu":            gpu(containerSet),
+				"oracle-on-with":         gpu(containerSet),
 			},
 		},
 	}
@@ -269,9 +286,20 @@ func TestOperatorLabelsNodes(t *testing.T) {
 		}
 	}
 
+	// Removing operands=false while switching the toolkit off is refused:
+	// the pass it starts would add device-plugin=true back beside it.
+	before := nodeLabels(t, "oracle-off-with")
+	stdout, stderr, code := cp.Kubectl("label", "node", "oracle-off-with", "--overwrite", deployPrefix+"operands-", deployPrefix+"container-toolkit=false")
+	if code == 0 || !strings.Contains(stderr, "which starts its labelling pass on this same update") {
+		t.Fatalf("removing operands=false with the toolkit off: exit %d, want a refusal naming the pass\n%s\n%s", code, stdout, stderr)
+	}
+	if after := nodeLabels(t, "oracle-off-with"); !maps.Equal(before, after) {
+		t.Errorf("the refused request changed oracle-off-with: %v -> %v", before, after)
+	}
+
 	// None of the operator's writes was refused or slowed down by the
-	// webhook: they reached it (exempt reviews grew), nothing was denied,
-	// and the operator never saw an admission error.
+	// webhook: they reached it (exempt reviews grew), the one refusal above
+	// is all that was denied, and the operator never saw an admission error.
 	deniedAfter, err := o.guard.Counter(reviewsTotal, map[string]string{"decision": "denied"})
 	if err != nil {
 		t.Fatal(err)
@@ -280,8 +308,8 @@ func TestOperatorLabelsNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if deniedAfter != deniedBefore {
-		t.Errorf("the webhook denied %v requests during the run; none was expected", deniedAfter-deniedBefore)
+	if deniedAfter-deniedBefore != 1 {
+		t.Errorf("the webhook denied %v requests during the run; want only the one refused above", deniedAfter-deniedBefore)
 	}
 	if exemptAfter <= exemptBefore {
 		t.Errorf("no exempt review during the run (%v before, %v after): the operator's writes did not reach the webhook as its service account", exemptBefore, exemptAfter)
