@@ -89,10 +89,12 @@ impl ClusterFacts {
 
     /// The operands that run nowhere: switched off in the ClusterPolicy, or never deployed by
     /// this version of the operator under these sandbox settings (`isStateEnabled`,
-    /// `controllers/state_manager.go`; the rows' eras and modes, [`not_deployed`]).
+    /// `controllers/state_manager.go`; the rows' eras and modes, [`not_deployed`]) unless the
+    /// DaemonSets read show one of those deployed after all (the version assumed, or wrong).
     pub fn off(&self) -> OperandSet {
-        self.disabled
-            .union(not_deployed(self.operator.era(), self.sandbox.mode))
+        let never = not_deployed(self.operator.era(), self.sandbox.mode)
+            .without(self.daemonsets.unwrap_or(OperandSet::EMPTY));
+        self.disabled.union(never)
     }
 
     /// Evidence beats defaults: when the ClusterPolicy is unknown (its switches are the

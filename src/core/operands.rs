@@ -310,6 +310,18 @@ pub struct OperandInfo {
     /// Always shown: a column of the audit matrix and a row of `check`'s operand table even
     /// where it neither runs nor has a DaemonSet.
     pub always_shown: bool,
+    /// A label its DaemonSet selects as `"true"` besides the deploy label, up to an era: the
+    /// shipped nodeSelector (`assets/state-*/0500_daemonset.yaml`), used where the real
+    /// DaemonSets are not read (`check` without `--daemonsets`, the plugin's preview).
+    pub also_selects: Option<AlsoSelects>,
+}
+
+/// A label an operand's shipped DaemonSet selects besides its deploy label.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct AlsoSelects {
+    pub key: &'static str,
+    /// The last era whose DaemonSet selects it.
+    pub until: Era,
 }
 
 const fn sw(field: &'static str, default: bool) -> Option<Switch> {
@@ -350,8 +362,20 @@ const fn row(
         waits,
         column,
         always_shown,
+        also_selects: None,
     }
 }
+
+impl OperandInfo {
+    /// The row, its DaemonSet selecting `key=true` too up to the era `until`.
+    const fn also_selecting(mut self, key: &'static str, until: Era) -> OperandInfo {
+        self.also_selects = Some(AlsoSelects { key, until });
+        self
+    }
+}
+
+/// `nvidia.com/cc.capable`: set by GPU feature discovery on confidential-computing capable GPUs.
+pub const CC_CAPABLE_KEY: &str = "nvidia.com/cc.capable";
 
 /// A deploy label's full key from its suffix.
 macro_rules! k {
@@ -390,7 +414,8 @@ pub const OPERANDS: [OperandInfo; 23] = [
     row(O::VfioManager,              k!("vfio-manager"),                &["nvidia-vfio-manager"],                                   sw("vfioManager", false),             ALWAYS,             ANY,       In(Sets::PASSTHROUGH),                                    NO_WAIT,    "vfio-manager",                false),
     row(O::VgpuManager,              k!("vgpu-manager"),                &["nvidia-vgpu-manager-daemonset", "nvidia-vgpu-manager-*"],sw("vgpuManager", false),             ALWAYS,             ANY,       In(Sets::VGPU),                                           NO_WAIT,    "vgpu-manager",                false),
     row(O::VgpuDeviceManager,        k!("vgpu-device-manager"),         &["nvidia-vgpu-device-manager"],                            sw("vgpuDeviceManager", false),       ALWAYS,             ANY,       In(Sets::VGPU),                                           &[SV],      "vgpu-device-manager",         false),
-    row(O::CcManager,                k!("cc-manager"),                  &["nvidia-cc-manager"],                                     sw("ccManager", false),               ALWAYS,             KATA,      In(Sets::PASSTHROUGH.or(Sets::VGPU)),                     NO_WAIT,    "cc-manager",                  false),
+    row(O::CcManager,                k!("cc-manager"),                  &["nvidia-cc-manager"],                                     sw("ccManager", false),               ALWAYS,             KATA,      In(Sets::PASSTHROUGH.or(Sets::VGPU)),                     NO_WAIT,    "cc-manager",                  false)
+        .also_selecting(CC_CAPABLE_KEY, Era::V24_9),
     row(O::KataManager,              k!("kata-manager"),                &["nvidia-kata-manager"],                                   sw("kataManager", false),             Eras(Era::V24_9, Era::V26_3), ANY, In(Sets::PASSTHROUGH),                                    NO_WAIT,    "kata-manager",                false),
     row(O::Nvsm,                     k!("nvsm"),                        NONE,                                                       None,                                 ALWAYS,             ANY,       NO,                                                       NO_WAIT,    "nvsm",                        false),
     row(O::Client,                   k!("client"),                      NONE,                                                       None,                                 since(Era::V26_7),  ANY,       In(Sets::ALL),                                            NO_WAIT,    "client",                      false),
@@ -553,6 +578,16 @@ impl OperandInfo {
                 Some(prefix) => daemonset.starts_with(prefix),
                 None => *name == daemonset,
             })
+    }
+
+    /// Whether its shipped DaemonSet of this era selects a node with these labels: the deploy
+    /// label `"true"`, and the label it also selects `"true"` where it does.
+    pub fn shipped_selector_matches(&self, labels: &Labels, era: Era) -> bool {
+        let is_true = |key: &str| labels.get(key).is_some_and(|v| v == "true");
+        is_true(self.key)
+            && self
+                .also_selects
+                .is_none_or(|also| era > also.until || is_true(also.key))
     }
 
     /// The operator creates a DaemonSet for it.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_KERNEL_KEY, NFD_NVIDIA_PCI_KEYS, NFD_OS_KEYS,
-    OPERANDS_KEY, Operand, OperandSet, changed_deploy_labels,
+    OPERANDS, OPERANDS_KEY, Operand, OperandSet, changed_deploy_labels,
 };
 use crate::core::operator::{LabelAction, PASS_READS, after_pauses, labelling_pass};
 use crate::core::review::{Operation, Review};
@@ -188,6 +188,9 @@ pub fn reads_label_whatever_the_facts(key: &str) -> bool {
         || PASS_READS.contains(&key)
         || NFD_OS_KEYS.contains(&key)
         || key == NFD_KERNEL_KEY
+        || OPERANDS
+            .iter()
+            .any(|info| info.also_selects.is_some_and(|also| also.key == key))
 }
 
 /// The label keys of the facts' custom operand nodeSelectors that [`reads_label`] reads beyond
@@ -220,7 +223,9 @@ fn selects(labels: &Labels, op: Operand, facts: &ClusterFacts) -> bool {
         Some(selector) => selector
             .iter()
             .all(|(k, v)| labels.get(k).is_some_and(|have| have == v)),
-        None => labels.get(op.key()).is_some_and(|v| v == "true"),
+        None => op
+            .info()
+            .shipped_selector_matches(labels, facts.operator.era()),
     }
 }
 

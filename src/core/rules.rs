@@ -464,7 +464,12 @@ impl Ctx<'_, '_> {
                 let pairs: Vec<String> = sel.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 format!("the {op} DaemonSet's nodeSelector {}", pairs.join(","))
             }
-            None => format!("{}=true", op.key()),
+            None => match op.info().also_selects {
+                Some(also) if self.facts.operator.era() <= also.until => {
+                    format!("{}=true with {}=true", op.key(), also.key)
+                }
+                _ => format!("{}=true", op.key()),
+            },
         }
     }
 

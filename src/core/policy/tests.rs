@@ -1641,3 +1641,66 @@ fn mode_and_version_decide_which_sandbox_operands_exist() {
     assert!(!off("v26.3.3", Kata).contains(Operand::KataManager));
     assert!(off("v26.7.0", Kata).contains(Operand::KataManager));
 }
+
+/// Without the real DaemonSets, an operand runs where its shipped DaemonSet of the era selects:
+/// v24.9 – v25.10's cc-manager also needs `nvidia.com/cc.capable=true`, v26.3's does not.
+#[test]
+fn the_shipped_selector_of_the_era_decides_where_cc_manager_runs() {
+    let sandbox = crate::core::operator::Sandbox {
+        enabled: true,
+        ..Default::default()
+    };
+    let node = labels(&[("nvidia.com/gpu.present", "true"), ("cc-manager", "true")]);
+    let capable = with(&node, &[("nvidia.com/cc.capable", Some("true"))]);
+    let on = |version: &str| {
+        let mut facts = facts_for(version, sandbox.clone());
+        facts.disabled = OperandSet::EMPTY;
+        facts
+    };
+    for version in ["v24.9.2", "v25.3.4", "v25.10.1"] {
+        let facts = on(version);
+        assert!(
+            !simulate(&node, &facts).contains(Operand::CcManager),
+            "{version}"
+        );
+        assert!(
+            simulate(&capable, &facts).contains(Operand::CcManager),
+            "{version}"
+        );
+        assert!(reads_label("nvidia.com/cc.capable", &facts), "{version}");
+    }
+    let mut kata = sandbox.clone();
+    kata.mode = crate::core::operands::SandboxMode::Kata;
+    for version in ["v26.3.0", "v26.7.0"] {
+        let mut facts = facts_for(version, kata.clone());
+        facts.disabled = OperandSet::EMPTY;
+        assert!(
+            simulate(&node, &facts).contains(Operand::CcManager),
+            "{version}"
+        );
+    }
+    // Real DaemonSets, when read, win over the shipped selector.
+    let mut facts = on("v25.3.4");
+    facts
+        .selectors
+        .insert(Operand::CcManager, labels(&[("cc-manager", "true")]));
+    assert!(simulate(&node, &facts).contains(Operand::CcManager));
+}
+
+/// A DaemonSet the cluster shows runs where it selects, even for an operand the version
+/// followed never deploys (an assumed or wrong version): evidence over the model.
+#[test]
+fn a_daemonset_seen_runs_even_where_the_version_followed_never_deploys_it() {
+    let sandbox = crate::core::operator::Sandbox {
+        enabled: true,
+        ..Default::default()
+    };
+    let mut facts = facts_for("v26.7.0", sandbox);
+    facts.disabled = OperandSet::EMPTY;
+    // v26.7 deploys cc-manager only in kata mode; the mode here is kubevirt.
+    assert!(facts.off().contains(Operand::CcManager));
+    facts.daemonsets = Some([Operand::CcManager].into_iter().collect());
+    assert!(!facts.off().contains(Operand::CcManager));
+    let node = labels(&[("nvidia.com/gpu.present", "true"), ("cc-manager", "true")]);
+    assert!(simulate(&node, &facts).contains(Operand::CcManager));
+}

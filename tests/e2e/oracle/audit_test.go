@@ -95,17 +95,22 @@ func TestAuditAgreesWithOperatorDaemonSets(t *testing.T) {
 	// vGPU manager's image tag needs NFD's kernel label of a vm-vgpu node
 	// (TransformVGPUManager); without it the operator stops before the
 	// sandbox states.
+	// The confidential-computing manager, switched on too, selects
+	// nvidia.com/cc.capable=true besides its deploy label in v25.3.4: check,
+	// which reads no DaemonSet, runs it on the cc-capable node only.
 	for name, l := range map[string]map[string]string{
 		"oracle-audit-passthrough": labels(nfd, nfdKernel, workload+"=vm-passthrough"),
+		"oracle-audit-cc":          labels(nfd, nfdKernel, workload+"=vm-passthrough", "nvidia.com/cc.capable=true"),
 		"oracle-audit-vgpu":        labels(nfd, nfdKernel, workload+"=vm-vgpu"),
 	} {
 		if _, _, code := cp.Kubectl("get", "node", name); code != 0 {
 			createNode(t, name, l)
 		}
 	}
-	o.patchPolicy(t, `{"sandboxWorkloads":{"enabled":true}}`)
+	o.patchPolicy(t, `{"sandboxWorkloads":{"enabled":true},`+
+		`"ccManager":{"enabled":true,"repository":"nvcr.io/nvidia/cloud-native","image":"k8s-cc-manager","version":"v0.1.1"}}`)
 	t.Cleanup(func() {
-		o.patchPolicy(t, `{"sandboxWorkloads":{"enabled":false},"nodeStatusExporter":{"enabled":false}}`)
+		o.patchPolicy(t, `{"sandboxWorkloads":{"enabled":false},"nodeStatusExporter":{"enabled":false},"ccManager":{"enabled":false}}`)
 		o.settle(t)
 	})
 	o.settle(t)
@@ -170,39 +175,52 @@ func compareAudit(t *testing.T, o *oracle, when string) {
 		desired map[string]int
 	)
 	framework.WaitFor(t, catchUp, when+": the audit to expect every operand where the DaemonSet controller schedules it", func() (bool, string) {
+		// Per operand, the nodes its DaemonSets select by their whole
+		// nodeSelector (a deploy label, and cc.capable or mps.capable for
+		// some), once the controller's desiredNumberScheduled agrees.
+		selection, pending := selectedSettled(t)
+		if pending != "" {
+			return false, pending
+		}
 		sets := operatorDaemonSets(t)
 		desired = map[string]int{}
 		names = names[:0]
 		for _, ds := range sets {
-			if ds.Status.ObservedGeneration != ds.Metadata.Generation {
-				return false, fmt.Sprintf("%s: observedGeneration %d, generation %d", ds.Metadata.Name, ds.Status.ObservedGeneration, ds.Metadata.Generation)
-			}
 			names = append(names, fmt.Sprintf("%s%v=%d", ds.Metadata.Name, ds.Spec.Template.Spec.NodeSelector, ds.Status.DesiredNumberScheduled))
-			if op := deployOperand(ds); op != "" {
-				desired[op] += ds.Status.DesiredNumberScheduled
-			}
-		}
-		if len(desired) == 0 {
-			return false, fmt.Sprintf("%d DaemonSets, none selecting a single deploy label", len(sets))
-		}
-		report, stdout = runAudit(t)
-		expected := map[string]int{}
-		for _, n := range report.Nodes {
-			for _, op := range n.Operands {
-				if op.Expected {
-					expected[op.Operand]++
+			for k, v := range ds.Spec.Template.Spec.NodeSelector {
+				if strings.HasPrefix(k, deployPrefix) && v == "true" {
+					op := strings.TrimPrefix(k, deployPrefix)
+					desired[op] = len(selection[op])
 				}
 			}
 		}
+		if len(desired) == 0 {
+			return false, fmt.Sprintf("%d DaemonSets, none selecting a deploy label", len(sets))
+		}
+		// The operator runs here as a process, without the Deployment the
+		// audit reads its version from: the version is given, as it is to check.
+		report, stdout = runAuditArgs(t, "--operator-version", o.build.Version)
 		var diff []string
-		for op, want := range desired {
-			if expected[op] != want {
-				diff = append(diff, fmt.Sprintf("operand %s: the DaemonSet controller schedules it on %d nodes, the audit expects it on %d", op, want, expected[op]))
+		audited := map[string]bool{}
+		for _, n := range report.Nodes {
+			audited[n.Name] = true
+			for _, op := range n.Operands {
+				if _, hasDS := desired[op.Operand]; !hasDS {
+					if op.Expected {
+						diff = append(diff, fmt.Sprintf("node %s, operand %s: the audit expects it, but the operator created no DaemonSet for it", n.Name, op.Operand))
+					}
+					continue
+				}
+				if scheduled := slices.Contains(selection[op.Operand], n.Name); scheduled != op.Expected {
+					diff = append(diff, fmt.Sprintf("node %s, operand %s: its DaemonSets select the node: %v; the audit expects it: %v", n.Name, op.Operand, scheduled, op.Expected))
+				}
 			}
 		}
-		for op, n := range expected {
-			if _, ok := desired[op]; !ok {
-				diff = append(diff, fmt.Sprintf("operand %s: the audit expects it on %d nodes, but the operator created no DaemonSet for it", op, n))
+		for op, nodes := range selection {
+			for _, n := range nodes {
+				if !audited[n] {
+					diff = append(diff, fmt.Sprintf("node %s, operand %s: selected by its DaemonSets, but the audit reports no such node", n, op))
+				}
 			}
 		}
 		slices.Sort(diff)
@@ -232,7 +250,7 @@ func compareAudit(t *testing.T, o *oracle, when string) {
 		if err := os.WriteFile(nodeFile, []byte(cp.MustKubectl(t, "get", "node", n.Name, "-o", "json")), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out := runCheck(t, "--node", nodeFile, "--cluster-policy", policyFile)
+		out := runCheck(t, "--node", nodeFile, "--cluster-policy", policyFile, "--operator-version", o.build.Version)
 		for op, runs := range out.Operands.After {
 			if _, hasDS := desired[op]; !hasDS {
 				continue // no DaemonSet of the operator: nothing runs, whatever check assumes
@@ -242,12 +260,6 @@ func compareAudit(t *testing.T, o *oracle, when string) {
 			}
 		}
 	}
-}
-
-// runAudit runs `gpu-deploy-guard audit -o json` against the control plane.
-func runAudit(t *testing.T) (auditReport, string) {
-	t.Helper()
-	return runAuditArgs(t)
 }
 
 // runAuditArgs runs `gpu-deploy-guard audit -o json` with args.
