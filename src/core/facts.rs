@@ -89,14 +89,12 @@ impl ClusterFacts {
 
     /// The operands that run nowhere: switched off in the ClusterPolicy, or never deployed by
     /// this version of the operator under these sandbox settings (`isStateEnabled`,
-    /// `controllers/state_manager.go`; the rows' eras and modes, [`not_deployed`]) unless the
-    /// DaemonSets read show one of those deployed after all (the version assumed, or wrong).
+    /// `controllers/state_manager.go`; the rows' eras and modes, [`not_deployed`]). A DaemonSet
+    /// of either kind that still exists is one the operator deletes, as for a switched-off one.
     pub fn off(&self) -> OperandSet {
-        let never = not_deployed(self.operator.era(), self.sandbox.mode)
-            .without(self.daemonsets.unwrap_or(OperandSet::EMPTY));
-        self.disabled.union(never)
+        self.disabled
+            .union(not_deployed(self.operator.era(), self.sandbox.mode))
     }
-
     /// Evidence beats defaults: when the ClusterPolicy is unknown (its switches are the
     /// operator's defaults), an operand whose DaemonSet or pods the cluster shows is enabled.
     /// A ClusterPolicy that was read keeps its word.

@@ -1686,21 +1686,3 @@ fn the_shipped_selector_of_the_era_decides_where_cc_manager_runs() {
         .insert(Operand::CcManager, labels(&[("cc-manager", "true")]));
     assert!(simulate(&node, &facts).contains(Operand::CcManager));
 }
-
-/// A DaemonSet the cluster shows runs where it selects, even for an operand the version
-/// followed never deploys (an assumed or wrong version): evidence over the model.
-#[test]
-fn a_daemonset_seen_runs_even_where_the_version_followed_never_deploys_it() {
-    let sandbox = crate::core::operator::Sandbox {
-        enabled: true,
-        ..Default::default()
-    };
-    let mut facts = facts_for("v26.7.0", sandbox);
-    facts.disabled = OperandSet::EMPTY;
-    // v26.7 deploys cc-manager only in kata mode; the mode here is kubevirt.
-    assert!(facts.off().contains(Operand::CcManager));
-    facts.daemonsets = Some([Operand::CcManager].into_iter().collect());
-    assert!(!facts.off().contains(Operand::CcManager));
-    let node = labels(&[("nvidia.com/gpu.present", "true"), ("cc-manager", "true")]);
-    assert!(simulate(&node, &facts).contains(Operand::CcManager));
-}
