@@ -241,6 +241,28 @@ async fn a_digest_or_forbidden_deployments_leave_the_newest_version_assumed_and_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_outside_the_model_is_said_to_be_so_and_decided_as_the_nearest_era() {
+    let (code, version, b) = audit(
+        Deployments::Image("nvcr.io/nvidia/gpu-operator:v23.9.2"),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        version,
+        json!({"version": "v23.9.2", "era": "v24.9", "source": "deployment",
+               "outsideModel": "outside the model: older than v24.9, its oldest version; decided as v24.9",
+               "message": "GPU Operator v23.9.2 read from Deployment gpu-operator/gpu-operator \
+                           (outside the model: older than v24.9, its oldest version; decided as v24.9)"})
+    );
+    assert_eq!(code, Some(1), "{b}");
+    let (_, version, _) = audit(Deployments::Forbidden, &["--operator-version", "v27.1.0"]).await;
+    assert_eq!(
+        version["outsideModel"],
+        "outside the model: newer than v26.7, its newest version; decided as v26.7"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_given_version_wins_over_the_clusters() {
     let (code, version, _) = audit(
         Deployments::Image("nvcr.io/nvidia/gpu-operator:v26.7.0"),

@@ -86,6 +86,9 @@ struct JsonVersion<'a> {
     era: &'static str,
     /// `given`, `deployment` (its image tag) or `assumed`.
     source: &'static str,
+    /// Set when the version is outside the model: what is decided instead.
+    #[serde(rename = "outsideModel", skip_serializing_if = "Option::is_none")]
+    outside_model: Option<String>,
     message: String,
 }
 
@@ -125,6 +128,7 @@ pub fn json(report: &AuditReport) -> String {
             version: &facts.operator.version.text,
             era: facts.operator.era().name(),
             source: facts.operator.source.state(),
+            outside_model: facts.operator.version.outside_model(),
             message: facts.operator.describe(),
         },
         toolkit_managed: facts.toolkit_managed,

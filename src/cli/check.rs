@@ -188,6 +188,9 @@ impl CheckOutcome {
             version: &'a str,
             era: &'static str,
             assumed: Option<&'a str>,
+            /// Set when the version is outside the model: what is decided instead.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            outside_model: Option<String>,
             workload: Option<&'static str>,
             labels: BTreeMap<&'a str, LabelOut<'a>>,
             /// gpu.present and every deploy label once the pass is done.
@@ -226,6 +229,7 @@ impl CheckOutcome {
                 version: &self.version.version.text,
                 era: self.version.era().name(),
                 assumed: self.version.source.assumed(),
+                outside_model: self.version.version.outside_model(),
                 workload: self.operator.workload.map(Workload::name),
                 labels: self
                     .operator
@@ -329,9 +333,13 @@ impl CheckOutcome {
             out,
             "\nGPU Operator {}{}: its next labelling pass: {}",
             self.version.version,
-            match self.version.source.assumed() {
-                Some(why) => format!(" (assumed: {why})"),
-                None => String::new(),
+            match (
+                self.version.source.assumed(),
+                self.version.version.outside_model()
+            ) {
+                (Some(why), _) => format!(" (assumed: {why})"),
+                (None, Some(outside)) => format!(" ({outside})"),
+                (None, None) => String::new(),
             },
             if changes.is_empty() {
                 "no change".to_owned()

@@ -30,7 +30,27 @@ pub struct OperatorVersion {
     pub era: Era,
     /// As given or read (`v25.3.4`), or the era's name when assumed.
     pub text: String,
+    /// Older or newer than every version the model follows: decided as its nearest era.
+    pub outside: Option<Outside>,
 }
+
+/// A version the model does not follow, on which side.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Outside {
+    /// Before the oldest modelled release.
+    Older,
+    /// After the newest modelled release.
+    Newer,
+}
+
+/// The first release (major, minor) of each era, oldest first, and the newest release the model
+/// was checked against (`docs/gpu-operator.md`, the eras).
+const ERA_STARTS: [((u32, u32), Era); 3] = [
+    ((24, 9), Era::V24_9),
+    ((26, 3), Era::V26_3),
+    ((26, 7), Era::V26_7),
+];
+const NEWEST_MODELLED: (u32, u32) = (26, 7);
 
 impl OperatorVersion {
     /// The newest modelled version, for when nothing says which one runs.
@@ -38,6 +58,7 @@ impl OperatorVersion {
         OperatorVersion {
             era: Era::NEWEST,
             text: Era::NEWEST.name().to_owned(),
+            outside: None,
         }
     }
 
@@ -48,15 +69,43 @@ impl OperatorVersion {
         let mut parts = t.split(['.', '-', '+']);
         let major: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
         let minor: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        let era = match (major, minor) {
-            (m, _) if m < 26 => Era::V24_9,
-            (26, n) if n < 7 => Era::V26_3,
-            _ => Era::V26_7,
+        let release = (major, minor);
+        let (first, oldest) = ERA_STARTS[0];
+        let era = ERA_STARTS
+            .iter()
+            .rev()
+            .find(|(start, _)| release >= *start)
+            .map_or(oldest, |(_, era)| *era);
+        let outside = if release < first {
+            Some(Outside::Older)
+        } else if release > NEWEST_MODELLED {
+            Some(Outside::Newer)
+        } else {
+            None
         };
         Ok(OperatorVersion {
             era,
             text: format!("v{}", t),
+            outside,
         })
+    }
+
+    /// For a version outside the model, what is decided instead, in words.
+    pub fn outside_model(&self) -> Option<String> {
+        let (side, bound) = match self.outside? {
+            Outside::Older => ("older than", ERA_STARTS[0].0),
+            Outside::Newer => ("newer than", NEWEST_MODELLED),
+        };
+        let which = match self.outside? {
+            Outside::Older => "oldest",
+            Outside::Newer => "newest",
+        };
+        Some(format!(
+            "outside the model: {side} v{}.{}, its {which} version; decided as {}",
+            bound.0,
+            bound.1,
+            self.era.name()
+        ))
     }
 }
 

@@ -44,11 +44,15 @@ impl Followed {
     /// The version and where it came from, in one phrase: `GPU Operator v25.3.4 read from
     /// Deployment gpu-operator/gpu-operator`, `GPU Operator v26.7 assumed (why)`.
     pub fn describe(&self) -> String {
-        format!(
+        let phrase = format!(
             "GPU Operator {} {}",
             self.version.text,
             self.source.describe()
-        )
+        );
+        match self.version.outside_model() {
+            Some(outside) => format!("{phrase} ({outside})"),
+            None => phrase,
+        }
     }
 }
 
@@ -109,6 +113,7 @@ pub fn resolve(given: Option<Followed>, cluster: Followed) -> Followed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::operator::Outside;
 
     fn v(text: &str) -> OperatorVersion {
         OperatorVersion::parse(text).unwrap()
@@ -134,5 +139,48 @@ mod tests {
         assert_eq!(resolve(given(None, None), deployment.clone()), deployment);
         let assumed = Followed::assumed("not watched");
         assert_eq!(resolve(None, assumed.clone()), assumed);
+    }
+
+    #[test]
+    fn a_version_outside_the_model_says_so_where_it_is_described() {
+        for (text, era, outside) in [
+            ("v23.9.2", Era::V24_9, Some(Outside::Older)),
+            ("v24.6.0", Era::V24_9, Some(Outside::Older)),
+            ("v24.9.0", Era::V24_9, None),
+            ("v25.10.1", Era::V24_9, None),
+            ("v26.3.3", Era::V26_3, None),
+            ("v26.7.9", Era::V26_7, None),
+            ("v26.8.0", Era::V26_7, Some(Outside::Newer)),
+            ("v27.1.0", Era::V26_7, Some(Outside::Newer)),
+        ] {
+            let version = v(text);
+            assert_eq!((version.era, version.outside), (era, outside), "{text}");
+            let followed = Followed {
+                version,
+                source: VersionSource::Given("--operator-version".into()),
+            };
+            let described = followed.describe();
+            match outside {
+                None => assert_eq!(
+                    described,
+                    format!("GPU Operator {text} given by --operator-version")
+                ),
+                Some(Outside::Older) => assert_eq!(
+                    described,
+                    format!(
+                        "GPU Operator {text} given by --operator-version (outside the model: older \
+                         than v24.9, its oldest version; decided as v24.9)"
+                    )
+                ),
+                Some(Outside::Newer) => assert_eq!(
+                    described,
+                    format!(
+                        "GPU Operator {text} given by --operator-version (outside the model: newer \
+                         than v26.7, its newest version; decided as v26.7)"
+                    )
+                ),
+            }
+        }
+        assert_eq!(Followed::default().version.outside, None);
     }
 }
