@@ -373,3 +373,44 @@ fn the_readme_example_never_adds_a_label_and_sweeps_it_in_one_answer() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(pass.contains("device-plugin sweep"), "{pass}");
 }
+
+/// During a driver upgrade, `check -o json` shows per paused label the value it comes back as
+/// and the component that writes it; an edit of one is judged on that value, not the edit.
+#[test]
+fn json_shows_what_a_pause_writes_back_and_who_writes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("node.yaml");
+    std::fs::write(
+        &node,
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: p1\n  labels:\n    \
+         feature.node.kubernetes.io/pci-10de.present: \"true\"\n    \
+         nvidia.com/gpu.present: \"true\"\n    \
+         nvidia.com/gpu.deploy.container-toolkit: paused-for-driver-upgrade\n    \
+         nvidia.com/gpu.deploy.device-plugin: paused-for-driver-upgrade\n    \
+         nvidia.com/gpu.deploy.dcgm: \"false\"\n",
+    )
+    .unwrap();
+    let o = check(&[
+        "--node",
+        node.to_str().unwrap(),
+        "nvidia.com/gpu.deploy.container-toolkit=false",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let v = json(&o);
+    let labels = &v["operator"]["labels"];
+    for (key, back) in [
+        ("container-toolkit", "true"),
+        ("device-plugin", "true"),
+        ("dcgm", "false"),
+    ] {
+        assert_eq!(labels[key]["resumesAs"], back, "{key}: {labels}");
+        assert_eq!(labels[key]["resumedBy"], "k8s-driver-manager", "{key}");
+    }
+    assert_eq!(labels["driver"].get("resumedBy"), None, "{labels}");
+    assert_eq!(
+        v["warnings"][0],
+        "p1: k8s-driver-manager will overwrite 1 label(s) this request writes when the driver upgrade ends"
+    );
+}

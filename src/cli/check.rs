@@ -18,6 +18,7 @@ use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet,
 };
 use crate::core::operator::{LabelAction, Pass, has_nfd_gpu, labelling_pass};
+use crate::core::pauses::resumes;
 use crate::core::policy::{self, Decision, Verdict};
 use crate::core::review::{Operation, Review};
 use crate::core::rules::{self, Finding};
@@ -202,8 +203,13 @@ impl CheckOutcome {
             value: Option<&'a str>,
             action: &'static str,
             after: Option<&'a str>,
+            /// The value the end of a pause writes back, for a label a pause holds.
             #[serde(skip_serializing_if = "Option::is_none")]
             resumes_as: Option<&'a str>,
+            /// The component that writes it (k8s-driver-manager, mig-manager,
+            /// vgpu-device-manager).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            resumed_by: Option<&'static str>,
         }
         #[derive(Serialize)]
         struct Operands {
@@ -211,6 +217,7 @@ impl CheckOutcome {
             after: BTreeMap<&'static str, bool>,
         }
         let v = &self.verdict;
+        let written = resumes(self.before_labels.as_ref().unwrap_or(&self.after_labels));
         let out = Out {
             node: &self.node,
             operation: self.operation,
@@ -236,10 +243,14 @@ impl CheckOutcome {
                     .actions
                     .iter()
                     .map(|(k, a)| {
-                        let resumes_as = match a {
-                            LabelAction::RestoreFromPaused { to } => Some(to.as_str()),
-                            _ => None,
-                        };
+                        let (resumes_as, resumed_by) =
+                            match (written.iter().find(|(key, _)| key == k), a) {
+                                (Some((_, r)), _) => (Some(r.value.as_str()), Some(r.by.name())),
+                                (None, LabelAction::RestoreFromPaused { to }) => {
+                                    (Some(to.as_str()), None)
+                                }
+                                _ => (None, None),
+                            };
                         (
                             &k[DEPLOY_PREFIX.len()..],
                             LabelOut {
@@ -247,6 +258,7 @@ impl CheckOutcome {
                                 action: a.as_str(),
                                 after: self.operator.labels.get(k).map(String::as_str),
                                 resumes_as,
+                                resumed_by,
                             },
                         )
                     })

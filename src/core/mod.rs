@@ -9,6 +9,7 @@ pub mod facts;
 pub mod labels;
 pub mod operands;
 pub mod operator;
+pub mod pauses;
 pub mod policy;
 pub mod policy_change;
 pub mod review;

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::core::operands::{
-    DEPLOY_PREFIX, Era, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand,
-    OperandSet, SandboxMode, Workload, deploy_labels, label_set, managed, mig_labelled,
+    Era, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, OperandSet,
+    SandboxMode, Workload, deploy_labels, label_set, managed, mig_labelled,
 };
 
 const WORKLOAD: &str = "nvidia.com/gpu.workload.config";
@@ -363,29 +363,10 @@ pub fn restored_value(value: &str) -> Option<String> {
     }
 }
 
-/// The labels once every pause has ended: what the node will run again; `None` when no deploy
-/// label is paused, so the labels stay as they are.
-pub fn after_pauses(labels: &Labels) -> Option<Labels> {
-    if !deploy_labels(labels).any(|(_, v)| restored_value(v).is_some()) {
-        return None;
-    }
-    let resumed = labels
-        .iter()
-        .map(|(k, v)| {
-            let v = if k.starts_with(DEPLOY_PREFIX) {
-                restored_value(v).unwrap_or_else(|| v.clone())
-            } else {
-                v.clone()
-            };
-            (k.clone(), v)
-        })
-        .collect();
-    Some(resumed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::operands::DEPLOY_PREFIX;
     use Operand::*;
 
     // The label sets of `docs/gpu-operator.md` §3, written out here apart from the table they
@@ -812,22 +793,5 @@ mod tests {
         );
         assert_eq!(restored_value("true"), None);
         assert_eq!(restored_value("false"), None);
-        let l = after_pauses(&labels(&[
-            "device-plugin=paused-for-mig-change",
-            "dcgm=false",
-        ]))
-        .expect("one label is paused");
-        assert_eq!(l[&key("device-plugin")], "true");
-        assert_eq!(l[&key("dcgm")], "false");
-        // Nothing paused: nothing to copy. A paused value on a label that is not a deploy label
-        // pauses nothing.
-        assert_eq!(
-            after_pauses(&labels(&["dcgm=false", "device-plugin=true"])),
-            None
-        );
-        assert_eq!(
-            after_pauses(&labels(&["example.com/x=paused-for-mig-change"])),
-            None
-        );
     }
 }

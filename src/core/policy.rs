@@ -14,7 +14,8 @@ use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_KERNEL_KEY, NFD_NVIDIA_PCI_KEYS, NFD_OS_KEYS,
     OPERANDS, OPERANDS_KEY, Operand, OperandSet, changed_deploy_labels,
 };
-use crate::core::operator::{LabelAction, PASS_READS, after_pauses, labelling_pass};
+use crate::core::operator::{LabelAction, PASS_READS, labelling_pass};
+use crate::core::pauses::{after_pauses, resumes};
 use crate::core::review::{Operation, Review};
 use crate::core::rules::Ctx;
 use crate::core::rules::{Action, Change, Finding, Found, Kind, RULES, Rule};
@@ -435,12 +436,25 @@ fn state_findings(
         changes: &[],
     }
     .run(Kind::State, &mut findings);
-    let Some(resumed) = after_pauses(review.labels) else {
+    let Some(resumed) = after_pauses(review.old_labels, review.labels) else {
         return findings;
     };
     let resumed_old = review
         .old_labels
-        .map(|old| after_pauses(old).unwrap_or_else(|| old.clone()));
+        .map(|old| after_pauses(None, old).unwrap_or_else(|| old.clone()));
+    let mut writers: Vec<&str> = resumes(review.old_labels.unwrap_or(review.labels))
+        .iter()
+        .map(|(_, r)| r.by.name())
+        .collect();
+    writers.dedup();
+    let why = if writers.is_empty() {
+        "a paused-for-... label comes back as \"true\"".to_owned()
+    } else {
+        format!(
+            "{} writes back the labels it read before pausing",
+            writers.join(" and ")
+        )
+    };
     let later_review = Review {
         labels: &resumed,
         old_labels: resumed_old.as_ref(),
@@ -463,7 +477,7 @@ fn state_findings(
             continue;
         }
         f.message = format!(
-            "{} (This is what happens once the paused operands resume: a paused-for-... label comes back as \"true\".)",
+            "{} (This is what happens once the pause ends: {why}.)",
             f.message
         );
         f.warning = format!("{} once the paused operands resume", f.warning);

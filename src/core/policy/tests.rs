@@ -1518,10 +1518,9 @@ fn turning_the_toolkit_off_under_a_paused_device_plugin_is_denied() {
     let v = update("lab-node-0", &old, &new);
     assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
     assert!(
-        v.message
-            .as_deref()
-            .unwrap()
-            .contains("once the paused operands resume"),
+        v.message.as_deref().unwrap().contains(
+            "once the pause ends: mig-manager writes back the labels it read before pausing"
+        ),
         "{:?}",
         v.message
     );
@@ -1685,4 +1684,73 @@ fn the_shipped_selector_of_the_era_decides_where_cc_manager_runs() {
         .selectors
         .insert(Operand::CcManager, labels(&[("cc-manager", "true")]));
     assert!(simulate(&node, &facts).contains(Operand::CcManager));
+}
+
+/// A toolkit switched off during a driver upgrade comes back `true` when k8s-driver-manager
+/// writes back what it read: not refused, and the warning names who overwrites the edit.
+#[test]
+fn an_edit_during_a_driver_upgrade_is_judged_on_what_the_driver_manager_writes_back() {
+    let old = with(
+        &lab_node_0(),
+        &[
+            ("device-plugin", Some("paused-for-driver-upgrade")),
+            ("container-toolkit", Some("paused-for-driver-upgrade")),
+        ],
+    );
+    let new = with(&old, &[("container-toolkit", Some("false"))]);
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(v.decision, Decision::Allowed, "{:?}", v.findings);
+    let lost = v
+        .findings
+        .iter()
+        .find(|f| f.rule == Rule::OperatorWillRestore)
+        .expect("the overwritten edit is named");
+    assert!(
+        lost.message.contains(
+            "k8s-driver-manager paused this node's GPU components and, when the driver upgrade ends, \
+             writes back the labels it read before pausing, so this request's edit is lost then: \
+             nvidia.com/gpu.deploy.container-toolkit=false goes back to \"true\""
+        ),
+        "{}",
+        lost.message
+    );
+    assert!(v.warnings.contains(
+        &"lab-node-0: k8s-driver-manager will overwrite 1 label(s) this request writes when the driver upgrade ends"
+            .to_owned()
+    ));
+}
+
+/// A device plugin switched off during a MIG change comes back `true` while the toolkit,
+/// which mig-manager never pauses, stays off: turning both off then is refused.
+#[test]
+fn turning_both_off_during_a_mig_change_is_refused_as_the_plugin_comes_back() {
+    let old = with(
+        &lab_node_0(),
+        &[("device-plugin", Some("paused-for-mig-change"))],
+    );
+    let new = with(
+        &old,
+        &[
+            ("device-plugin", Some("false")),
+            ("container-toolkit", Some("false")),
+        ],
+    );
+    let v = update("lab-node-0", &old, &new);
+    assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
+    assert!(
+        v.message.as_deref().unwrap().contains(
+            "once the pause ends: mig-manager writes back the labels it read before pausing"
+        ),
+        "{:?}",
+        v.message
+    );
+    assert!(v.findings.iter().any(|f| {
+        f.rule == Rule::OperatorWillRestore
+            && f.message
+                .contains("nvidia.com/gpu.deploy.device-plugin=false goes back to \"true\"")
+    }));
+    // Once the change is over (nothing paused), the same edit is allowed.
+    let done = with(&old, &[("device-plugin", Some("true"))]);
+    let v = update("lab-node-0", &done, &with(&new, &[]));
+    assert_eq!(v.decision, Decision::Allowed, "{:?}", v.findings);
 }

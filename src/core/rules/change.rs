@@ -7,6 +7,7 @@ use crate::core::operands::{
     deploy_labels, is_gpu_node, is_unknown_deploy_key,
 };
 use crate::core::operator::Plan;
+use crate::core::pauses::{Pauser, resumes};
 
 impl Ctx<'_, '_> {
     /// Every unknown key the request writes, as one finding: a request with many of them costs
@@ -153,6 +154,7 @@ impl Ctx<'_, '_> {
         if self.changes.is_empty() {
             return;
         }
+        self.pause_overwrites(old, out);
         let plan = Plan::new(labels, true, facts.operator.era(), &facts.sandbox);
         let node = self.node();
         let was_off = old.get(OPERANDS_KEY).is_some_and(|v| v == "false");
@@ -293,6 +295,57 @@ impl Ctx<'_, '_> {
                      as \"true\" on its next labelling pass; {fix}."
                 ),
                 warning: format!("{key} {done}: the GPU Operator will add it back as true; {short_fix}"),
+            });
+        }
+    }
+}
+
+impl Ctx<'_, '_> {
+    /// A label the request writes while a component has it paused, or owns it during its
+    /// pause, is written back by that component when its work ends ([`resumes`]): the edit is
+    /// lost then. One finding per component, naming each label and the value it gets back.
+    fn pause_overwrites(&self, old: &crate::core::operands::Labels, out: &mut Vec<Found>) {
+        let written = resumes(old);
+        if written.is_empty() {
+            return;
+        }
+        let node = self.node();
+        let mut by: Vec<(Pauser, Vec<String>)> = Vec::new();
+        for change in self.changes {
+            let Some((_, resume)) = written.iter().find(|(k, _)| k == change.key) else {
+                continue;
+            };
+            if change.new == Some(resume.value.as_str()) {
+                continue;
+            }
+            let shown = match change.new {
+                Some(v) => format!("{}={}", change.key, echo(v)),
+                None => format!("{}-", change.key),
+            };
+            let item = format!("{shown} goes back to {:?}", resume.value);
+            match by.iter_mut().find(|(p, _)| *p == resume.by) {
+                Some((_, items)) => items.push(item),
+                None => by.push((resume.by, vec![item])),
+            }
+        }
+        for (pauser, items) in by {
+            out.push(Found {
+                rule: Rule::OperatorWillRestore,
+                change: Change::New,
+                message: format!(
+                    "node {node}: {} paused this node's GPU components and, {}, writes back the labels \
+                     it read before pausing, so this request's edit is lost then: {}; make the change \
+                     after it has finished.",
+                    pauser.name(),
+                    pauser.when(),
+                    items.join(", ")
+                ),
+                warning: format!(
+                    "{node}: {} will overwrite {} label(s) this request writes {}",
+                    pauser.name(),
+                    items.len(),
+                    pauser.when()
+                ),
             });
         }
     }

@@ -1,0 +1,302 @@
+//! The components that pause deploy labels around their work on a node, and what they write
+//! back when it ends (`docs/gpu-operator.md` §6).
+//!
+//! k8s-driver-manager (around a driver install), mig-manager (around a MIG reconfiguration)
+//! and vgpu-device-manager (around a vGPU reconfiguration) each read their deploy labels once,
+//! before pausing them, and at the end write back what they read, un-paused: whatever a person
+//! wrote to those labels in between is overwritten. The labels the guard sees during a pause
+//! are the values the pause wrote, so the value each label gets back is known from the label
+//! as it was before a request, not from what the request writes. Labels a component does not
+//! own are not touched by its end.
+
+use crate::core::operands::{DEPLOY_PREFIX, Labels};
+use crate::core::operator::restored_value;
+
+/// A component that pauses deploy labels.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Pauser {
+    /// `k8s-driver-manager`, the driver DaemonSet's init container.
+    DriverManager,
+    /// `nvidia-mig-manager` (mig-parted's reconfigure).
+    MigManager,
+    /// `nvidia-vgpu-device-manager`.
+    VgpuDeviceManager,
+}
+
+/// Every pauser, in the order their ends are applied (a driver upgrade outlasts the others).
+const PAUSERS: [Pauser; 3] = [
+    Pauser::VgpuDeviceManager,
+    Pauser::MigManager,
+    Pauser::DriverManager,
+];
+
+const DRIVER_PAUSE: &str = "paused-for-driver-upgrade";
+const MIG_PAUSE: &str = "paused-for-mig-change";
+const VGPU_PAUSE: &str = "paused-for-vgpu-change";
+
+impl Pauser {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pauser::DriverManager => "k8s-driver-manager",
+            Pauser::MigManager => "mig-manager",
+            Pauser::VgpuDeviceManager => "vgpu-device-manager",
+        }
+    }
+
+    /// When it writes the labels back.
+    pub fn when(self) -> &'static str {
+        match self {
+            Pauser::DriverManager => "when the driver upgrade ends",
+            Pauser::MigManager => "when the MIG reconfiguration ends",
+            Pauser::VgpuDeviceManager => "when the vGPU reconfiguration ends",
+        }
+    }
+
+    /// The deploy labels it reads before pausing and writes back at the end (suffixes), and
+    /// whether it writes one only when it had a value. NVIDIA/k8s-driver-manager v0.12.0
+    /// `cmd/driver-manager/main.go` (`fetchCurrentLabels`, `rescheduleGPUOperatorComponents`);
+    /// NVIDIA/mig-parted v0.15.0 `pkg/mig/reconfigure/reconfigure.go`
+    /// (`getCurrentNodeLabels`, `restartKubernetesGPUClients`); NVIDIA/vgpu-device-manager
+    /// v0.5.0 `cmd/nvidia-k8s-vgpu-dm/main.go` (`getNodeStateLabels`,
+    /// `rescheduleGPUOperands`). Keys an older release does not know are not on its nodes.
+    fn keys(self) -> &'static [(&'static str, bool)] {
+        match self {
+            Pauser::DriverManager => &[
+                ("operator-validator", false),
+                ("container-toolkit", false),
+                ("device-plugin", false),
+                ("gpu-feature-discovery", false),
+                ("dcgm-exporter", false),
+                ("dcgm", false),
+                ("mig-manager", true),
+                ("nvsm", false),
+                ("sandbox-validator", false),
+                ("sandbox-device-plugin", false),
+                ("vgpu-device-manager", false),
+                ("client", true),
+                ("dra-driver", false),
+                ("dra-validator", false),
+                ("dcgm-dra", false),
+                ("dcgm-exporter-dra", false),
+            ],
+            Pauser::MigManager => &[
+                ("device-plugin", false),
+                ("gpu-feature-discovery", false),
+                ("dcgm-exporter", false),
+                ("dcgm", false),
+                ("nvsm", false),
+                ("client", true),
+            ],
+            Pauser::VgpuDeviceManager => &[
+                ("sandbox-device-plugin", false),
+                ("sandbox-validator", false),
+            ],
+        }
+    }
+
+    /// Whether a label's value shows this component's pause.
+    fn marks(self, value: &str) -> bool {
+        match self {
+            Pauser::DriverManager => value.contains(DRIVER_PAUSE),
+            Pauser::MigManager => value == MIG_PAUSE,
+            Pauser::VgpuDeviceManager => value == VGPU_PAUSE,
+        }
+    }
+
+    /// The value it writes back for a label its pause left as `value` (`maybeSetTrue` of what
+    /// it read, which the pause wrote as `maybeSetPaused`).
+    fn resume(self, value: &str) -> String {
+        match self {
+            // `false` stays; the pause marker goes: `paused-for-driver-upgrade` → `true`,
+            // `v_paused-for-driver-upgrade` → `v`; `""` stays `""`.
+            Pauser::DriverManager => match value {
+                "false" => "false".to_owned(),
+                DRIVER_PAUSE => "true".to_owned(),
+                _ => value.replace(DRIVER_PAUSE, "").trim_matches('_').to_owned(),
+            },
+            Pauser::MigManager => if value == "false" { "false" } else { "true" }.to_owned(),
+            Pauser::VgpuDeviceManager => match value {
+                "false" | "" => value.to_owned(),
+                _ => "true".to_owned(),
+            },
+        }
+    }
+}
+
+/// What the end of a pause writes to one label, and which component writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resume {
+    pub value: String,
+    pub by: Pauser,
+}
+
+/// The pauses under way on a node with these labels, and what each writes back to which label
+/// (full keys), from the labels as the pauses left them. A label one component owns that is
+/// absent was deleted during the pause: what it read is not known, and it is left out.
+pub fn resumes(labels: &Labels) -> Vec<(String, Resume)> {
+    let mut out: Vec<(String, Resume)> = Vec::new();
+    for pauser in PAUSERS {
+        let active = labels
+            .iter()
+            .any(|(k, v)| k.starts_with(DEPLOY_PREFIX) && pauser.marks(v));
+        if !active {
+            continue;
+        }
+        for (suffix, only_if_set) in pauser.keys() {
+            let key = format!("{DEPLOY_PREFIX}{suffix}");
+            let Some(value) = labels.get(&key) else {
+                continue;
+            };
+            if *only_if_set && value.is_empty() {
+                continue;
+            }
+            let resume = Resume {
+                value: pauser.resume(value),
+                by: pauser,
+            };
+            match out.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, r)) => *r = resume,
+                None => out.push((key, resume)),
+            }
+        }
+    }
+    out
+}
+
+/// The labels once every pause has ended: the request's labels (`new`), with each label a
+/// pausing component owns set to what it writes back ([`resumes`] of the labels before the
+/// request, `old`, or of `new` when there are none), and any other paused value a person wrote
+/// restored as its marker says. `None` when nothing is paused, so the labels stay as they are.
+pub fn after_pauses(old: Option<&Labels>, new: &Labels) -> Option<Labels> {
+    let written = resumes(old.unwrap_or(new));
+    let paused_left = new
+        .iter()
+        .any(|(k, v)| k.starts_with(DEPLOY_PREFIX) && restored_value(v).is_some());
+    if written.is_empty() && !paused_left {
+        return None;
+    }
+    let mut labels = new.clone();
+    for (key, resume) in written {
+        labels.insert(key, resume.value);
+    }
+    for (k, v) in labels.iter_mut() {
+        if k.starts_with(DEPLOY_PREFIX)
+            && let Some(to) = restored_value(v)
+        {
+            *v = to;
+        }
+    }
+    Some(labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(items: &[&str]) -> Labels {
+        items
+            .iter()
+            .map(|it| {
+                let (k, v) = it.split_once('=').unwrap();
+                let k = if k.contains('/') {
+                    k.to_owned()
+                } else {
+                    format!("{DEPLOY_PREFIX}{k}")
+                };
+                (k, v.to_owned())
+            })
+            .collect()
+    }
+
+    fn key(suffix: &str) -> String {
+        format!("{DEPLOY_PREFIX}{suffix}")
+    }
+
+    #[test]
+    fn each_component_writes_back_what_it_read() {
+        let cases: [(Pauser, &str, &str); 12] = [
+            (Pauser::DriverManager, "paused-for-driver-upgrade", "true"),
+            (Pauser::DriverManager, "false", "false"),
+            (Pauser::DriverManager, "", ""),
+            (
+                Pauser::DriverManager,
+                "foo_paused-for-driver-upgrade",
+                "foo",
+            ),
+            (
+                Pauser::DriverManager,
+                "pre-installed_paused-for-driver-upgrade",
+                "pre-installed",
+            ),
+            (Pauser::DriverManager, "true", "true"),
+            (Pauser::MigManager, "paused-for-mig-change", "true"),
+            (Pauser::MigManager, "false", "false"),
+            (Pauser::MigManager, "true", "true"),
+            (Pauser::VgpuDeviceManager, "paused-for-vgpu-change", "true"),
+            (Pauser::VgpuDeviceManager, "false", "false"),
+            (Pauser::VgpuDeviceManager, "", ""),
+        ];
+        for (pauser, value, back) in cases {
+            assert_eq!(pauser.resume(value), back, "{pauser:?} {value:?}");
+        }
+    }
+
+    /// A toolkit switched off during a driver upgrade: k8s-driver-manager writes back the
+    /// `true` it read before pausing.
+    #[test]
+    fn an_edit_during_a_driver_upgrade_is_overwritten_by_what_the_manager_read() {
+        let old = labels(&[
+            "container-toolkit=paused-for-driver-upgrade",
+            "device-plugin=paused-for-driver-upgrade",
+            "dcgm=false",
+            "driver=true",
+        ]);
+        let mut new = old.clone();
+        new.insert(key("container-toolkit"), "false".into());
+        new.insert(key("dcgm"), "true".into());
+        let after = after_pauses(Some(&old), &new).unwrap();
+        assert_eq!(after[&key("container-toolkit")], "true");
+        assert_eq!(after[&key("device-plugin")], "true");
+        // An unpaused label it owns goes back to what it read too.
+        assert_eq!(after[&key("dcgm")], "false");
+        // The driver's own label is not one it pauses.
+        assert_eq!(after[&key("driver")], "true");
+        let written = resumes(&old);
+        assert!(written.iter().all(|(_, r)| r.by == Pauser::DriverManager));
+    }
+
+    /// A device plugin switched off during a MIG change comes back `true`, while the toolkit,
+    /// which mig-manager never pauses, stays as the request leaves it.
+    #[test]
+    fn a_mig_change_brings_back_what_it_paused_and_leaves_the_toolkit() {
+        let old = labels(&[
+            "container-toolkit=true",
+            "device-plugin=paused-for-mig-change",
+            "gpu-feature-discovery=paused-for-mig-change",
+        ]);
+        let mut new = old.clone();
+        new.insert(key("container-toolkit"), "false".into());
+        new.insert(key("device-plugin"), "false".into());
+        let after = after_pauses(Some(&old), &new).unwrap();
+        assert_eq!(after[&key("device-plugin")], "true");
+        assert_eq!(after[&key("container-toolkit")], "false");
+        assert_eq!(after[&key("gpu-feature-discovery")], "true");
+    }
+
+    #[test]
+    fn nothing_paused_leaves_the_labels_and_a_written_marker_is_restored() {
+        let plain = labels(&["dcgm=false", "device-plugin=true"]);
+        assert_eq!(after_pauses(Some(&plain), &plain), None);
+        let marker = labels(&["example.com/x=paused-for-mig-change"]);
+        assert_eq!(after_pauses(None, &marker), None);
+        // A person writing a pause marker, with no pause under way.
+        let mut new = plain.clone();
+        new.insert(key("dcgm"), "paused-for-mig-change".into());
+        let after = after_pauses(Some(&plain), &new).unwrap();
+        assert_eq!(after[&key("dcgm")], "true");
+        // mig-manager and client only when they had a value; a deleted label is unknown.
+        let old = labels(&["device-plugin=paused-for-driver-upgrade", "mig-manager="]);
+        let r = resumes(&old);
+        assert_eq!(r.len(), 1, "{r:?}");
+    }
+}
