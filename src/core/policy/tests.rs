@@ -1754,3 +1754,47 @@ fn turning_both_off_during_a_mig_change_is_refused_as_the_plugin_comes_back() {
     let v = update("lab-node-0", &done, &with(&new, &[]));
     assert_eq!(v.decision, Decision::Allowed, "{:?}", v.findings);
 }
+
+/// A key of an operand a later version brings is unknown to the version followed.
+#[test]
+fn a_deploy_key_of_a_later_version_is_unknown_to_the_version_followed() {
+    let old = lab_node_0();
+    let new = with(
+        &old,
+        &[
+            ("client", Some("true")),
+            ("kata-sandbox-device-plugin", Some("false")),
+        ],
+    );
+    let policy = Policy::default();
+    let found = |version: &str| {
+        let v = update_with(
+            "n",
+            &old,
+            &new,
+            &facts_for(version, Default::default()),
+            &policy,
+        );
+        v.findings
+            .into_iter()
+            .filter(|f| f.rule == Rule::UnknownDeployLabel)
+            .map(|f| f.message)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        found("v25.3.4"),
+        [
+            "node n: no component of GPU Operator v25.3.4 reads nvidia.com/gpu.deploy.client (read from \
+          v26.7), nvidia.com/gpu.deploy.kata-sandbox-device-plugin (read from v26.3): the label does \
+          nothing on this version."
+        ]
+    );
+    assert_eq!(
+        found("v26.3.0"),
+        [
+            "node n: no component of GPU Operator v26.3.0 reads nvidia.com/gpu.deploy.client (read from \
+          v26.7): the label does nothing on this version."
+        ]
+    );
+    assert!(found("v26.7.0").is_empty());
+}

@@ -13,6 +13,7 @@ impl Ctx<'_, '_> {
     /// Every unknown key the request writes, as one finding: a request with many of them costs
     /// one message and one warning, naming the first few.
     pub(super) fn unknown_deploy_label(&self, out: &mut Vec<Found>) {
+        self.deploy_label_of_a_later_version(out);
         let mut unknown = self
             .written_deploy_labels()
             .filter(|(key, _)| is_unknown_deploy_key(key));
@@ -348,5 +349,47 @@ impl Ctx<'_, '_> {
                 ),
             });
         }
+    }
+}
+
+impl Ctx<'_, '_> {
+    /// Keys of operands the version followed does not have yet (`client` and the DRA keys
+    /// before v26.7, `kata-sandbox-device-plugin` before v26.3): no component of that version
+    /// reads them, so they are as unknown there as a typo, whatever a later version does.
+    fn deploy_label_of_a_later_version(&self, out: &mut Vec<Found>) {
+        let era = self.facts.operator.era();
+        let mut later: Vec<(&str, crate::core::operands::Era)> = self
+            .written_deploy_labels()
+            .filter_map(|(key, _)| Operand::from_key(key).map(|op| (key, op.info().since)))
+            .filter(|(_, since)| *since > era)
+            .collect();
+        if later.is_empty() {
+            return;
+        }
+        later.truncate(UNKNOWN_KEYS_SHOWN);
+        let node = self.node();
+        let version = &self.facts.operator.version.text;
+        let keys: Vec<String> = later
+            .iter()
+            .map(|(key, since)| format!("{key} (read from {})", since.name()))
+            .collect();
+        out.push(Found {
+            rule: Rule::UnknownDeployLabel,
+            change: Change::New,
+            message: format!(
+                "node {node}: no component of GPU Operator {version} reads {}: the label does nothing \
+                 on this version.",
+                keys.join(", ")
+            ),
+            warning: format!(
+                "{} not read by GPU Operator {version}: {}",
+                if later.len() == 1 { "a label" } else { "labels" },
+                later
+                    .iter()
+                    .map(|(key, _)| &key[DEPLOY_PREFIX.len()..])
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
     }
 }
