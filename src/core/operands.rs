@@ -143,7 +143,9 @@ pub enum Wait {
 /// A span of operator versions whose labelling code is the same.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Era {
-    /// v24.9.x – v25.10.x.
+    /// v22.9.x – v23.3.x: no kata manager nor confidential-computing manager.
+    V23_3,
+    /// v23.6.x – v25.10.x (named for v24.9, the first release the model was made from).
     V24_9,
     /// v26.3.x: sandbox mode, kata sandbox device plugin.
     V26_3,
@@ -154,10 +156,11 @@ pub enum Era {
 impl Era {
     pub const NEWEST: Era = Era::V26_7;
     /// Every era, oldest first.
-    pub const ALL: [Era; 3] = [Era::V24_9, Era::V26_3, Era::V26_7];
+    pub const ALL: [Era; 4] = [Era::V23_3, Era::V24_9, Era::V26_3, Era::V26_7];
 
     pub fn name(self) -> &'static str {
         match self {
+            Era::V23_3 => "v23.3",
             Era::V24_9 => "v24.9",
             Era::V26_3 => "v26.3",
             Era::V26_7 => "v26.7",
@@ -331,7 +334,7 @@ const fn sw(field: &'static str, default: bool) -> Option<Switch> {
 /// A row's eras: from the first to the last.
 struct Eras(Era, Era);
 
-const ALWAYS: Eras = Eras(Era::V24_9, Era::NEWEST);
+const ALWAYS: Eras = Eras(Era::V23_3, Era::NEWEST);
 
 const fn since(era: Era) -> Eras {
     Eras(era, Era::NEWEST)
@@ -414,7 +417,7 @@ pub const OPERANDS: [OperandInfo; 23] = [
     row(O::VfioManager,              k!("vfio-manager"),                &["nvidia-vfio-manager"],                                   sw("vfioManager", false),             ALWAYS,             ANY,       In(Sets::PASSTHROUGH),                                    NO_WAIT,    "vfio-manager",                false),
     row(O::VgpuManager,              k!("vgpu-manager"),                &["nvidia-vgpu-manager-daemonset", "nvidia-vgpu-manager-*"],sw("vgpuManager", false),             ALWAYS,             ANY,       In(Sets::VGPU),                                           NO_WAIT,    "vgpu-manager",                false),
     row(O::VgpuDeviceManager,        k!("vgpu-device-manager"),         &["nvidia-vgpu-device-manager"],                            sw("vgpuDeviceManager", false),       ALWAYS,             ANY,       In(Sets::VGPU),                                           &[SV],      "vgpu-device-manager",         false),
-    row(O::CcManager,                k!("cc-manager"),                  &["nvidia-cc-manager"],                                     sw("ccManager", false),               ALWAYS,             KATA,      In(Sets::PASSTHROUGH.or(Sets::VGPU)),                     NO_WAIT,    "cc-manager",                  false)
+    row(O::CcManager,                k!("cc-manager"),                  &["nvidia-cc-manager"],                                     sw("ccManager", false),               since(Era::V24_9),  KATA,      In(Sets::PASSTHROUGH.or(Sets::VGPU)),                     NO_WAIT,    "cc-manager",                  false)
         .also_selecting(CC_CAPABLE_KEY, Era::V24_9),
     row(O::KataManager,              k!("kata-manager"),                &["nvidia-kata-manager"],                                   sw("kataManager", false),             Eras(Era::V24_9, Era::V26_3), ANY, In(Sets::PASSTHROUGH),                                    NO_WAIT,    "kata-manager",                false),
     row(O::Nvsm,                     k!("nvsm"),                        NONE,                                                       None,                                 ALWAYS,             ANY,       NO,                                                       NO_WAIT,    "nvsm",                        false),
@@ -490,7 +493,8 @@ const fn era_model(era: Era) -> EraModel {
     m
 }
 
-const ERA_MODELS: [EraModel; 3] = [
+const ERA_MODELS: [EraModel; 4] = [
+    era_model(Era::V23_3),
     era_model(Era::V24_9),
     era_model(Era::V26_3),
     era_model(Era::V26_7),

@@ -45,8 +45,9 @@ pub enum Outside {
 
 /// The first release (major, minor) of each era, oldest first, and the newest release the model
 /// was checked against (`docs/gpu-operator.md`, the eras).
-const ERA_STARTS: [((u32, u32), Era); 3] = [
-    ((24, 9), Era::V24_9),
+const ERA_STARTS: [((u32, u32), Era); 4] = [
+    ((22, 9), Era::V23_3),
+    ((23, 6), Era::V24_9),
     ((26, 3), Era::V26_3),
     ((26, 7), Era::V26_7),
 ];
@@ -472,6 +473,13 @@ mod tests {
                     if era >= Era::V26_7 {
                         want.insert(Client);
                     }
+                    // v22.9 – v23.3 (NVIDIA/gpu-operator v23.3.2
+                    // controllers/state_manager.go, gpuStateLabels): no kata manager, no
+                    // confidential-computing manager.
+                    if era == Era::V23_3 {
+                        want.remove(KataManager);
+                        want.remove(CcManager);
+                    }
                     assert_eq!(label_set(era, w, mode), want, "{era:?} {w:?} {mode:?}");
                 }
             }
@@ -484,6 +492,10 @@ mod tests {
             }
             if era >= Era::V26_7 {
                 want = want.union(DRA).union(OperandSet::of(&[Client]));
+            }
+            if era == Era::V23_3 {
+                want.remove(KataManager);
+                want.remove(CcManager);
             }
             assert_eq!(managed(era), want, "{era:?}");
             assert_eq!(mig_labelled(era), OperandSet::of(&[MigManager]));
@@ -500,6 +512,9 @@ mod tests {
             ("v26.7.0", Era::V26_7),
             ("v27.1.0-rc.1", Era::V26_7),
             ("v23.9.1", Era::V24_9),
+            ("v23.6.0", Era::V24_9),
+            ("v23.3.2", Era::V23_3),
+            ("v22.9.0", Era::V23_3),
         ] {
             assert_eq!(OperatorVersion::parse(v).unwrap().era, era, "{v}");
         }

@@ -144,8 +144,12 @@ mod tests {
     #[test]
     fn a_version_outside_the_model_says_so_where_it_is_described() {
         for (text, era, outside) in [
-            ("v23.9.2", Era::V24_9, Some(Outside::Older)),
-            ("v24.6.0", Era::V24_9, Some(Outside::Older)),
+            ("v22.6.0", Era::V23_3, Some(Outside::Older)),
+            ("v1.11.1", Era::V23_3, Some(Outside::Older)),
+            ("v22.9.0", Era::V23_3, None),
+            ("v23.3.2", Era::V23_3, None),
+            ("v23.9.2", Era::V24_9, None),
+            ("v24.6.0", Era::V24_9, None),
             ("v24.9.0", Era::V24_9, None),
             ("v25.10.1", Era::V24_9, None),
             ("v26.3.3", Era::V26_3, None),
@@ -169,7 +173,7 @@ mod tests {
                     described,
                     format!(
                         "GPU Operator {text} given by --operator-version (outside the model: older \
-                         than v24.9, its oldest version; decided as v24.9)"
+                         than v22.9, its oldest version; decided as v23.3)"
                     )
                 ),
                 Some(Outside::Newer) => assert_eq!(
