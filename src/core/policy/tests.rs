@@ -1798,3 +1798,66 @@ fn a_deploy_key_of_a_later_version_is_unknown_to_the_version_followed() {
     );
     assert!(found("v26.7.0").is_empty());
 }
+
+/// On a cc-capable node, the sandbox validator's first step waits for a cc-manager the
+/// ClusterPolicy switches on: labelled off, or not deployed in v26.3's kubevirt mode, the
+/// sandbox operands behind the validator hang.
+#[test]
+fn a_cc_capable_node_without_its_cc_manager_hangs_the_sandbox_operands() {
+    let node = labels(&[
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
+        ("nvidia.com/gpu.present", "true"),
+        ("nvidia.com/gpu.workload.config", "vm-passthrough"),
+        ("nvidia.com/cc.capable", "true"),
+        ("sandbox-validator", "true"),
+        ("sandbox-device-plugin", "true"),
+        ("vfio-manager", "true"),
+        ("cc-manager", "true"),
+    ]);
+    let kubevirt = sandbox_on(crate::core::operands::SandboxMode::KubeVirt);
+    let hang = |version: &str, old: &Labels, new: &Labels| {
+        let v = update_with(
+            "n",
+            old,
+            new,
+            &facts_for(version, kubevirt.clone()),
+            &Policy::default(),
+        );
+        v.findings
+            .into_iter()
+            .filter(|f| {
+                f.rule == Rule::OperandWithoutSandboxValidator
+                    && f.message.contains("cc-manager step")
+            })
+            .map(|f| (f.change, f.message))
+            .collect::<Vec<_>>()
+    };
+    // v25.3: cc-manager labelled off under a running sandbox device plugin.
+    let off = with(&node, &[("cc-manager", Some("false"))]);
+    let found = hang("v25.3.4", &node, &off);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, Change::New);
+    assert!(
+        found[0].1.contains("sandbox-device-plugin"),
+        "{}",
+        found[0].1
+    );
+    // Labelled on, it runs: nothing.
+    assert!(hang("v25.3.4", &node, &node).is_empty());
+    // Not cc-capable: the step is skipped.
+    let plain = with(&off, &[("nvidia.com/cc.capable", None)]);
+    assert!(hang("v25.3.4", &node, &plain).is_empty());
+    // v26.3 in kubevirt mode never deploys the cc-manager: the node already hangs.
+    let found = hang("v26.3.0", &node, &node);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, Change::Existing);
+    // The cc-manager switched off in the ClusterPolicy drops the step.
+    let mut facts = facts_for("v26.3.0", kubevirt.clone());
+    facts.disabled.insert(Operand::CcManager);
+    let v = update_with("n", &node, &node, &facts, &Policy::default());
+    assert!(
+        !v.findings
+            .iter()
+            .any(|f| f.message.contains("cc-manager step"))
+    );
+}

@@ -156,6 +156,60 @@ impl Ctx<'_, '_> {
         );
     }
 
+    /// The sandbox validator's first step, cc-manager validation, waits forever on a
+    /// `nvidia.com/cc.capable=true` node for the cc-manager's ready file when no cc-manager runs
+    /// there although the ClusterPolicy switches it on (the step is dropped only when it is
+    /// off): its label is not `true`, or v26.3+ does not deploy it in `kubevirt` mode. The
+    /// later steps, and every operand waiting for the validator's files, wait with it
+    /// (gpu-operator v24.9.0 – v26.7.0 `assets/state-sandbox-validation/0500_daemonset.yaml`,
+    /// `CCManager.runValidation`; `docs/gpu-operator-pass3.md` §6).
+    pub(super) fn operand_behind_the_cc_manager_step(&self, out: &mut Vec<Found>) {
+        if self.facts.disabled.contains(Operand::CcManager) {
+            return;
+        }
+        let cc = crate::core::operands::CC_CAPABLE_KEY;
+        let stuck = |labels: Option<&Labels>, set: OperandSet| -> OperandSet {
+            match labels {
+                Some(labels)
+                    if labels.get(cc).is_some_and(|v| v == "true")
+                        && set.contains(Operand::SandboxValidator)
+                        && !set.contains(Operand::CcManager) =>
+                {
+                    set.iter()
+                        .filter(|op| op.waits_for(Wait::SandboxValidator))
+                        .collect()
+                }
+                _ => OperandSet::EMPTY,
+            }
+        };
+        let after = stuck(Some(self.review.labels), self.after);
+        let before = stuck(self.review.old_labels, self.before);
+        let key = Operand::CcManager.key();
+        let state = self.label_state(key);
+        self.per_subset(
+            out,
+            Rule::OperandWithoutSandboxValidator,
+            after,
+            before,
+            |names, change| {
+                let node = self.node();
+                let already = if change == Change::Existing { "already " } else { "" };
+                (
+                    format!(
+                        "node {node}: {cc}=true and the ClusterPolicy switches the cc-manager on, but no \
+                         cc-manager runs here ({state}), so the sandbox validator's cc-manager step waits \
+                         for it forever and {names} {already}wait forever behind it; set {key}=true, or \
+                         switch spec.ccManager.enabled off."
+                    ),
+                    format!(
+                        "{node}: {} {already}hang: the sandbox validator waits for a cc-manager that does not run",
+                        short_list(names)
+                    ),
+                )
+            },
+        );
+    }
+
     pub(super) fn device_plugin_on_non_gpu_node(&self, out: &mut Vec<Found>) {
         let misplaced = |labels: &Labels, set: OperandSet| {
             set.contains(Operand::DevicePlugin) && !is_gpu_node(labels)
