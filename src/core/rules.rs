@@ -149,11 +149,11 @@ pub const RULES: [RuleSpec; 17] = [
         kind: Kind::State,
         default: Action::Warn,
         severity: Severity::Medium,
-        pass: "no sandbox operand waits for a sandbox validator that is labelled off or stuck on a missing cc-manager",
-        summary: "sandbox-validator is labelled off, or waits for a cc-manager that does not run on a cc-capable node, while the sandbox or kata device plugin or the vGPU device manager runs",
+        pass: "no sandbox operand waits for a sandbox validator that is labelled off or stuck on a component that does not run",
+        summary: "sandbox-validator is labelled off, or stuck on a step whose component (cc-manager, vfio-manager, vGPU manager, vGPU device manager) the ClusterPolicy deploys but that does not run on the node, while the sandbox or kata device plugin or the vGPU device manager runs",
         check: Check::Node(|ctx, out| {
             ctx.operand_without_sandbox_validator(out);
-            ctx.operand_behind_the_cc_manager_step(out);
+            ctx.operand_behind_a_stuck_sandbox_step(out);
         }),
     },
     RuleSpec {

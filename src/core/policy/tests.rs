@@ -1861,3 +1861,122 @@ fn a_cc_capable_node_without_its_cc_manager_hangs_the_sandbox_operands() {
             .any(|f| f.message.contains("cc-manager step"))
     );
 }
+
+/// The sandbox validator's later steps stop on a missing component as the cc-manager step
+/// does: vfio-pci on vm-passthrough nodes, vgpu-manager and vgpu-devices on vm-vgpu nodes,
+/// and, before v26.7, a vGPU device manager that waits for the operator's vGPU manager only.
+#[test]
+fn a_sandbox_validator_step_whose_component_does_not_run_hangs_the_sandbox_operands() {
+    let gpu = [
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
+        ("nvidia.com/gpu.present", "true"),
+    ];
+    let passthrough = with(
+        &labels(&gpu),
+        &[
+            ("nvidia.com/gpu.workload.config", Some("vm-passthrough")),
+            ("sandbox-validator", Some("true")),
+            ("sandbox-device-plugin", Some("true")),
+            ("vfio-manager", Some("true")),
+            ("kata-manager", Some("true")),
+            ("cc-manager", Some("true")),
+        ],
+    );
+    let vgpu = with(
+        &labels(&gpu),
+        &[
+            ("nvidia.com/gpu.workload.config", Some("vm-vgpu")),
+            ("sandbox-validator", Some("true")),
+            ("sandbox-device-plugin", Some("true")),
+            ("vgpu-manager", Some("true")),
+            ("vgpu-device-manager", Some("true")),
+            ("cc-manager", Some("true")),
+        ],
+    );
+    let kubevirt = sandbox_on(crate::core::operands::SandboxMode::KubeVirt);
+    let stuck = |facts: &ClusterFacts, old: &Labels, new: &Labels| {
+        update_with("n", old, new, facts, &Policy::default())
+            .findings
+            .into_iter()
+            .filter(|f| f.rule == Rule::OperandWithoutSandboxValidator)
+            .map(|f| (f.change, f.message))
+            .collect::<Vec<_>>()
+    };
+    let v25 = facts_for("v25.3.4", kubevirt.clone());
+    let v26_7 = facts_for("v26.7.0", kubevirt.clone());
+
+    // Every component running: nothing, on either workload and version.
+    for facts in [&v25, &v26_7] {
+        assert!(stuck(facts, &passthrough, &passthrough).is_empty());
+        assert!(stuck(facts, &vgpu, &vgpu).is_empty());
+    }
+
+    // vfio-manager labelled off: the vfio-pci step fails for ever, the sandbox device plugin hangs.
+    let no_vfio = with(&passthrough, &[("vfio-manager", Some("false"))]);
+    let found = stuck(&v25, &passthrough, &no_vfio);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, Change::New);
+    assert!(
+        found[0].1.contains("vfio-pci step") && found[0].1.contains("sandbox-device-plugin"),
+        "{}",
+        found[0].1
+    );
+    // Switched off in the ClusterPolicy, the GPUs are bound by other means: nothing.
+    let mut own_vfio = v25.clone();
+    own_vfio.disabled.insert(Operand::VfioManager);
+    assert!(stuck(&own_vfio, &passthrough, &no_vfio).is_empty());
+
+    // vgpu-manager labelled off: the vgpu-manager step waits; both the sandbox device plugin
+    // and the vGPU device manager hang behind it.
+    let no_manager = with(&vgpu, &[("vgpu-manager", Some("false"))]);
+    for facts in [&v25, &v26_7] {
+        let found = stuck(facts, &vgpu, &no_manager);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].1.contains("vgpu-manager step")
+                && found[0]
+                    .1
+                    .contains("sandbox-device-plugin, vgpu-device-manager"),
+            "{}",
+            found[0].1
+        );
+    }
+
+    // vgpu-device-manager labelled off: the vgpu-devices step waits; the sandbox device plugin hangs.
+    let no_devices = with(&vgpu, &[("vgpu-device-manager", Some("false"))]);
+    let found = stuck(&v25, &vgpu, &no_devices);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].1.contains("vgpu-devices step") && found[0].1.contains("sandbox-device-plugin"),
+        "{}",
+        found[0].1
+    );
+
+    // A host-installed vGPU manager (switched off in the ClusterPolicy): before v26.7 the
+    // device manager waits for the operator's one for ever; v26.7 accepts the host's.
+    let mut host = v25.clone();
+    host.disabled.insert(Operand::VgpuManager);
+    let found = stuck(&host, &vgpu, &vgpu);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, Change::Existing);
+    assert!(
+        found[0].1.contains("host-vgpu-manager-ready")
+            && found[0].1.contains("GPU Operator v25.3.4"),
+        "{}",
+        found[0].1
+    );
+    let mut host = v26_7.clone();
+    host.disabled.insert(Operand::VgpuManager);
+    assert!(stuck(&host, &vgpu, &vgpu).is_empty());
+
+    // Before v23.6 the validator has no cc-manager step: a cc-capable node without one is fine.
+    let cc = with(
+        &passthrough,
+        &[
+            ("nvidia.com/cc.capable", Some("true")),
+            ("cc-manager", Some("false")),
+        ],
+    );
+    assert!(stuck(&facts_for("v23.3.0", kubevirt.clone()), &passthrough, &cc).is_empty());
+    assert_eq!(stuck(&v25, &passthrough, &cc).len(), 1);
+}

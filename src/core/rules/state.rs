@@ -1,7 +1,11 @@
 //! The state rules: what the DaemonSet controller will run on the node.
 
 use super::{Change, Ctx, Found, Rule};
-use crate::core::operands::{GPU_PRESENT_KEY, Labels, Operand, OperandSet, Wait, is_gpu_node};
+use crate::core::facts::ClusterFacts;
+use crate::core::operands::{
+    CC_CAPABLE_KEY, Era, GPU_PRESENT_KEY, Labels, Operand, OperandSet, Wait, Workload, is_gpu_node,
+};
+use crate::core::operator::workload;
 
 impl Ctx<'_, '_> {
     pub(super) fn device_plugin_without_toolkit(&self, out: &mut Vec<Found>) {
@@ -156,54 +160,46 @@ impl Ctx<'_, '_> {
         );
     }
 
-    /// The sandbox validator's first step, cc-manager validation, waits forever on a
-    /// `nvidia.com/cc.capable=true` node for the cc-manager's ready file when no cc-manager runs
-    /// there although the ClusterPolicy switches it on (the step is dropped only when it is
-    /// off): its label is not `true`, or v26.3+ does not deploy it in `kubevirt` mode. The
-    /// later steps, and every operand waiting for the validator's files, wait with it
-    /// (gpu-operator v24.9.0 – v26.7.0 `assets/state-sandbox-validation/0500_daemonset.yaml`,
-    /// `CCManager.runValidation`; `docs/gpu-operator-pass3.md` §6).
-    pub(super) fn operand_behind_the_cc_manager_step(&self, out: &mut Vec<Found>) {
-        if self.facts.disabled.contains(Operand::CcManager) {
+    /// The sandbox validator's steps run in order (cc-manager, vfio-pci, vgpu-manager,
+    /// vgpu-devices), each waiting or failing until the component it checks has done its work;
+    /// a step whose component the ClusterPolicy switches on but that does not run on the node
+    /// stops the validator there, and every operand waiting for the validator's files waits
+    /// with it ([`StuckStep`]; gpu-operator v22.9.0 – v26.7.0
+    /// `assets/state-sandbox-validation/0500_daemonset.yaml`, `validator/main.go`;
+    /// `docs/gpu-operator.md` §7).
+    pub(super) fn operand_behind_a_stuck_sandbox_step(&self, out: &mut Vec<Found>) {
+        let after = stuck_sandbox_step(self.review.labels, self.after, self.facts);
+        let before = self
+            .review
+            .old_labels
+            .and_then(|old| stuck_sandbox_step(old, self.before, self.facts));
+        let Some((step, hanging)) = after else {
             return;
-        }
-        let cc = crate::core::operands::CC_CAPABLE_KEY;
-        let stuck = |labels: Option<&Labels>, set: OperandSet| -> OperandSet {
-            match labels {
-                Some(labels)
-                    if labels.get(cc).is_some_and(|v| v == "true")
-                        && set.contains(Operand::SandboxValidator)
-                        && !set.contains(Operand::CcManager) =>
-                {
-                    set.iter()
-                        .filter(|op| op.waits_for(Wait::SandboxValidator))
-                        .collect()
-                }
-                _ => OperandSet::EMPTY,
-            }
         };
-        let after = stuck(Some(self.review.labels), self.after);
-        let before = stuck(self.review.old_labels, self.before);
-        let key = Operand::CcManager.key();
-        let state = self.label_state(key);
+        let before = before.map_or(OperandSet::EMPTY, |(_, set)| set);
+        let state = self.label_state(step.component().key());
+        let version = &self.facts.operator.version.text;
         self.per_subset(
             out,
             Rule::OperandWithoutSandboxValidator,
-            after,
+            hanging,
             before,
             |names, change| {
                 let node = self.node();
-                let already = if change == Change::Existing { "already " } else { "" };
+                let already = if change == Change::Existing {
+                    "already "
+                } else {
+                    ""
+                };
                 (
                     format!(
-                        "node {node}: {cc}=true and the ClusterPolicy switches the cc-manager on, but no \
-                         cc-manager runs here ({state}), so the sandbox validator's cc-manager step waits \
-                         for it forever and {names} {already}wait forever behind it; set {key}=true, or \
-                         switch spec.ccManager.enabled off."
+                        "node {node}: {}",
+                        step.explain(&state, names, already, version)
                     ),
                     format!(
-                        "{node}: {} {already}hang: the sandbox validator waits for a cc-manager that does not run",
-                        short_list(names)
+                        "{node}: {} {already}hang: {}",
+                        short_list(names),
+                        step.short()
                     ),
                 )
             },
@@ -238,6 +234,146 @@ impl Ctx<'_, '_> {
             warning: format!("{node}: device-plugin {already}runs on a node with no NVIDIA GPU label"),
         });
     }
+}
+
+/// A step of the sandbox validator that never passes on a node, because the component it
+/// checks does not run there although the ClusterPolicy deploys it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum StuckStep {
+    /// `cc-manager-validation` on a `nvidia.com/cc.capable=true` node waits forever for the
+    /// cc-manager's ready file (`CCManager.runValidation`). The step exists from v23.6 and is
+    /// dropped only when `spec.ccManager.enabled` is false (`TransformValidatorComponent`), so a
+    /// cc-manager labelled off, or not deployed in v26.3+ `kubevirt` mode, leaves it waiting.
+    CcManager,
+    /// `vfio-pci-validation` on a vm-passthrough node fails, and the kubelet restarts it for
+    /// ever, until every NVIDIA GPU is bound to `vfio-pci` (`VfioPCI.runValidation`), which the
+    /// vfio-manager does.
+    VfioPci,
+    /// `vgpu-manager-validation` on a vm-vgpu node waits forever for `nvidia-smi` of a vGPU
+    /// manager (`VGPUManager.runValidation`): the operator's, or one on the host.
+    VgpuManager,
+    /// `vgpu-devices-validation` on a vm-vgpu node waits forever for a vGPU (mdev) device
+    /// (`VGPUDevices.runValidation`), which the vGPU device manager creates.
+    VgpuDevices,
+    /// Before v26.7 the vGPU device manager's init container waits only for
+    /// `vgpu-manager-ready`, which the validator writes for the operator's vGPU manager; for
+    /// one installed on the host it writes `host-vgpu-manager-ready`
+    /// (`assets/state-vgpu-device-manager/0600_daemonset.yaml`; `VGPUManager.validate`). With no
+    /// operator vGPU manager on the node, the device manager never starts, and the
+    /// vgpu-devices step waits for the devices it would create.
+    HostVgpuManager,
+}
+
+impl StuckStep {
+    /// The component whose absence stops the step.
+    fn component(self) -> Operand {
+        match self {
+            StuckStep::CcManager => Operand::CcManager,
+            StuckStep::VfioPci => Operand::VfioManager,
+            StuckStep::VgpuManager | StuckStep::HostVgpuManager => Operand::VgpuManager,
+            StuckStep::VgpuDevices => Operand::VgpuDeviceManager,
+        }
+    }
+
+    fn explain(self, state: &str, names: &str, already: &str, version: &str) -> String {
+        let key = self.component().key();
+        match self {
+            StuckStep::CcManager => format!(
+                "{CC_CAPABLE_KEY}=true and the ClusterPolicy switches the cc-manager on, but no \
+                 cc-manager runs here ({state}), so the sandbox validator's cc-manager step waits \
+                 for it forever and {names} {already}wait forever behind it; set {key}=true, or \
+                 switch spec.ccManager.enabled off."
+            ),
+            StuckStep::VfioPci => format!(
+                "a vm-passthrough node, and the ClusterPolicy leaves binding its GPUs to vfio-pci to \
+                 the vfio-manager, but none runs here ({state}), so the sandbox validator's vfio-pci \
+                 step fails and restarts for ever (unless the GPUs were bound to vfio-pci by other \
+                 means) and {names} {already}wait forever for vfio-pci-ready; set {key}=true."
+            ),
+            StuckStep::VgpuManager => format!(
+                "a vm-vgpu node, and the ClusterPolicy deploys the vGPU manager, but none runs here \
+                 ({state}), so the sandbox validator's vgpu-manager step waits forever for a vGPU \
+                 driver (unless the host has one installed) and {names} {already}wait forever behind \
+                 it; set {key}=true."
+            ),
+            StuckStep::VgpuDevices => format!(
+                "a vm-vgpu node, and the ClusterPolicy deploys the vGPU device manager, but none runs \
+                 here ({state}), so the sandbox validator's vgpu-devices step waits forever for vGPU \
+                 devices (unless they were created by other means) and {names} {already}wait forever \
+                 for vgpu-devices-ready; set {key}=true."
+            ),
+            StuckStep::HostVgpuManager => format!(
+                "a vm-vgpu node with no vGPU manager of the operator ({state}); the vGPU device \
+                 manager of GPU Operator {version} waits only for vgpu-manager-ready, which the \
+                 validator writes for the operator's vGPU manager (a host-installed one gets \
+                 host-vgpu-manager-ready), so it never starts, the sandbox validator's vgpu-devices \
+                 step waits forever for the devices it would create, and {names} {already}wait \
+                 forever; set {key}=true (the operator's vGPU manager), or use v26.7, whose device \
+                 manager accepts a host-installed one."
+            ),
+        }
+    }
+
+    fn short(self) -> &'static str {
+        match self {
+            StuckStep::CcManager => {
+                "the sandbox validator waits for a cc-manager that does not run"
+            }
+            StuckStep::VfioPci => "the sandbox validator's vfio-pci step fails: no vfio-manager",
+            StuckStep::VgpuManager => {
+                "the sandbox validator waits for a vGPU manager that does not run"
+            }
+            StuckStep::VgpuDevices => {
+                "the sandbox validator waits for vGPU devices: no vgpu-device-manager"
+            }
+            StuckStep::HostVgpuManager => {
+                "vgpu-device-manager waits for vgpu-manager-ready: no operator vGPU manager"
+            }
+        }
+    }
+}
+
+/// The first sandbox-validator step that never passes on a node with these labels running
+/// `set`, and the operands that hang behind it (`None`: the sandbox validator does not run,
+/// or no step is stuck). A component switched off in the ClusterPolicy is one the person
+/// provides by other means (GPUs bound by hand, a host vGPU manager, devices created by hand),
+/// so only one switched on and not running stops a step; the cc-manager step is the
+/// exception only in that switching it off drops it.
+fn stuck_sandbox_step(
+    labels: &Labels,
+    set: OperandSet,
+    facts: &ClusterFacts,
+) -> Option<(StuckStep, OperandSet)> {
+    if !set.contains(Operand::SandboxValidator) {
+        return None;
+    }
+    let era = facts.operator.era();
+    let switched_on = |op: Operand| !facts.disabled.contains(op) && era >= op.info().since;
+    let missing = |op: Operand| switched_on(op) && !set.contains(op);
+    let workload = workload(labels, &facts.sandbox);
+    let cc_capable = labels.get(CC_CAPABLE_KEY).is_some_and(|v| v == "true");
+    let step = if cc_capable && missing(Operand::CcManager) {
+        StuckStep::CcManager
+    } else if workload == Workload::VmPassthrough && missing(Operand::VfioManager) {
+        StuckStep::VfioPci
+    } else if workload == Workload::VmVgpu && missing(Operand::VgpuManager) {
+        StuckStep::VgpuManager
+    } else if workload == Workload::VmVgpu && missing(Operand::VgpuDeviceManager) {
+        StuckStep::VgpuDevices
+    } else if workload == Workload::VmVgpu
+        && era < Era::V26_7
+        && set.contains(Operand::VgpuDeviceManager)
+        && !set.contains(Operand::VgpuManager)
+    {
+        StuckStep::HostVgpuManager
+    } else {
+        return None;
+    };
+    let hanging: OperandSet = set
+        .iter()
+        .filter(|op| op.waits_for(Wait::SandboxValidator))
+        .collect();
+    (!hanging.is_empty()).then_some((step, hanging))
 }
 
 /// A list of operand names short enough for a kubectl warning line: more than three become
