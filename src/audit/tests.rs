@@ -472,11 +472,11 @@ fn at() -> Timestamp {
 fn the_report_has_one_result_per_relevant_node_and_rule() {
     let r = run("lab-device-plugin-only");
     let rep = report::build(&r, at());
-    // Three nodes take part (two GPUs, one with the plugin), six rules each.
-    assert_eq!(rep.results.len(), 18);
+    // Three nodes take part (two GPUs, one with the plugin), seven rules each.
+    assert_eq!(rep.results.len(), 21);
     assert_eq!(
         (rep.summary.pass, rep.summary.fail, rep.summary.warn),
-        (16, 1, 1)
+        (19, 1, 1)
     );
     let fail = rep
         .results
@@ -511,6 +511,7 @@ fn the_report_yaml_follows_the_wgpolicyk8s_schema() {
         Rule::OperandWithoutToolkit,
         Rule::OperandWithoutValidator,
         Rule::OperandWithoutSandboxValidator,
+        Rule::OperandWithoutDraDriver,
         Rule::DevicePluginOnNonGpuNode,
     ] {
         policy.actions[rule as usize] = Action::Off;
@@ -543,13 +544,13 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
     let rep = report::build(&r, at());
     assert_eq!(rep.results.len(), report::MAX_RESULTS);
     assert_eq!(rep.summary.fail, 1000);
-    assert_eq!(rep.summary.pass, 5000);
+    assert_eq!(rep.summary.pass, 6000);
     assert_eq!(
         rep.metadata
             .annotations
             .get(report::OMITTED_ANNOTATION)
             .map(String::as_str),
-        Some("4000")
+        Some("5000")
     );
     assert!(
         rep.results[..1000]

@@ -63,6 +63,11 @@ pub struct AuditArgs {
         requires = "nodes"
     )]
     pub cluster_policy: Option<PathBuf>,
+    /// With --nodes: the GPUCluster (GPU Operator v26.7+), as `kubectl get gpucluster -o yaml`
+    /// writes it: the nodes are on the DRA stack, or, with --cluster-policy too, the operator
+    /// reconciles neither.
+    #[arg(long, env = "GDG_GPU_CLUSTER", value_name = "FILE", requires = "nodes")]
+    pub gpu_cluster: Option<PathBuf>,
     /// Output format.
     #[arg(short, long, env = "GDG_AUDIT_OUTPUT", value_enum, default_value_t = Format::Lines)]
     pub output: Format,
@@ -100,6 +105,8 @@ pub enum AuditError {
     File(#[from] FileError),
     #[error(transparent)]
     ClusterPolicy(#[from] ClusterPolicyError),
+    #[error(transparent)]
+    GpuCluster(#[from] crate::k8s::gpu_cluster::GpuClusterError),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
     #[error("node {node} is not among the {count} nodes audited")]
@@ -146,6 +153,10 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         let p = read::cluster_policy_file(path)?;
         facts = p.facts;
         facts.source = PolicySource::Found(p.name);
+    }
+    if let Some(path) = &args.gpu_cluster {
+        let gc = crate::k8s::gpu_cluster::file(path)?;
+        facts = facts.with_gpu_cluster(&gc.name, gc.disabled, args.cluster_policy.is_some());
     }
     if let Some(path) = &args.daemonsets {
         let ds = files::read_daemonsets(path)?;

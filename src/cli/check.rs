@@ -13,10 +13,10 @@ use clap::ValueEnum;
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, operator_defaults};
 use crate::core::labels::{Change, ChangeError};
-use crate::core::operands::Workload;
 use crate::core::operands::{
     DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet,
 };
+use crate::core::operands::{Stack, Workload};
 use crate::core::operator::{LabelAction, Pass, has_nfd_gpu, labelling_pass};
 use crate::core::pauses::resumes;
 use crate::core::policy::{self, Decision, Verdict};
@@ -87,6 +87,8 @@ pub struct CheckOutcome {
     pub operator: Pass,
     /// The operator version that pass follows, and where it came from.
     pub version: Followed,
+    /// The stack that pass follows.
+    pub stack: Stack,
 }
 
 /// The verdict on the input, ready to print.
@@ -133,7 +135,7 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         unknown_not_copied: 0,
     };
     let verdict = policy::decide(&review, facts, &config.policy);
-    let operator = labelling_pass(&after, facts.operator.era(), &facts.sandbox);
+    let operator = labelling_pass(&after, facts.operator.era(), &facts.sandbox, facts.stack);
     let swept = operator
         .actions
         .values()
@@ -157,6 +159,7 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         notes,
         operator,
         version: facts.operator.clone(),
+        stack: facts.stack.in_era(facts.operator.era()),
     })
 }
 
@@ -192,6 +195,9 @@ impl CheckOutcome {
             /// Set when the version is outside the model: what is decided instead.
             #[serde(skip_serializing_if = "Option::is_none")]
             outside_model: Option<String>,
+            /// Which custom resource drives the pass: cluster-policy, gpu-cluster (the DRA
+            /// stack) or both (then nothing is labelled).
+            stack: &'static str,
             workload: Option<&'static str>,
             labels: BTreeMap<&'a str, LabelOut<'a>>,
             /// gpu.present and every deploy label once the pass is done.
@@ -237,6 +243,7 @@ impl CheckOutcome {
                 era: self.version.era().name(),
                 assumed: self.version.source.assumed(),
                 outside_model: self.version.version.outside_model(),
+                stack: self.stack.name(),
                 workload: self.operator.workload.map(Workload::name),
                 labels: self
                     .operator
@@ -343,7 +350,7 @@ impl CheckOutcome {
             .collect();
         let _ = writeln!(
             out,
-            "\nGPU Operator {}{}: its next labelling pass: {}",
+            "\nGPU Operator {}{}{}: its next labelling pass: {}",
             self.version.version,
             match (
                 self.version.source.assumed(),
@@ -352,6 +359,10 @@ impl CheckOutcome {
                 (Some(why), _) => format!(" (assumed: {why})"),
                 (None, Some(outside)) => format!(" ({outside})"),
                 (None, None) => String::new(),
+            },
+            match self.stack {
+                Stack::ClusterPolicy => String::new(),
+                other => format!(", {}", other.describe()),
             },
             if changes.is_empty() {
                 "no change".to_owned()
@@ -452,6 +463,10 @@ pub struct CheckArgs {
     /// Without it, the GPU Operator's defaults are assumed, as `serve` does when it cannot read one.
     #[arg(long, value_name = "FILE")]
     pub cluster_policy: Option<PathBuf>,
+    /// The GPUCluster (`kubectl get gpucluster -o yaml`, GPU Operator v26.7+): the nodes are on
+    /// the DRA stack, or, with --cluster-policy too, the operator reconciles neither.
+    #[arg(long, value_name = "FILE")]
+    pub gpu_cluster: Option<PathBuf>,
     #[command(flatten)]
     pub operator_version: OperatorVersionArg,
     /// Output format.
@@ -482,6 +497,16 @@ pub fn run(args: CheckArgs) -> ExitCode {
             }
         },
         None => operator_defaults(),
+    };
+    let facts = match &args.gpu_cluster {
+        Some(path) => match crate::k8s::gpu_cluster::file(path) {
+            Ok(gc) => facts.with_gpu_cluster(&gc.name, gc.disabled, args.cluster_policy.is_some()),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => facts,
     };
     let facts = ClusterFacts {
         operator: Followed::assumed(NOT_GIVEN),

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 
-use crate::core::operands::{Labels, OPERANDS, Operand, OperandSet, not_deployed};
+use crate::core::operands::{
+    Labels, OPERANDS, OnGpuCluster, Operand, OperandSet, Stack, not_deployed,
+};
 use crate::core::operator::Sandbox;
 use crate::core::version::Followed;
 
@@ -37,6 +39,9 @@ pub struct ClusterFacts {
     /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras), and
     /// where it came from or why it is assumed.
     pub operator: Followed,
+    /// Which custom resource drives the operator: a ClusterPolicy, a GPUCluster (the DRA stack,
+    /// v26.7+), or both (then neither is reconciled).
+    pub stack: Stack,
 }
 
 impl Default for ClusterFacts {
@@ -52,12 +57,33 @@ impl Default for ClusterFacts {
             nri_plugin: false,
             nvidia_drivers: None,
             operator: Followed::default(),
+            stack: Stack::ClusterPolicy,
         }
     }
 }
 
 /// The ClusterPolicy field that turns sandbox workloads (and so the sandbox operands) on.
 pub const SANDBOX_WORKLOADS: &str = "sandboxWorkloads";
+
+/// The operands a GPUCluster switches off (its DCGM host engine and DCGM exporter), given how
+/// to read one `spec.<field>.enabled` switch: `None` when the `spec.<field>` object is absent,
+/// which keeps the operand off (gpu-operator@v26.7.0 `internal/state/gpucluster.go`,
+/// `dcgmEnabled`; `internal/state/dcgm_exporter.go`, `isEnabled`), else the value with the
+/// default when `enabled` is absent. The GPUCluster deploys none of the ClusterPolicy's own
+/// operands; those are off by the stack ([`ClusterFacts::off`]).
+pub fn gpu_cluster_switched_off<E>(
+    mut enabled: impl FnMut(&str, bool) -> Result<Option<bool>, E>,
+) -> Result<OperandSet, E> {
+    let mut disabled = OperandSet::EMPTY;
+    for info in &OPERANDS {
+        if let OnGpuCluster::Added(Some(s)) = info.on_gpu_cluster
+            && enabled(s.field, s.default)? != Some(true)
+        {
+            disabled.insert(info.operand);
+        }
+    }
+    Ok(disabled)
+}
 
 /// The operands a ClusterPolicy switches off, given how to read one `spec.<field>.enabled`
 /// switch (with the operator's default when absent). Switches are read in table order,
@@ -92,14 +118,20 @@ impl ClusterFacts {
     /// `controllers/state_manager.go`; the rows' eras and modes, [`not_deployed`]). A DaemonSet
     /// of either kind that still exists is one the operator deletes, as for a switched-off one.
     pub fn off(&self) -> OperandSet {
-        self.disabled
-            .union(not_deployed(self.operator.era(), self.sandbox.mode))
+        self.disabled.union(not_deployed(
+            self.operator.era(),
+            self.sandbox.mode,
+            self.stack,
+        ))
     }
     /// Evidence beats defaults: when the ClusterPolicy is unknown (its switches are the
     /// operator's defaults), an operand whose DaemonSet or pods the cluster shows is enabled.
     /// A ClusterPolicy that was read keeps its word.
     pub fn enable_seen(&mut self, present: OperandSet) {
-        if matches!(self.source, PolicySource::Found(_)) {
+        if matches!(
+            self.source,
+            PolicySource::Found(_) | PolicySource::GpuCluster(_)
+        ) {
             return;
         }
         self.disabled = self
@@ -116,10 +148,40 @@ impl ClusterFacts {
     /// ClusterPolicy's switches), then which operator version it followed and where that came
     /// from.
     pub fn annotation(&self) -> String {
-        let version = self.operator.describe();
+        let mut version = self.operator.describe();
+        if self.stack != Stack::ClusterPolicy {
+            version = format!("{version}; {}", self.stack.describe());
+        }
         match self.assumed() {
             None => version,
             Some(a) => format!("{a}; {version}"),
+        }
+    }
+
+    /// These facts (a ClusterPolicy's, or the defaults when none exists) once a GPUCluster
+    /// named `name`, switching off `disabled` ([`gpu_cluster_switched_off`]), is known to
+    /// exist too. Without a ClusterPolicy it is the DRA stack: its switches, its NVIDIADriver
+    /// drivers (`usesNvidiaDriverCRD`), no sandbox workloads. With one, the operator reconciles
+    /// neither (gpu-operator@v26.7.0 `controllers/gpucluster_controller.go`,
+    /// `validatePrerequisites`; `controllers/clusterpolicy_controller.go`, `Reconcile`;
+    /// `controllers/nodelabeling_controller.go`, `Reconcile`): the ClusterPolicy's facts stay,
+    /// on [`Stack::Both`].
+    pub fn with_gpu_cluster(self, name: &str, disabled: OperandSet, cluster_policy: bool) -> Self {
+        if cluster_policy {
+            return ClusterFacts {
+                stack: Stack::Both,
+                ..self
+            };
+        }
+        ClusterFacts {
+            toolkit_managed: true,
+            disabled,
+            source: PolicySource::GpuCluster(name.to_owned()),
+            sandbox: Sandbox::default(),
+            driver_crd: true,
+            nri_plugin: false,
+            stack: Stack::GpuCluster,
+            ..self
         }
     }
 
@@ -146,6 +208,8 @@ pub fn operator_defaults() -> ClusterFacts {
 pub enum PolicySource {
     /// Read from the named ClusterPolicy.
     Found(String),
+    /// Read from the named GPUCluster (the DRA stack; no ClusterPolicy exists).
+    GpuCluster(String),
     /// None was given (an audit of files without `--cluster-policy`): the operator's defaults.
     NotGiven,
     /// The CRD is not installed or no ClusterPolicy exists: the operator's defaults.
@@ -173,6 +237,7 @@ impl PolicySource {
     pub fn state(&self) -> &'static str {
         match self {
             PolicySource::Found(_) => "found",
+            PolicySource::GpuCluster(_) => "gpu-cluster",
             PolicySource::NotGiven => "not-given",
             PolicySource::Missing(_) => "missing",
             PolicySource::Forbidden(_) => "forbidden",
@@ -185,6 +250,9 @@ impl PolicySource {
     pub fn describe(&self) -> String {
         match self {
             PolicySource::Found(name) => format!("operand switches read from ClusterPolicy {name}"),
+            PolicySource::GpuCluster(name) => format!(
+                "operand switches read from GPUCluster {name}: the DRA stack, no ClusterPolicy"
+            ),
             PolicySource::NotGiven => {
                 "no ClusterPolicy given: the GPU Operator's default operand switches are assumed"
                     .to_owned()

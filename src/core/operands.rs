@@ -138,6 +138,73 @@ pub enum Wait {
     /// The sandbox validator's files (`workload-type`, `vfio-pci-ready`, `vgpu-devices-ready`,
     /// `vgpu-manager-ready`): their init containers wait for them.
     SandboxValidator,
+    /// The DRA kubelet plugin: their pods hold an admin-access ResourceClaim of device class
+    /// `gpu.nvidia.com`, which nothing allocates on a node the plugin does not serve, so they
+    /// stay Pending.
+    DraDriver,
+}
+
+/// Which of the operator's custom resources drives the node labelling and the operands.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum Stack {
+    /// A ClusterPolicy (or none known): the device-plugin stack.
+    #[default]
+    ClusterPolicy,
+    /// A GPUCluster and no ClusterPolicy (v26.7 and later): the DRA stack, whose nodes get the
+    /// DRA operands' deploy labels and lose the device-plugin stack's.
+    GpuCluster,
+    /// Both exist: the v26.7 operator refuses to reconcile either (each controller errors out,
+    /// the node-labelling reconcile labels nothing), so labels and DaemonSets stay as they are.
+    Both,
+}
+
+impl Stack {
+    /// The stack the operator of this era follows: before v26.7 there is no GPUCluster.
+    pub fn in_era(self, era: Era) -> Stack {
+        if era < Era::V26_7 {
+            Stack::ClusterPolicy
+        } else {
+            self
+        }
+    }
+
+    /// As `check -o json` and the audit's JSON spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stack::ClusterPolicy => "cluster-policy",
+            Stack::GpuCluster => "gpu-cluster",
+            Stack::Both => "both",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Stack::ClusterPolicy => "ClusterPolicy (device-plugin) stack",
+            Stack::GpuCluster => "GPUCluster (DRA) stack",
+            Stack::Both => {
+                "a ClusterPolicy and a GPUCluster both exist: the operator reconciles neither and labels no node"
+            }
+        }
+    }
+}
+
+/// What the GPUCluster (DRA) stack does with an operand (gpu-operator@v26.7.0
+/// `controllers/state_manager.go`, `gpuClusterStateLabels`, `devicePluginOnlyStateLabelKeys`;
+/// `internal/state/manager.go`, `newGPUClusterStates`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum OnGpuCluster {
+    /// In the GPUCluster set: added as `true` (when absent or empty) on GPU nodes; deployed
+    /// (the driver by NVIDIADriver resources) unless the GPUCluster's switch, when it has one,
+    /// is off. A GPUCluster switch is off when its `spec.<field>` object is absent, and its
+    /// `enabled` defaults as given.
+    Added(Option<Switch>),
+    /// Left alone on GPU nodes, deployed by an NVIDIADriver that may serve either stack
+    /// (vgpu-manager).
+    Kept,
+    /// Deleted from every GPU node, whatever its value; never deployed.
+    Swept,
+    /// Never touched (nvsm).
+    Untouched,
 }
 
 /// A span of operator versions whose labelling code is the same.
@@ -278,7 +345,8 @@ pub enum Labelled {
     /// mig-manager's: added as `true` (when absent) on MIG-capable `container` nodes, kept on
     /// every `container` node, swept from the others.
     MigCapable,
-    /// Never added, swept from every ClusterPolicy node: the GPUCluster (DRA) stack's keys.
+    /// Never added, swept from every ClusterPolicy node, never deployed by the ClusterPolicy:
+    /// the GPUCluster (DRA) stack's own keys ([`OnGpuCluster`]).
     Swept,
     /// Never touched by the operator: a person or another tool writes it.
     No,
@@ -317,6 +385,10 @@ pub struct OperandInfo {
     /// shipped nodeSelector (`assets/state-*/0500_daemonset.yaml`), used where the real
     /// DaemonSets are not read (`check` without `--daemonsets`, the plugin's preview).
     pub also_selects: Option<AlsoSelects>,
+    /// What the GPUCluster (DRA) stack does with it: by default, swept when the ClusterPolicy
+    /// labels it, added when it is one of the DRA stack's own keys ([`Labelled::Swept`]),
+    /// untouched otherwise.
+    pub on_gpu_cluster: OnGpuCluster,
 }
 
 /// A label an operand's shipped DaemonSet selects besides its deploy label.
@@ -366,6 +438,11 @@ const fn row(
         column,
         always_shown,
         also_selects: None,
+        on_gpu_cluster: match labelled {
+            Labelled::In(_) | Labelled::MigCapable => OnGpuCluster::Swept,
+            Labelled::Swept => OnGpuCluster::Added(None),
+            Labelled::No => OnGpuCluster::Untouched,
+        },
     }
 }
 
@@ -373,6 +450,12 @@ impl OperandInfo {
     /// The row, its DaemonSet selecting `key=true` too up to the era `until`.
     const fn also_selecting(mut self, key: &'static str, until: Era) -> OperandInfo {
         self.also_selects = Some(AlsoSelects { key, until });
+        self
+    }
+
+    /// The row, the GPUCluster stack treating it as `what`.
+    const fn on_gpu_cluster_as(mut self, what: OnGpuCluster) -> OperandInfo {
+        self.on_gpu_cluster = what;
         self
     }
 }
@@ -389,7 +472,8 @@ macro_rules! k {
 
 use Labelled::{In, MigCapable as MIG, No as NO, Swept as SWEPT};
 use Operand as O;
-use Wait::{SandboxValidator as SV, Toolkit as TK, ToolkitReady as TR};
+use Wait::{DraDriver as DRA, SandboxValidator as SV, Toolkit as TK, ToolkitReady as TR};
+const GC_ADDED: OnGpuCluster = OnGpuCluster::Added(None);
 
 const NONE: &[&str] = &[];
 const NO_WAIT: &[Wait] = &[];
@@ -402,7 +486,8 @@ const ANY: Option<SandboxMode> = None;
 #[rustfmt::skip]
 pub const OPERANDS: [OperandInfo; 23] = [
     //  operand                      key                                daemonsets                                                  ClusterPolicy switch                  eras                mode       label sets                                                waits for   audit column                   always shown
-    row(O::Driver,                   k!("driver"),                      &["nvidia-driver-daemonset", "nvidia-driver-daemonset-*", "nvidia-gpu-driver-*", "nvidia-vgpu-driver-*"],sw("driver", true),                   ALWAYS,             ANY,       C,                                                        NO_WAIT,    "driver",                      true),
+    row(O::Driver,                   k!("driver"),                      &["nvidia-driver-daemonset", "nvidia-driver-daemonset-*", "nvidia-gpu-driver-*", "nvidia-vgpu-driver-*"],sw("driver", true),                   ALWAYS,             ANY,       C,                                                        NO_WAIT,    "driver",                      true)
+        .on_gpu_cluster_as(GC_ADDED),
     row(O::ContainerToolkit,         k!("container-toolkit"),           &["nvidia-container-toolkit-daemonset"],                    sw("toolkit", true),                  ALWAYS,             ANY,       C,                                                        NO_WAIT,    "toolkit",                     true),
     row(O::OperatorValidator,        k!("operator-validator"),          &["nvidia-operator-validator"],                             None,                                 ALWAYS,             ANY,       C,                                                        NO_WAIT,    "operator-validator",          false),
     row(O::DevicePlugin,             k!("device-plugin"),               &["nvidia-device-plugin-daemonset"],                        sw("devicePlugin", true),             ALWAYS,             ANY,       C,                                                        &[TK, TR],  "device-plugin",               true),
@@ -415,17 +500,20 @@ pub const OPERANDS: [OperandInfo; 23] = [
     row(O::KataSandboxDevicePlugin,  k!("kata-sandbox-device-plugin"),  &["nvidia-kata-sandbox-device-plugin-daemonset"],           sw("kataSandboxDevicePlugin", false), since(Era::V26_3),  KATA,      In(Sets::PASSTHROUGH_KATA),                               &[SV],      "kata-sandbox-device-plugin",  false),
     row(O::SandboxValidator,         k!("sandbox-validator"),           &["nvidia-sandbox-validator"],                              None,                                 ALWAYS,             ANY,       In(Sets::PASSTHROUGH.or(Sets::VGPU)),                     NO_WAIT,    "sandbox-validator",           false),
     row(O::VfioManager,              k!("vfio-manager"),                &["nvidia-vfio-manager"],                                   sw("vfioManager", false),             ALWAYS,             ANY,       In(Sets::PASSTHROUGH),                                    NO_WAIT,    "vfio-manager",                false),
-    row(O::VgpuManager,              k!("vgpu-manager"),                &["nvidia-vgpu-manager-daemonset", "nvidia-vgpu-manager-*"],sw("vgpuManager", false),             ALWAYS,             ANY,       In(Sets::VGPU),                                           NO_WAIT,    "vgpu-manager",                false),
+    row(O::VgpuManager,              k!("vgpu-manager"),                &["nvidia-vgpu-manager-daemonset", "nvidia-vgpu-manager-*"],sw("vgpuManager", false),             ALWAYS,             ANY,       In(Sets::VGPU),                                           NO_WAIT,    "vgpu-manager",                false)
+        .on_gpu_cluster_as(OnGpuCluster::Kept),
     row(O::VgpuDeviceManager,        k!("vgpu-device-manager"),         &["nvidia-vgpu-device-manager"],                            sw("vgpuDeviceManager", false),       ALWAYS,             ANY,       In(Sets::VGPU),                                           &[SV],      "vgpu-device-manager",         false),
     row(O::CcManager,                k!("cc-manager"),                  &["nvidia-cc-manager"],                                     sw("ccManager", false),               since(Era::V24_9),  KATA,      In(Sets::PASSTHROUGH.or(Sets::VGPU)),                     NO_WAIT,    "cc-manager",                  false)
         .also_selecting(CC_CAPABLE_KEY, Era::V24_9),
     row(O::KataManager,              k!("kata-manager"),                &["nvidia-kata-manager"],                                   sw("kataManager", false),             Eras(Era::V24_9, Era::V26_3), ANY, In(Sets::PASSTHROUGH),                                    NO_WAIT,    "kata-manager",                false),
     row(O::Nvsm,                     k!("nvsm"),                        NONE,                                                       None,                                 ALWAYS,             ANY,       NO,                                                       NO_WAIT,    "nvsm",                        false),
     row(O::Client,                   k!("client"),                      NONE,                                                       None,                                 since(Era::V26_7),  ANY,       In(Sets::ALL),                                            NO_WAIT,    "client",                      false),
-    row(O::DraDriver,                k!("dra-driver"),                  NONE,                                                       None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    NO_WAIT,    "dra-driver",                  false),
-    row(O::DraValidator,             k!("dra-validator"),               NONE,                                                       None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    NO_WAIT,    "dra-validator",               false),
-    row(O::DcgmDra,                  k!("dcgm-dra"),                    NONE,                                                       None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    NO_WAIT,    "dcgm-dra",                    false),
-    row(O::DcgmExporterDra,          k!("dcgm-exporter-dra"),           NONE,                                                       None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    NO_WAIT,    "dcgm-exporter-dra",           false),
+    row(O::DraDriver,                k!("dra-driver"),                  &["nvidia-dra-driver-kubelet-plugin"],                      None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    NO_WAIT,    "dra-driver",                  false),
+    row(O::DraValidator,             k!("dra-validator"),               &["nvidia-dra-validator"],                                  None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    &[DRA],     "dra-validator",               false),
+    row(O::DcgmDra,                  k!("dcgm-dra"),                    &["nvidia-dcgm-dra"],                                       None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    &[DRA],     "dcgm-dra",                    false)
+        .on_gpu_cluster_as(OnGpuCluster::Added(sw("dcgm", false))),
+    row(O::DcgmExporterDra,          k!("dcgm-exporter-dra"),           &["nvidia-dcgm-exporter-dra"],                              None,                                 since(Era::V26_7),  ANY,       SWEPT,                                                    &[DRA],     "dcgm-exporter-dra",           false)
+        .on_gpu_cluster_as(OnGpuCluster::Added(sw("dcgmExporter", true))),
 ];
 
 /// What an era's labelling pass does, worked out from the rows once, at compile time.
@@ -436,8 +524,13 @@ struct EraModel {
     managed: OperandSet,
     /// Keys added on MIG-capable container nodes and kept on every container node.
     mig: OperandSet,
-    /// Per sandbox mode: the operands this era never deploys under it.
+    /// Per sandbox mode: the operands this era's ClusterPolicy never deploys under it.
     not_deployed: [OperandSet; 2],
+    /// On the GPUCluster stack: the keys added on GPU nodes, the keys deleted from them, and
+    /// the operands never deployed.
+    gpu_cluster_set: OperandSet,
+    gpu_cluster_sweep: OperandSet,
+    gpu_cluster_not_deployed: OperandSet,
 }
 
 const fn era_model(era: Era) -> EraModel {
@@ -446,6 +539,9 @@ const fn era_model(era: Era) -> EraModel {
         managed: OperandSet::EMPTY,
         mig: OperandSet::EMPTY,
         not_deployed: [OperandSet::EMPTY; 2],
+        gpu_cluster_set: OperandSet::EMPTY,
+        gpu_cluster_sweep: OperandSet::EMPTY,
+        gpu_cluster_not_deployed: OperandSet::EMPTY,
     };
     let mut i = 0;
     while i < OPERANDS.len() {
@@ -482,11 +578,31 @@ const fn era_model(era: Era) -> EraModel {
                     }
                     None => false,
                 };
-                if !has || era as u8 > info.until as u8 || wrong_mode {
+                let gpu_cluster_only = matches!(info.labelled, Labelled::Swept);
+                if !has || era as u8 > info.until as u8 || wrong_mode || gpu_cluster_only {
                     m.not_deployed[mode] = m.not_deployed[mode].union(op);
                 }
                 mode += 1;
             }
+        }
+        let on_gpu_cluster = match info.on_gpu_cluster {
+            OnGpuCluster::Added(_) => {
+                if has {
+                    m.gpu_cluster_set = m.gpu_cluster_set.union(op);
+                }
+                true
+            }
+            OnGpuCluster::Kept => true,
+            OnGpuCluster::Swept => {
+                if has {
+                    m.gpu_cluster_sweep = m.gpu_cluster_sweep.union(op);
+                }
+                false
+            }
+            OnGpuCluster::Untouched => false,
+        };
+        if !info.daemonsets.is_empty() && (!has || !on_gpu_cluster) {
+            m.gpu_cluster_not_deployed = m.gpu_cluster_not_deployed.union(op);
         }
         i += 1;
     }
@@ -518,10 +634,25 @@ pub fn mig_labelled(era: Era) -> OperandSet {
     ERA_MODELS[era as usize].mig
 }
 
-/// The operands this era's operator never deploys under this sandbox mode (`isStateEnabled`):
-/// outside the row's eras, or (from v26.3) needing the other mode.
-pub fn not_deployed(era: Era, mode: SandboxMode) -> OperandSet {
-    ERA_MODELS[era as usize].not_deployed[mode as usize]
+/// The operands this era's operator never deploys on this stack under this sandbox mode
+/// (`isStateEnabled`): outside the row's eras, (from v26.3) needing the other mode, or
+/// belonging to the other stack. With both custom resources nothing is reconciled: what each
+/// stack may have deployed before stays.
+pub fn not_deployed(era: Era, mode: SandboxMode, stack: Stack) -> OperandSet {
+    let m = &ERA_MODELS[era as usize];
+    let policy = m.not_deployed[mode as usize];
+    match stack.in_era(era) {
+        Stack::ClusterPolicy => policy,
+        Stack::GpuCluster => m.gpu_cluster_not_deployed,
+        Stack::Both => OperandSet(policy.0 & m.gpu_cluster_not_deployed.0),
+    }
+}
+
+/// On the GPUCluster stack of this era: the keys the labelling pass adds on a GPU node, and
+/// the keys it deletes there (`updateGPUClusterStateLabels`, `devicePluginOnlyStateLabelKeys`).
+pub fn gpu_cluster_labels(era: Era) -> (OperandSet, OperandSet) {
+    let m = &ERA_MODELS[era as usize];
+    (m.gpu_cluster_set, m.gpu_cluster_sweep)
 }
 
 impl Operand {
@@ -778,7 +909,12 @@ mod tests {
                 let name = name.replace('*', "x-5.15");
                 assert_eq!(Operand::of_daemonset(&name), Some(op), "{name}");
             }
-            for w in [Wait::Toolkit, Wait::ToolkitReady, Wait::SandboxValidator] {
+            for w in [
+                Wait::Toolkit,
+                Wait::ToolkitReady,
+                Wait::SandboxValidator,
+                Wait::DraDriver,
+            ] {
                 assert_eq!(op.waits_for(w), info.waits.contains(&w), "{op:?} {w:?}");
             }
             assert_eq!(op.column(), info.column);
@@ -814,13 +950,45 @@ mod tests {
                     let deployed = info.has_daemonset()
                         && has
                         && era <= info.until
+                        && info.labelled != Labelled::Swept
                         && (era < Era::V26_3 || info.mode.is_none_or(|m| m == mode));
                     assert_eq!(
-                        !not_deployed(era, mode).contains(op),
+                        !not_deployed(era, mode, Stack::ClusterPolicy).contains(op),
                         deployed || !info.has_daemonset(),
                         "{op:?} {era:?} {mode:?}: deployed"
                     );
+                    // Before v26.7 a GPUCluster stack is the ClusterPolicy's.
+                    if era < Era::V26_7 {
+                        assert_eq!(
+                            not_deployed(era, mode, Stack::GpuCluster),
+                            not_deployed(era, mode, Stack::ClusterPolicy)
+                        );
+                    }
                 }
+                // The GPUCluster stack deploys its own operands and what NVIDIADriver resources
+                // render (driver, vGPU manager), labels its set and sweeps the rest.
+                let (set, sweep) = gpu_cluster_labels(era);
+                let on_gc = matches!(
+                    info.on_gpu_cluster,
+                    OnGpuCluster::Added(_) | OnGpuCluster::Kept
+                );
+                if era >= Era::V26_7 {
+                    assert_eq!(
+                        !not_deployed(era, SandboxMode::KubeVirt, Stack::GpuCluster).contains(op),
+                        (has && on_gc) || !info.has_daemonset(),
+                        "{op:?} {era:?}: deployed on the GPUCluster stack"
+                    );
+                }
+                assert_eq!(
+                    set.contains(op),
+                    has && matches!(info.on_gpu_cluster, OnGpuCluster::Added(_)),
+                    "{op:?} {era:?}: GPUCluster set"
+                );
+                assert_eq!(
+                    sweep.contains(op),
+                    has && info.on_gpu_cluster == OnGpuCluster::Swept,
+                    "{op:?} {era:?}: GPUCluster sweep"
+                );
                 assert_eq!(
                     managed(era).contains(op),
                     has && info.labelled != Labelled::No,

@@ -12,7 +12,8 @@ use std::fmt;
 
 use crate::core::operands::{
     Era, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, OperandSet,
-    SandboxMode, Workload, deploy_labels, label_set, managed, mig_labelled,
+    SandboxMode, Stack, Workload, deploy_labels, gpu_cluster_labels, label_set, managed,
+    mig_labelled,
 };
 
 const WORKLOAD: &str = "nvidia.com/gpu.workload.config";
@@ -159,10 +160,14 @@ pub struct Pass {
     pub labels: Labels,
     /// Per deploy-label key present before or after: what happens to it.
     pub actions: BTreeMap<String, LabelAction>,
-    /// The workload the operator applies (None: not a GPU node, nothing applied).
+    /// The workload the operator applies (None: not a GPU node, nothing applied, or the
+    /// GPUCluster stack, which has no workloads).
     pub workload: Option<Workload>,
     /// `operands=false`: every operator label goes.
     pub operands_disabled: bool,
+    /// The stack whose label set the pass applied to a GPU node, `None` when it applied none
+    /// (not a GPU node, `operands=false`, or both custom resources, when nothing is labelled).
+    pub applied: Option<Stack>,
 }
 
 /// What one labelling pass does, worked out once from the few labels it reads: applied to a
@@ -173,10 +178,13 @@ pub struct Plan {
     era: Era,
     /// The value the pass writes to `nvidia.com/gpu.present`, when it writes one.
     present: Option<&'static str>,
-    /// The workload the operator applies (None: not a GPU node, or operands disabled).
+    /// The workload the operator applies (None: not a GPU node, operands disabled, or the
+    /// GPUCluster stack).
     pub workload: Option<Workload>,
-    /// `operands=false`: every operator label goes.
+    /// `operands=false`: every operator label goes (the GPUCluster stack ignores it).
     pub operands_disabled: bool,
+    /// The stack whose label set the pass applies to a GPU node ([`Pass::applied`]).
+    pub applied: Option<Stack>,
     /// Deploy labels the pass deletes, whatever their value.
     pub sweep: OperandSet,
     /// Deploy labels the pass adds as `true` when absent (from v26.7 also when empty).
@@ -189,7 +197,8 @@ pub struct Plan {
 impl Plan {
     /// The pass over a node with these labels; `nfd`: an NFD label says the node has an NVIDIA
     /// PCI device ([`has_nfd_gpu`]).
-    pub fn new(labels: &Labels, nfd: bool, era: Era, sandbox: &Sandbox) -> Plan {
+    pub fn new(labels: &Labels, nfd: bool, era: Era, sandbox: &Sandbox, stack: Stack) -> Plan {
+        let stack = stack.in_era(era);
         let present = labels.get(GPU_PRESENT_KEY).is_some_and(|v| v == "true");
         // gpu.present follows NFD: set when NFD sees a GPU, flipped to false (and every
         // operator label swept) when it no longer does. A GPU node after the pass is an NFD one.
@@ -198,16 +207,26 @@ impl Plan {
             (true, false) => (Some("false"), true),
             _ => (None, false),
         };
-        let operands_disabled = labels.get(OPERANDS_KEY).is_some_and(|v| v == "false");
+        // The GPUCluster stack's pass never reads operands=false
+        // (`updateGPUStateLabels`, gpu-operator@v26.7.0 `controllers/nodelabeling_controller.go`).
+        let operands_disabled =
+            stack != Stack::GpuCluster && labels.get(OPERANDS_KEY).is_some_and(|v| v == "false");
         let mut plan = Plan {
             era,
             present: write,
             workload: None,
             operands_disabled,
+            applied: None,
             sweep: OperandSet::EMPTY,
             wanted: OperandSet::EMPTY,
             wanted_if_absent: OperandSet::EMPTY,
         };
+        if stack == Stack::Both {
+            // Both custom resources: the node-labelling reconcile errors out before labelling.
+            plan.present = None;
+            plan.operands_disabled = false;
+            return plan;
+        }
         if !nfd {
             // v26.7's node-labelling controller strips every node without gpu.present=true.
             if flipped_off || era >= Era::V26_7 {
@@ -215,6 +234,11 @@ impl Plan {
             }
         } else if operands_disabled {
             plan.sweep = managed(era);
+        } else if stack == Stack::GpuCluster {
+            let (set, sweep) = gpu_cluster_labels(era);
+            plan.applied = Some(Stack::GpuCluster);
+            plan.sweep = sweep;
+            plan.wanted = set;
         } else {
             let w = workload(labels, sandbox);
             let set = label_set(era, w, sandbox.mode);
@@ -225,6 +249,7 @@ impl Plan {
                 OperandSet::EMPTY
             };
             plan.workload = Some(w);
+            plan.applied = Some(Stack::ClusterPolicy);
             plan.sweep = managed(era).without(set.union(mig));
             plan.wanted = set;
             if mig_capable(labels) {
@@ -295,8 +320,8 @@ pub fn workload(labels: &Labels, sandbox: &Sandbox) -> Workload {
 }
 
 /// One labelling pass of the operator over a node (`labelGPUNodes`), as this era does it.
-pub fn labelling_pass(before: &Labels, era: Era, sandbox: &Sandbox) -> Pass {
-    let plan = Plan::new(before, has_nfd_gpu(before), era, sandbox);
+pub fn labelling_pass(before: &Labels, era: Era, sandbox: &Sandbox, stack: Stack) -> Pass {
+    let plan = Plan::new(before, has_nfd_gpu(before), era, sandbox, stack);
     let mut labels = before.clone();
     if let Some(v) = plan.present {
         labels.insert(GPU_PRESENT_KEY.to_owned(), v.to_owned());
@@ -305,12 +330,13 @@ pub fn labelling_pass(before: &Labels, era: Era, sandbox: &Sandbox) -> Pass {
     for op in plan.added(before) {
         labels.insert(op.key().to_owned(), "true".to_owned());
     }
-    let actions = label_actions(before, &labels, era, plan.workload.is_some());
+    let actions = label_actions(before, &labels, era, plan.applied.is_some());
     Pass {
         labels,
         actions,
         workload: plan.workload,
         operands_disabled: plan.operands_disabled,
+        applied: plan.applied,
     }
 }
 
@@ -437,7 +463,7 @@ mod tests {
     }
 
     fn pass(before: &[&str], era: Era, sandbox: &Sandbox) -> Labels {
-        deploy_only(&labelling_pass(&labels(before), era, sandbox).labels)
+        deploy_only(&labelling_pass(&labels(before), era, sandbox, Stack::ClusterPolicy).labels)
     }
 
     const OFF: Sandbox = Sandbox {
@@ -758,6 +784,107 @@ mod tests {
         );
     }
 
+    /// The GPUCluster (DRA) stack's pass, as gpu-operator@v26.7.0 `updateGPUStateLabels` does
+    /// it: a GPU node gets the five DRA-stack keys (absent or empty) and loses every key of the
+    /// device-plugin stack but vgpu-manager, whatever the value; operands=false is not read;
+    /// nvsm and unknown keys stay; a node without an NFD GPU label loses them all.
+    #[test]
+    fn the_gpu_cluster_stack_labels_its_own_keys_and_sweeps_the_device_plugin_stack() {
+        let gc = |before: &[&str]| {
+            deploy_only(
+                &labelling_pass(&labels(before), Era::V26_7, &OFF, Stack::GpuCluster).labels,
+            )
+        };
+        let dra = OperandSet::of(&[
+            Operand::Driver,
+            Operand::DraDriver,
+            Operand::DraValidator,
+            Operand::DcgmDra,
+            Operand::DcgmExporterDra,
+        ]);
+        let (set, sweep) = gpu_cluster_labels(Era::V26_7);
+        assert_eq!(set, dra);
+        let device_plugin_only: Vec<&str> = sweep.iter().map(Operand::name).collect();
+        assert_eq!(
+            device_plugin_only,
+            [
+                "container-toolkit",
+                "operator-validator",
+                "device-plugin",
+                "gpu-feature-discovery",
+                "dcgm",
+                "dcgm-exporter",
+                "node-status-exporter",
+                "mig-manager",
+                "sandbox-device-plugin",
+                "kata-sandbox-device-plugin",
+                "sandbox-validator",
+                "vfio-manager",
+                "vgpu-device-manager",
+                "cc-manager",
+                "kata-manager",
+                "client",
+            ]
+        );
+        let before = [
+            NFD,
+            "container-toolkit=true",
+            "device-plugin=false",
+            "sandbox-validator=true",
+            "vgpu-manager=false",
+            "nvsm=true",
+            "dra-driver=",
+            "dcgm-dra=false",
+            "nvidia.com/gpu.deploy.custom=true",
+        ];
+        assert_eq!(
+            gc(&before),
+            gpu(
+                dra,
+                &[
+                    "vgpu-manager=false",
+                    "nvsm=true",
+                    "dcgm-dra=false",
+                    "nvidia.com/gpu.deploy.custom=true"
+                ]
+            )
+        );
+        // operands=false is not read on this stack: the DRA keys are still added.
+        let off = gc(&[NFD, "nvidia.com/gpu.deploy.operands=false"]);
+        assert_eq!(
+            off.get(&key("dra-driver")).map(String::as_str),
+            Some("true")
+        );
+        let p = labelling_pass(
+            &labels(&[NFD, "nvidia.com/gpu.deploy.operands=false"]),
+            Era::V26_7,
+            &OFF,
+            Stack::GpuCluster,
+        );
+        assert!(!p.operands_disabled);
+        assert_eq!(p.applied, Some(Stack::GpuCluster));
+        assert_eq!(p.workload, None);
+        // No NFD label: gpu.present flips and every state key goes.
+        let gone = gc(&[
+            "nvidia.com/gpu.present=true",
+            "dra-driver=true",
+            "vgpu-manager=true",
+        ]);
+        assert_eq!(gone, labels(&["nvidia.com/gpu.present=false"]));
+        // Before v26.7 there is no GPUCluster: the ClusterPolicy's pass.
+        assert_eq!(
+            deploy_only(
+                &labelling_pass(&labels(&[NFD]), Era::V26_3, &OFF, Stack::GpuCluster).labels
+            ),
+            gpu(CONTAINER, &[])
+        );
+        // Both custom resources: the operator labels nothing.
+        let both = labels(&["nvidia.com/gpu.present=true", "device-plugin=true"]);
+        let p = labelling_pass(&both, Era::V26_7, &OFF, Stack::Both);
+        assert_eq!(p.labels, both);
+        assert_eq!(p.applied, None);
+    }
+
     #[test]
     fn actions_name_what_happens_to_each_label() {
         let s = on(None, SandboxMode::KubeVirt);
@@ -769,7 +896,7 @@ mod tests {
             "sandbox-validator=paused-for-driver-upgrade",
             "nvsm=",
         ]);
-        let p = labelling_pass(&before, Era::V24_9, &s);
+        let p = labelling_pass(&before, Era::V24_9, &s, Stack::ClusterPolicy);
         assert_eq!(p.workload, Some(Workload::VmPassthrough));
         assert_eq!(p.actions[&key("device-plugin")], LabelAction::Sweep);
         assert_eq!(p.actions[&key("vfio-manager")], LabelAction::Keep);
@@ -780,7 +907,12 @@ mod tests {
         );
         assert_eq!(p.actions[&key("nvsm")], LabelAction::Untouched);
         // v26.7 resets an empty value: an add.
-        let e = labelling_pass(&labels(&[NFD, "dcgm="]), Era::V26_7, &OFF);
+        let e = labelling_pass(
+            &labels(&[NFD, "dcgm="]),
+            Era::V26_7,
+            &OFF,
+            Stack::ClusterPolicy,
+        );
         assert_eq!(e.actions[&key("dcgm")], LabelAction::Add);
     }
 

@@ -312,7 +312,12 @@ fn pass_on_this_update(review: &Review<'_>, facts: &ClusterFacts) -> Option<Same
         return None;
     }
     let is = operands_disabled(review.labels);
-    let pass = labelling_pass(review.labels, facts.operator.era(), &facts.sandbox);
+    let pass = labelling_pass(
+        review.labels,
+        facts.operator.era(),
+        &facts.sandbox,
+        facts.stack,
+    );
     if pass.labels == *review.labels {
         return None;
     }

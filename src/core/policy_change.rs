@@ -331,8 +331,11 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
                 let now = policy::simulate(labels, after);
                 (now, now, labels.clone())
             } else {
-                let old = labelling_pass(labels, before.operator.era(), &before.sandbox).labels;
-                let new = labelling_pass(labels, after.operator.era(), &after.sandbox).labels;
+                let old =
+                    labelling_pass(labels, before.operator.era(), &before.sandbox, before.stack)
+                        .labels;
+                let new = labelling_pass(labels, after.operator.era(), &after.sandbox, after.stack)
+                    .labels;
                 (
                     policy::simulate(&old, before),
                     policy::simulate(&new, after),

@@ -24,6 +24,7 @@ pub enum Rule {
     OperandWithoutToolkit,
     OperandWithoutValidator,
     OperandWithoutSandboxValidator,
+    OperandWithoutDraDriver,
     DevicePluginOnNonGpuNode,
     UnknownDeployLabel,
     ValueNotTrue,
@@ -112,7 +113,7 @@ pub struct RuleSpec {
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs` or `rules/change.rs`; a fleet rule's in
 /// `core/policy_change.rs`, a pod rule's in `audit/mod.rs`).
-pub const RULES: [RuleSpec; 17] = [
+pub const RULES: [RuleSpec; 18] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -155,6 +156,16 @@ pub const RULES: [RuleSpec; 17] = [
             ctx.operand_without_sandbox_validator(out);
             ctx.operand_behind_a_stuck_sandbox_step(out);
         }),
+    },
+    RuleSpec {
+        rule: Rule::OperandWithoutDraDriver,
+        id: "operand-without-dra-driver",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: Severity::Medium,
+        pass: "no DRA-stack operand waits for a DRA kubelet plugin that does not run",
+        summary: "the DRA validator, DCGM or DCGM exporter of the GPUCluster (DRA) stack would run where the DRA kubelet plugin does not: their GPU claims are never allocated, so their pods stay Pending",
+        check: Check::Node(|ctx, out| ctx.operand_without_dra_driver(out)),
     },
     RuleSpec {
         rule: Rule::DevicePluginOnNonGpuNode,

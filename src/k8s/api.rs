@@ -12,10 +12,11 @@ use super::cluster_policy;
 use super::daemonset::{DaemonSetView, learn_daemonsets};
 use super::deployment::{self, DeploymentView, Unread};
 use super::fleet::LabelFilter;
+use super::gpu_cluster;
 use super::node::NodeView;
 use super::nvidia_driver;
 use super::pod::PodView;
-use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
+use crate::core::facts::{ClusterFacts, PolicySource, gpu_cluster_switched_off, operator_defaults};
 
 /// The field manager of every write, and so the owner of the report's fields.
 pub const FIELD_MANAGER: &str = "gpu-deploy-guard";
@@ -91,8 +92,10 @@ pub fn policy_unavailable(error: &KubeError) -> Option<PolicySource> {
 /// The facts the ClusterPolicies (as listed) and the DaemonSets (when listed) give.
 pub fn cluster_from(
     policies: Result<&[Value], PolicySource>,
+    gpu_clusters: Option<&[Value]>,
     daemonsets: Option<&[&DaemonSetView]>,
 ) -> ClusterFacts {
+    let policy_exists = matches!(policies, Ok(list) if !list.is_empty());
     let (mut facts, source) = match policies {
         Ok(list) => match cluster_policy::choose(list).map(cluster_policy::from_object) {
             Some(Ok(p)) => (p.facts, PolicySource::Found(p.name)),
@@ -105,6 +108,22 @@ pub fn cluster_from(
         Err(source) => (operator_defaults(), source),
     };
     facts.source = source;
+    if let Some(gc) = gpu_clusters.and_then(gpu_cluster::first) {
+        facts = match gc {
+            Ok(gc) => facts.with_gpu_cluster(&gc.name, gc.disabled, policy_exists),
+            Err(e) => {
+                // The stack is known even when the switches are not: the defaults of an empty
+                // spec, and the source says why.
+                let Ok(defaults) =
+                    gpu_cluster_switched_off(|_, _| Ok::<_, std::convert::Infallible>(None));
+                let mut f = facts.with_gpu_cluster("(unreadable)", defaults, policy_exists);
+                if !policy_exists {
+                    f.source = PolicySource::Failed(e.to_string());
+                }
+                f
+            }
+        };
+    }
     if let Some(ds) = daemonsets {
         learn_daemonsets(&mut facts, ds.iter().copied());
     }
@@ -200,8 +219,23 @@ pub async fn snapshot_keeping(
         .await
         .map(|list| list.items)
         .map_err(|e| deployments_unread(&e));
+    // The GPUClusters (v26.7+): unreadable (no CRD, no RBAC) means none.
+    let gpu_clusters = Api::<DynamicObject>::all_with(client.clone(), &gpu_cluster::resource())
+        .list(&params)
+        .await
+        .ok()
+        .map(|list| {
+            list.items
+                .iter()
+                .filter_map(|o| serde_json::to_value(o).ok())
+                .collect::<Vec<Value>>()
+        });
     let ds_refs: Vec<&DaemonSetView> = daemonsets.iter().collect();
-    let mut facts = cluster_from(policies.as_deref().map_err(Clone::clone), Some(&ds_refs));
+    let mut facts = cluster_from(
+        policies.as_deref().map_err(Clone::clone),
+        gpu_clusters.as_deref(),
+        Some(&ds_refs),
+    );
     let deployment_refs: Result<Vec<&DeploymentView>, &Unread> =
         deployments.as_ref().map(|list| list.iter().collect());
     facts.operator =
@@ -320,7 +354,7 @@ mod tests {
             "spec":{"template":{"spec":{"nodeSelector":{"pool":"a"}}}}}),
         )
         .unwrap();
-        let c = cluster_from(Ok(&[cp]), Some(&[&ds]));
+        let c = cluster_from(Ok(&[cp]), None, Some(&[&ds]));
         assert_eq!(c.source, PolicySource::Found("cluster-policy".into()));
         assert!(!c.toolkit_managed);
         assert!(c.selectors.contains_key(&Operand::GpuFeatureDiscovery));
@@ -328,7 +362,7 @@ mod tests {
             c.daemonsets.map(|d| d.iter().collect::<Vec<_>>()),
             Some(vec![Operand::GpuFeatureDiscovery])
         );
-        let none = cluster_from(Ok(&[]), None);
+        let none = cluster_from(Ok(&[]), None, None);
         assert_eq!(none.source.state(), "missing");
         let switches = ClusterFacts {
             source: PolicySource::NotGiven,
@@ -336,5 +370,42 @@ mod tests {
         };
         assert_eq!(switches, operator_defaults());
         assert_eq!(none.daemonsets, None);
+    }
+
+    /// A GPUCluster without a ClusterPolicy is the DRA stack with its own switches; with one,
+    /// the operator reconciles neither; one that does not read still names the stack.
+    #[test]
+    fn a_gpu_cluster_decides_the_stack() {
+        use crate::core::operands::Stack;
+        let gc = serde_json::json!({"apiVersion":"nvidia.com/v1alpha1","kind":"GPUCluster",
+            "metadata":{"name":"gpu-cluster"},"spec":{"dcgmExporter":{"enabled":true}}});
+        let cp = serde_json::json!({"apiVersion":"nvidia.com/v1","kind":"ClusterPolicy",
+            "metadata":{"name":"cluster-policy"},"spec":{}});
+        let missing = Err(PolicySource::Missing("no CRD".into()));
+        let dra = cluster_from(missing.clone(), Some(std::slice::from_ref(&gc)), None);
+        assert_eq!(dra.stack, Stack::GpuCluster);
+        assert_eq!(dra.source, PolicySource::GpuCluster("gpu-cluster".into()));
+        assert!(dra.driver_crd);
+        assert_eq!(
+            dra.disabled.iter().collect::<Vec<_>>(),
+            [Operand::DcgmDra],
+            "no standalone DCGM unless switched on"
+        );
+        let empty = cluster_from(Ok(&[]), Some(std::slice::from_ref(&gc)), None);
+        assert_eq!(empty.stack, Stack::GpuCluster);
+        let both = cluster_from(Ok(&[cp]), Some(std::slice::from_ref(&gc)), None);
+        assert_eq!(both.stack, Stack::Both);
+        assert_eq!(both.source, PolicySource::Found("cluster-policy".into()));
+        let bad = serde_json::json!({"kind":"GPUCluster","metadata":{"name":"gpu-cluster"},
+            "spec":{"dcgm":{"enabled":"yes"}}});
+        let unread = cluster_from(missing, Some(&[bad]), None);
+        assert_eq!(unread.stack, Stack::GpuCluster);
+        assert!(
+            matches!(&unread.source, PolicySource::Failed(why) if why.contains("spec.dcgm.enabled")),
+            "{:?}",
+            unread.source
+        );
+        let none = cluster_from(Ok(&[]), Some(&[]), None);
+        assert_eq!(none.stack, Stack::ClusterPolicy);
     }
 }

@@ -52,6 +52,7 @@ use crate::k8s::api::{
 use crate::k8s::daemonset::DaemonSetView;
 use crate::k8s::deployment::{self, DeploymentView, Unread};
 use crate::k8s::fleet::{Fleet, LabelFilter};
+use crate::k8s::gpu_cluster;
 use crate::k8s::node::NodeView;
 use crate::k8s::nvidia_driver;
 use crate::metrics::Metrics;
@@ -154,6 +155,7 @@ impl Health {
 pub(super) struct Status {
     policies: Health,
     drivers: Health,
+    gpu_clusters: Health,
     daemonsets: Health,
     pub(super) pods: Health,
     pub(super) nodes: Health,
@@ -164,6 +166,7 @@ pub(super) struct Status {
 pub(super) enum Kind {
     ClusterPolicies,
     NvidiaDrivers,
+    GpuClusters,
     DaemonSets,
     Pods,
     Nodes,
@@ -175,6 +178,7 @@ impl Kind {
         match self {
             Kind::ClusterPolicies => &mut status.policies,
             Kind::NvidiaDrivers => &mut status.drivers,
+            Kind::GpuClusters => &mut status.gpu_clusters,
             Kind::DaemonSets => &mut status.daemonsets,
             Kind::Pods => &mut status.pods,
             Kind::Nodes => &mut status.nodes,
@@ -186,6 +190,7 @@ impl Kind {
         match self {
             Kind::ClusterPolicies => "clusterpolicies.nvidia.com".to_owned(),
             Kind::NvidiaDrivers => "nvidiadrivers.nvidia.com".to_owned(),
+            Kind::GpuClusters => "gpuclusters.nvidia.com".to_owned(),
             Kind::DaemonSets => format!("daemonsets in namespace {namespace}"),
             Kind::Pods => format!("pods in namespace {namespace}"),
             Kind::Nodes => "nodes".to_owned(),
@@ -245,6 +250,9 @@ pub async fn watch_cluster(
     let driver_ar = nvidia_driver::resource();
     let driver_writer = Writer::<DynamicObject>::new(driver_ar.clone());
     let drivers = driver_writer.as_reader();
+    let gpu_cluster_ar = gpu_cluster::resource();
+    let gpu_cluster_writer = Writer::<DynamicObject>::new(gpu_cluster_ar.clone());
+    let gpu_clusters = gpu_cluster_writer.as_reader();
     let (daemonsets, ds_writer) = reflector::store::<DaemonSetView>();
     let (deployments, deployment_writer) = reflector::store::<DeploymentView>();
     let cfg = watcher::Config::default().any_semantic();
@@ -253,6 +261,7 @@ pub async fn watch_cluster(
     let stores = Stores {
         policies,
         drivers,
+        gpu_clusters,
         daemonsets,
         deployments,
     };
@@ -269,6 +278,14 @@ pub async fn watch_cluster(
             watcher(Api::all_with(client.clone(), &driver_ar), cfg.clone()),
             driver_writer,
             Kind::NvidiaDrivers,
+            &namespace,
+            &status,
+            &dirty_tx,
+        ),
+        follow(
+            watcher(Api::all_with(client.clone(), &gpu_cluster_ar), cfg.clone()),
+            gpu_cluster_writer,
+            Kind::GpuClusters,
             &namespace,
             &status,
             &dirty_tx,
@@ -344,6 +361,7 @@ where
 struct Stores {
     policies: Store<DynamicObject>,
     drivers: Store<DynamicObject>,
+    gpu_clusters: Store<DynamicObject>,
     daemonsets: Store<DaemonSetView>,
     deployments: Store<DeploymentView>,
 }
@@ -469,13 +487,17 @@ impl Publisher<'_> {
 
             let policies_health = health(status, Kind::ClusterPolicies);
             let drivers_health = health(status, Kind::NvidiaDrivers);
+            let gpu_clusters_health = health(status, Kind::GpuClusters);
             let ds_health = health(status, Kind::DaemonSets);
             let deployments_health = health(status, Kind::Deployments);
             let mut facts = current_facts(
                 stores,
-                &policies_health,
-                &ds_health,
-                &deployments_health,
+                &Healths {
+                    policies: &policies_health,
+                    gpu_clusters: &gpu_clusters_health,
+                    daemonsets: &ds_health,
+                    deployments: &deployments_health,
+                },
                 config,
             );
             if drivers_health == Health::Synced {
@@ -511,6 +533,7 @@ impl Publisher<'_> {
             }
             let settled = policies_health.settled()
                 && drivers_health.settled()
+                && gpu_clusters_health.settled()
                 && ds_health.settled()
                 && deployments_health.settled();
             if on_synced.is_some() && (settled || Instant::now() >= deadline) {
@@ -615,15 +638,24 @@ async fn follow_nodes(
     }
 }
 
+/// How the watched kinds that make the facts are doing.
+#[derive(Copy, Clone)]
+struct Healths<'a> {
+    policies: &'a Health,
+    gpu_clusters: &'a Health,
+    daemonsets: &'a Health,
+    deployments: &'a Health,
+}
+
 /// The facts the stores give now; the operator version is the given one, else the one the
 /// Deployments show.
-fn current_facts(
-    stores: &Stores,
-    policies: &Health,
-    daemonsets: &Health,
-    deployments: &Health,
-    config: &WatchConfig,
-) -> ClusterFacts {
+fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -> ClusterFacts {
+    let Healths {
+        policies,
+        gpu_clusters,
+        daemonsets,
+        deployments,
+    } = *healths;
     let objects: Vec<Value> = stores
         .policies
         .state()
@@ -639,7 +671,15 @@ fn current_facts(
     let ds_state = stores.daemonsets.state();
     let ds_refs: Vec<&DaemonSetView> = ds_state.iter().map(AsRef::as_ref).collect();
     let daemonsets = (*daemonsets == Health::Synced).then_some(ds_refs.as_slice());
-    let mut facts = cluster_from(policies, daemonsets);
+    // The GPUClusters count once listed; unavailable (no CRD before v26.7, no RBAC) is none.
+    let gpu_cluster_objects: Vec<Value> = stores
+        .gpu_clusters
+        .state()
+        .iter()
+        .map(|o| serde_json::to_value(o.as_ref()).unwrap_or_default())
+        .collect();
+    let gpu_clusters = (*gpu_clusters == Health::Synced).then_some(gpu_cluster_objects.as_slice());
+    let mut facts = cluster_from(policies, gpu_clusters, daemonsets);
     let state = stores.deployments.state();
     let refs: Vec<&DeploymentView> = state.iter().map(AsRef::as_ref).collect();
     let listed = match deployments {
@@ -753,10 +793,66 @@ mod tests {
         );
     }
 
+    /// The healths of the ClusterPolicies, DaemonSets and Deployments; GPUClusters unavailable.
+    fn healths<'a>(
+        policies: &'a Health,
+        daemonsets: &'a Health,
+        deployments: &'a Health,
+    ) -> Healths<'a> {
+        const NO_GPU_CLUSTERS: Health = Health::Unavailable(Unavailable::NotFound);
+        Healths {
+            policies,
+            gpu_clusters: &NO_GPU_CLUSTERS,
+            daemonsets,
+            deployments,
+        }
+    }
+
+    /// A listed GPUCluster, and no ClusterPolicy CRD: the DRA stack, which the facts say.
+    #[test]
+    fn a_listed_gpu_cluster_makes_the_dra_stack() {
+        let mut writer = Writer::<DynamicObject>::new(gpu_cluster::resource());
+        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+            "metadata": {"name": "gpu-cluster"},
+            "spec": {"dcgmExporter": {"enabled": true}}
+        }))
+        .unwrap();
+        writer.apply_watcher_event(&Event::Apply(object));
+        let stores = Stores {
+            gpu_clusters: writer.as_reader(),
+            ..empty_stores()
+        };
+        let config = WatchConfig::new("gpu-operator", Policy::default());
+        let missing = Health::Unavailable(Unavailable::NotFound);
+        let listed = |gpu_clusters: &Health| {
+            current_facts(
+                &stores,
+                &Healths {
+                    gpu_clusters,
+                    ..healths(&missing, &Health::Synced, &Health::Synced)
+                },
+                &config,
+            )
+        };
+        let c = listed(&Health::Synced);
+        assert_eq!(c.stack, crate::core::operands::Stack::GpuCluster);
+        assert_eq!(c.source, PolicySource::GpuCluster("gpu-cluster".to_owned()));
+        assert!(
+            c.annotation().ends_with("; GPUCluster (DRA) stack"),
+            "{}",
+            c.annotation()
+        );
+        // Not listed yet: the stack is not known to be the DRA one.
+        let c = listed(&Health::Starting);
+        assert_eq!(c.stack, crate::core::operands::Stack::ClusterPolicy);
+    }
+
     fn empty_stores() -> Stores {
         Stores {
             policies: Writer::<DynamicObject>::new(cluster_policy_resource()).as_reader(),
             drivers: Writer::<DynamicObject>::new(nvidia_driver::resource()).as_reader(),
+            gpu_clusters: Writer::<DynamicObject>::new(gpu_cluster::resource()).as_reader(),
             daemonsets: reflector::store::<DaemonSetView>().0,
             deployments: reflector::store::<DeploymentView>().0,
         }
@@ -768,9 +864,7 @@ mod tests {
         let config = WatchConfig::new("gpu-operator", Policy::default());
         let c = current_facts(
             &stores,
-            &Health::Starting,
-            &Health::Starting,
-            &Health::Starting,
+            &healths(&Health::Starting, &Health::Starting, &Health::Starting),
             &config,
         );
         let switches = ClusterFacts {
@@ -786,9 +880,11 @@ mod tests {
         );
         let c = current_facts(
             &stores,
-            &Health::Unavailable(Unavailable::Forbidden),
-            &Health::Synced,
-            &Health::Synced,
+            &healths(
+                &Health::Unavailable(Unavailable::Forbidden),
+                &Health::Synced,
+                &Health::Synced,
+            ),
             &config,
         );
         assert_eq!(c.source.state(), "forbidden");
@@ -818,9 +914,7 @@ mod tests {
         let facts = |config: &WatchConfig, deployments: Health| {
             current_facts(
                 &stores,
-                &Health::Synced,
-                &Health::Synced,
-                &deployments,
+                &healths(&Health::Synced, &Health::Synced, &deployments),
                 config,
             )
         };

@@ -348,7 +348,7 @@ func TestShippedRBACLetsTheWebhookReadAndReportButNotWrite(t *testing.T) {
 		}
 	})
 	cp.MustKubectl(t, "apply", "-f", watchedCRDs)
-	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "clusterpolicyreports.wgpolicyk8s.io")
+	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com", "clusterpolicyreports.wgpolicyk8s.io")
 	got := installKustomization(t, filepath.Join(repoRoot(t), "deploy", "base"))
 	expectResult(t, "kubectl apply -k deploy/base", got, 0, applyOutput(baseApplyLines, "created"), "")
 
@@ -365,6 +365,9 @@ func TestShippedRBACLetsTheWebhookReadAndReportButNotWrite(t *testing.T) {
 		{"get", "nvidiadrivers.nvidia.com", "-A", true},
 		{"list", "nvidiadrivers.nvidia.com", "-A", true},
 		{"watch", "nvidiadrivers.nvidia.com", "-A", true},
+		{"get", "gpuclusters.nvidia.com", "-A", true},
+		{"list", "gpuclusters.nvidia.com", "-A", true},
+		{"watch", "gpuclusters.nvidia.com", "-A", true},
 		{"create", "clusterpolicyreports.wgpolicyk8s.io", "-A", true},
 		{"patch", "clusterpolicyreports.wgpolicyk8s.io", "-A", true},
 		{"get", "daemonsets.apps", "gpu-operator", true},
@@ -403,6 +406,7 @@ func TestShippedRBACLetsTheWebhookReadAndReportButNotWrite(t *testing.T) {
 		{"patch", "deployments.apps", "gpu-operator", false},
 		{"patch", "clusterpolicies.nvidia.com", "-A", false},
 		{"patch", "nvidiadrivers.nvidia.com", "-A", false},
+		{"patch", "gpuclusters.nvidia.com", "-A", false},
 		{"list", "clusterpolicyreports.wgpolicyk8s.io", "-A", false},
 		{"delete", "clusterpolicyreports.wgpolicyk8s.io", "-A", false},
 	}

@@ -36,7 +36,7 @@ func installWatchedCRDs(t *testing.T) {
 		}
 	})
 	cp.MustKubectl(t, "apply", "-f", watchedCRDs)
-	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "clusterpolicyreports.wgpolicyk8s.io")
+	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com", "clusterpolicyreports.wgpolicyk8s.io")
 }
 
 // applyClusterPolicy creates or updates ClusterPolicy cluster-policy with the
@@ -210,8 +210,8 @@ func (w *gauges) operands(node string, expected, running int, operands ...string
 // findings: nodes per rule; every rule the audit knows is always exported.
 func (w *gauges) findings(counts map[string]int) *gauges {
 	for _, rule := range []string{"device-plugin-without-toolkit", "operand-without-toolkit",
-		"operand-without-validator", "operand-without-sandbox-validator", "device-plugin-on-non-gpu-node",
-		"operand-not-running"} {
+		"operand-without-validator", "operand-without-sandbox-validator", "operand-without-dra-driver",
+		"device-plugin-on-non-gpu-node", "operand-not-running"} {
 		w.lines = append(w.lines, fmt.Sprintf("audit_findings %s %d", rule, counts[rule]))
 	}
 	return w
@@ -336,6 +336,7 @@ func reportLines(nodes map[string][]string) string {
 		"operand-without-toolkit":           "medium",
 		"operand-without-validator":         "medium",
 		"operand-without-sandbox-validator": "medium",
+		"operand-without-dra-driver":        "medium",
 		"device-plugin-on-non-gpu-node":     "low",
 		"operand-not-running":               "medium",
 	}
@@ -698,4 +699,24 @@ func TestClusterPolicyWithHostToolkitAllowsDevicePluginAlone(t *testing.T) {
 	cp.MustKubectl(t, "delete", "clusterpolicy", clusterPolicyName)
 	waitDecision(t, "ClusterPolicy deleted: refused", result{"", labNode2Refusal, 1})
 	policyAvailable(0)
+
+	// A GPUCluster and no ClusterPolicy: the DRA stack (v26.7), which runs no
+	// device plugin, so the same label selects nothing and is allowed without
+	// a word; the GPUCluster deleted, it is refused again.
+	t.Cleanup(func() {
+		if got := kubectl("delete", "gpucluster", "gpu-cluster", "--ignore-not-found"); got.code != 0 {
+			t.Errorf("cleanup: %s", got)
+		}
+	})
+	gpuCluster := "apiVersion: nvidia.com/v1alpha1\nkind: GPUCluster\nmetadata:\n  name: gpu-cluster\nspec:\n  dcgmExporter:\n    enabled: true\n"
+	if got := kubectlWithInput(gpuCluster, "apply", "-f", "-"); got.code != 0 {
+		t.Fatalf("kubectl apply of GPUCluster gpu-cluster: %s", got)
+	}
+	dra := result{"node/lab-node-2 labeled (server dry run)\n", "", 0}
+	framework.WaitFor(t, watchFollow, "GPUCluster gpu-cluster: the DRA stack, allowed", func() (bool, string) {
+		got := dryRunPluginOnLabNode2()
+		return got == dra, got.String()
+	})
+	cp.MustKubectl(t, "delete", "gpucluster", "gpu-cluster")
+	waitDecision(t, "GPUCluster deleted: refused", result{"", labNode2Refusal, 1})
 }

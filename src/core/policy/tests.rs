@@ -896,7 +896,7 @@ fn a_request_flipping_operands_false_is_judged_on_the_pass_it_starts() {
         &[("feature.node.kubernetes.io/pci-10de.present", Some("true"))],
     );
     let off = with(&gpu, &[("operands", Some("false"))]);
-    let swept = labelling_pass(&off, Era::V24_9, &Default::default()).labels;
+    let swept = labelling_pass(&off, Era::V24_9, &Default::default(), Default::default()).labels;
     for version in ["v24.9.2", "v25.3.4", "v26.3.0", "v26.7.0"] {
         let facts = facts_for(version, Default::default());
         let policy = Policy::default();
@@ -1979,4 +1979,91 @@ fn a_sandbox_validator_step_whose_component_does_not_run_hangs_the_sandbox_opera
     );
     assert!(stuck(&facts_for("v23.3.0", kubevirt.clone()), &passthrough, &cc).is_empty());
     assert_eq!(stuck(&v25, &passthrough, &cc).len(), 1);
+}
+
+/// The GPUCluster (DRA) stack: no device plugin or toolkit runs, a device-plugin label is
+/// swept, and the DRA validator, DCGM and DCGM exporter stay Pending without the DRA kubelet
+/// plugin.
+#[test]
+fn on_the_gpu_cluster_stack_the_dra_operands_need_the_kubelet_plugin() {
+    let dra = labels(&[
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
+        ("nvidia.com/gpu.present", "true"),
+        ("driver", "true"),
+        ("dra-driver", "true"),
+        ("dra-validator", "true"),
+        ("dcgm-dra", "true"),
+        ("dcgm-exporter-dra", "true"),
+    ]);
+    let mut facts = facts_for("v26.7.0", Default::default());
+    facts.stack = crate::core::operands::Stack::GpuCluster;
+    // The GPUCluster's defaults: no standalone DCGM host engine.
+    facts.disabled = OperandSet::of(&[Operand::DcgmDra]);
+    let runs = simulate(&dra, &facts);
+    assert_eq!(
+        runs.iter().map(Operand::name).collect::<Vec<_>>(),
+        ["driver", "dra-driver", "dra-validator", "dcgm-exporter-dra"]
+    );
+    let v = update_with("n", &dra, &dra, &facts, &Policy::default());
+    assert!(v.findings.is_empty(), "{:?}", v.findings);
+
+    // The kubelet plugin labelled off: the validator and the exporter stay Pending.
+    let off = with(&dra, &[("dra-driver", Some("false"))]);
+    let v = update_with("n", &dra, &off, &facts, &Policy::default());
+    let found: Vec<_> = v
+        .findings
+        .iter()
+        .filter(|f| f.rule == Rule::OperandWithoutDraDriver)
+        .collect();
+    assert_eq!(found.len(), 1, "{:?}", v.findings);
+    assert_eq!(found[0].change, Change::New);
+    assert_eq!(found[0].action, Action::Warn);
+    assert!(
+        found[0]
+            .message
+            .contains("dra-validator, dcgm-exporter-dra run without the DRA kubelet plugin")
+            && found[0]
+                .message
+                .contains("this request sets nvidia.com/gpu.deploy.dra-driver=\"false\""),
+        "{}",
+        found[0].message
+    );
+    assert!(v.allowed());
+
+    // A device plugin without a toolkit selects no DaemonSet here: no refusal, and the
+    // operator's pass sweeps the label.
+    let plugin = with(&dra, &[("device-plugin", Some("true"))]);
+    let v = update_with("n", &dra, &plugin, &facts, &Policy::default());
+    assert!(v.allowed());
+    assert!(
+        !v.findings
+            .iter()
+            .any(|f| f.rule == Rule::DevicePluginWithoutToolkit)
+    );
+    let sweep = v
+        .findings
+        .iter()
+        .find(|f| f.rule == Rule::OperatorWillRestore)
+        .expect("the sweep is said");
+    assert!(
+        sweep
+            .message
+            .contains("sweeps it on its next labelling pass")
+            && sweep
+                .message
+                .contains("GPUCluster (DRA) stack's deploy labels"),
+        "{}",
+        sweep.message
+    );
+    // The same request under a ClusterPolicy is refused.
+    let policy = facts_for("v26.7.0", Default::default());
+    let v = update_with("n", &dra, &plugin, &policy, &Policy::default());
+    assert!(!v.allowed());
+    // And on the ClusterPolicy stack the DRA operands run nowhere: no DRA finding.
+    let v = update_with("n", &dra, &off, &policy, &Policy::default());
+    assert!(
+        !v.findings
+            .iter()
+            .any(|f| f.rule == Rule::OperandWithoutDraDriver)
+    );
 }

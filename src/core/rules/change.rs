@@ -3,8 +3,8 @@
 use super::{Change, Ctx, Found, Rule, UNKNOWN_KEYS_SHOWN};
 use crate::core::echo::echo;
 use crate::core::operands::{
-    DEPLOY_PREFIX, GPU_PRESENT_KEY, LabelChange, OPERANDS_KEY, Operand, Value, closest_known,
-    deploy_labels, is_gpu_node, is_unknown_deploy_key,
+    DEPLOY_PREFIX, GPU_PRESENT_KEY, LabelChange, OPERANDS_KEY, Operand, Stack, Value,
+    closest_known, deploy_labels, is_gpu_node, is_unknown_deploy_key,
 };
 use crate::core::operator::Plan;
 use crate::core::pauses::{Pauser, resumes};
@@ -156,7 +156,13 @@ impl Ctx<'_, '_> {
             return;
         }
         self.pause_overwrites(old, out);
-        let plan = Plan::new(labels, true, facts.operator.era(), &facts.sandbox);
+        let plan = Plan::new(
+            labels,
+            true,
+            facts.operator.era(),
+            &facts.sandbox,
+            facts.stack,
+        );
         let node = self.node();
         let was_off = old.get(OPERANDS_KEY).is_some_and(|v| v == "false");
         if plan.operands_disabled {
@@ -244,9 +250,12 @@ impl Ctx<'_, '_> {
             };
             let after = plan.value_after(op, new_value);
             if let (Some(value), None) = (new_value, after) {
-                let where_ = match plan.workload {
-                    Some(w) => format!("a {} node's deploy labels", w.name()),
-                    None => format!("the deploy labels of a node with {GPU_PRESENT_KEY}=true"),
+                let where_ = match (plan.applied, plan.workload) {
+                    (Some(Stack::GpuCluster), _) => {
+                        "the GPUCluster (DRA) stack's deploy labels".to_owned()
+                    }
+                    (_, Some(w)) => format!("a {} node's deploy labels", w.name()),
+                    (_, None) => format!("the deploy labels of a node with {GPU_PRESENT_KEY}=true"),
                 };
                 out.push(Found {
                     rule: Rule::OperatorWillRestore,

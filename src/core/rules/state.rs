@@ -206,6 +206,42 @@ impl Ctx<'_, '_> {
         );
     }
 
+    /// The GPUCluster stack's DRA validator, DCGM and DCGM exporter each hold an admin-access
+    /// ResourceClaim of device class `gpu.nvidia.com` (gpu-operator@v26.7.0
+    /// `manifests/state-dra-validation/0400_resourceclaimtemplate.yaml`,
+    /// `manifests/state-dcgm/0400_resourceclaimtemplate.yaml`,
+    /// `manifests/state-dcgm-exporter/0400_resourceclaimtemplate.yaml`): only the DRA kubelet
+    /// plugin publishes the node's GPUs, so without it their pods are never scheduled.
+    pub(super) fn operand_without_dra_driver(&self, out: &mut Vec<Found>) {
+        let stranded = |set: OperandSet| -> OperandSet {
+            if set.contains(Operand::DraDriver) {
+                return OperandSet::EMPTY;
+            }
+            set.iter()
+                .filter(|op| op.waits_for(Wait::DraDriver))
+                .collect()
+        };
+        let after = stranded(self.after);
+        let before = stranded(self.before);
+        let key = Operand::DraDriver.key();
+        let state = self.label_state(key);
+        self.per_subset(out, Rule::OperandWithoutDraDriver, after, before, |names, change| {
+            let node = self.node();
+            let already = if change == Change::Existing { "already " } else { "" };
+            (
+                format!(
+                    "node {node}: {names} {already}run without the DRA kubelet plugin ({state}): their pods \
+                     claim the node's GPUs through a gpu.nvidia.com ResourceClaim that nothing allocates \
+                     here, so they stay Pending; set {key}=true or turn them off."
+                ),
+                format!(
+                    "{node}: {} {already}stay Pending without the DRA kubelet plugin",
+                    short_list(names)
+                ),
+            )
+        });
+    }
+
     pub(super) fn device_plugin_on_non_gpu_node(&self, out: &mut Vec<Found>) {
         let misplaced = |labels: &Labels, set: OperandSet| {
             set.contains(Operand::DevicePlugin) && !is_gpu_node(labels)
