@@ -132,6 +132,8 @@ pub async fn preview(args: &PolicyArgs) -> Result<(String, u8), PolicyError> {
     let resource = match kind {
         PolicyKind::ClusterPolicy => cluster_policy_resource(),
         PolicyKind::NvidiaDriver => nvidia_driver::resource(),
+        // kind_of names no GPUCluster: the preview does not take one.
+        PolicyKind::GpuCluster => crate::k8s::gpu_cluster::resource(),
     };
     let live = match Api::<DynamicObject>::all_with(client.clone(), &resource)
         .get_opt(&name)

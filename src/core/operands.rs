@@ -144,6 +144,10 @@ pub enum Wait {
     DraDriver,
 }
 
+/// The one name a GPUCluster may have (its CRD's validation rule,
+/// gpu-operator@v26.7.0 `api/nvidia/v1alpha1/gpucluster_types.go`).
+pub const GPU_CLUSTER_NAME: &str = "gpu-cluster";
+
 /// Which of the operator's custom resources drives the node labelling and the operands.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub enum Stack {

@@ -49,6 +49,8 @@ const GPU_PRESENT: &str = "nvidia.com/gpu.present";
 pub enum PolicyKind {
     ClusterPolicy,
     NvidiaDriver,
+    /// v26.7's DRA stack: judged only for whether it may exist beside a ClusterPolicy.
+    GpuCluster,
 }
 
 impl PolicyKind {
@@ -56,6 +58,7 @@ impl PolicyKind {
         match self {
             PolicyKind::ClusterPolicy => "ClusterPolicy",
             PolicyKind::NvidiaDriver => "NVIDIADriver",
+            PolicyKind::GpuCluster => "GPUCluster",
         }
     }
 }
@@ -135,6 +138,11 @@ pub enum PolicyChange<'a> {
         /// Every other NVIDIADriver resource.
         others: &'a [NvidiaDriver],
     },
+    GpuCluster {
+        facts: &'a ClusterFacts,
+        /// The ClusterPolicy that exists, when one does.
+        cluster_policy: Option<&'a str>,
+    },
 }
 
 /// One request to judge.
@@ -195,9 +203,15 @@ pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Polic
     let mut findings = Vec::new();
     let facts = match review.change {
         PolicyChange::ClusterPolicy { after, .. } => after,
-        PolicyChange::NvidiaDriver { facts, .. } => facts,
+        PolicyChange::NvidiaDriver { facts, .. } | PolicyChange::GpuCluster { facts, .. } => facts,
     };
-    if review.operation != Operation::Delete || review.kind == PolicyKind::NvidiaDriver {
+    if let Some(conflict) = stacks_conflict(review) {
+        // While both custom resources exist the operator reconciles nothing: what else the
+        // request would change does not happen.
+        findings.push(conflict);
+    } else if review.kind == PolicyKind::GpuCluster {
+        // A GPUCluster alone is not judged over the fleet.
+    } else if review.operation != Operation::Delete || review.kind == PolicyKind::NvidiaDriver {
         match fleet {
             Fleet::Known { groups, keeps } => {
                 let outcomes: Vec<Outcome<'_, '_>> =
@@ -370,6 +384,21 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
                 relabel_after,
             }
         }
+        PolicyChange::GpuCluster { facts, .. } => {
+            let ops = policy::simulate(labels, facts);
+            let driver = ops.contains(Operand::Driver);
+            Outcome {
+                group,
+                driver_before: driver,
+                driver_after: driver,
+                before_labels: labels.clone(),
+                after_labels: labels.clone(),
+                before: ops,
+                after: ops,
+                relabel_before: ops,
+                relabel_after: ops,
+            }
+        }
         PolicyChange::NvidiaDriver {
             facts,
             before,
@@ -398,7 +427,7 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
 }
 
 pub mod judge;
-use judge::{judge, judge_blind, unkept_selector_keys};
+use judge::{judge, judge_blind, stacks_conflict, unkept_selector_keys};
 
 #[cfg(test)]
 mod tests;

@@ -34,6 +34,7 @@ pub enum Rule {
     SandboxRelabel,
     NvidiaDriverOverlap,
     ClusterPolicyIgnored,
+    GpuClusterConflict,
     DevicePluginSwitchedOff,
     DriverSelectedTwice,
     RuntimeClassesRemoved,
@@ -113,7 +114,7 @@ pub struct RuleSpec {
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs` or `rules/change.rs`; a fleet rule's in
 /// `core/policy_change.rs`, a pod rule's in `audit/mod.rs`).
-pub const RULES: [RuleSpec; 18] = [
+pub const RULES: [RuleSpec; 19] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -255,6 +256,16 @@ pub const RULES: [RuleSpec; 18] = [
         severity: Severity::Low,
         pass: "one ClusterPolicy",
         summary: "a second ClusterPolicy, which the operator ignores",
+        check: Check::Fleet,
+    },
+    RuleSpec {
+        rule: Rule::GpuClusterConflict,
+        id: "gpu-cluster-conflict",
+        kind: Kind::Policy,
+        default: Action::Deny,
+        severity: Severity::High,
+        pass: "never a ClusterPolicy and a GPUCluster at once",
+        summary: "a ClusterPolicy created while a GPUCluster exists, or a GPUCluster while a ClusterPolicy exists: the GPU Operator (v26.7+) then reconciles neither and labels no node",
         check: Check::Fleet,
     },
     RuleSpec {

@@ -1,4 +1,4 @@
-//! `POST /validate/gpu-policy`: AdmissionReviews of ClusterPolicy and NVIDIADriver changes,
+//! `POST /validate/gpu-policy`: AdmissionReviews of ClusterPolicy, NVIDIADriver and GPUCluster changes,
 //! decided over every node the guard knows ([`decide_policy`]).
 //!
 //! Not the hot path of node labels: a policy object is read with serde, whole. The answer is
@@ -22,7 +22,7 @@ use super::{Webhook, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::labels::MAX_NAME_CHARS;
-use crate::core::operands::OPERANDS;
+use crate::core::operands::{OPERANDS, Stack};
 use crate::core::policy::{self, Decision, Policy, Verdict};
 use crate::core::policy_change::{
     Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, NvidiaDriver, PolicyChange, PolicyKind,
@@ -132,6 +132,7 @@ pub(super) async fn validate_policy(
     let kind = match (request.kind.group.as_str(), request.kind.kind.as_str()) {
         ("nvidia.com", "ClusterPolicy") => PolicyKind::ClusterPolicy,
         ("nvidia.com", "NVIDIADriver") => PolicyKind::NvidiaDriver,
+        ("nvidia.com", "GPUCluster") => PolicyKind::GpuCluster,
         (group, kind) => {
             return refuse(
                 &hook,
@@ -212,12 +213,18 @@ fn with_policy(cluster: &ClusterFacts, object: &Value) -> Result<ClusterFacts, B
         path: "request.object".to_owned(),
         message: bounded_display(&e, super::MAX_ERROR_BYTES),
     })?;
+    // A GPUCluster that exists stays: with this ClusterPolicy there are both.
+    let stack = match cluster.stack {
+        Stack::ClusterPolicy => Stack::ClusterPolicy,
+        Stack::GpuCluster | Stack::Both => Stack::Both,
+    };
     Ok(ClusterFacts {
         selectors: cluster.selectors.clone(),
         daemonsets: cluster.daemonsets,
         nvidia_drivers: cluster.nvidia_drivers.clone(),
         operator: cluster.operator.clone(),
         source: PolicySource::Found(p.name),
+        stack,
         ..p.facts
     })
 }
@@ -365,6 +372,20 @@ fn on_review<R>(
                     host_toolkit,
                     others: &others,
                     drivers: &all_drivers,
+                },
+                ..base
+            };
+            Ok(Some(then(&review)))
+        }
+        PolicyKind::GpuCluster => {
+            let cluster_policy = match &facts.source {
+                PolicySource::Found(name) => Some(name.as_str()),
+                _ => None,
+            };
+            let review = PolicyReview {
+                change: PolicyChange::GpuCluster {
+                    facts,
+                    cluster_policy,
                 },
                 ..base
             };

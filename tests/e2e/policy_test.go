@@ -414,3 +414,67 @@ func TestNVIDIADriverOverlapIsRefusedAndARemovedDriverWarned(t *testing.T) {
 	expectResult(t, "kubectl delete NVIDIADriver pool-a", kubectl("delete", "nvidiadriver", "pool-a"),
 		0, `nvidiadriver.nvidia.com "pool-a" deleted`+"\n", "Warning: NVIDIADriver pool-a: 1 node loses the driver DaemonSet (lab-node-0)\n")
 }
+
+// gpuClusterCRD is the GPUCluster stand-in of testdata/watched-crds.yaml: the
+// operator built for the suite (v25.3.4) has no GPUCluster, which v26.7 adds.
+func gpuClusterCRD(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(watchedCRDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		if strings.Contains(doc, "name: gpuclusters.nvidia.com") {
+			return doc
+		}
+	}
+	t.Fatalf("%s has no gpuclusters.nvidia.com", watchedCRDs)
+	return ""
+}
+
+// TestClusterPolicyAndGPUClusterAtOnceAreRefused: the GPU Operator v26.7
+// reconciles nothing while a ClusterPolicy and a GPUCluster both exist. The
+// guard (following v26.7, the version it assumes here) refuses the GPUCluster
+// created beside the lab's ClusterPolicy, and, once the ClusterPolicy is gone
+// and the GPUCluster made, the ClusterPolicy created beside it.
+func TestClusterPolicyAndGPUClusterAtOnceAreRefused(t *testing.T) {
+	setUpPolicyLab(t)
+	crd := gpuClusterCRD(t)
+	t.Cleanup(func() {
+		if got := kubectl("delete", "gpucluster", "gpu-cluster", "--ignore-not-found"); got.code != 0 {
+			t.Errorf("cleanup: %s", got)
+		}
+		if got := kubectlWithInput(crd, "delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=60s"); got.code != 0 {
+			t.Errorf("cleanup: kubectl delete crd gpuclusters.nvidia.com: %s", got)
+		}
+	})
+	if got := kubectlWithInput(crd, "apply", "-f", "-"); got.code != 0 {
+		t.Fatalf("kubectl apply of the GPUCluster CRD: %s", got)
+	}
+	cp.WaitCRDsServed(t, "gpuclusters.nvidia.com")
+	createClusterPolicy(t)
+
+	gpuCluster := "apiVersion: nvidia.com/v1alpha1\nkind: GPUCluster\nmetadata:\n  name: gpu-cluster\nspec: {}\n"
+	expectResult(t, "kubectl create GPUCluster gpu-cluster beside ClusterPolicy cluster-policy",
+		kubectlWithInput(gpuCluster, "create", "-f", "-"), 1, "",
+		`Error from server (Forbidden): error when creating "STDIN": `+policyDenied+"GPUCluster gpu-cluster: ClusterPolicy cluster-policy exists, and the GPU Operator (v26.7) "+
+			"reconciles neither while both exist: it labels no node and deploys nothing until one is deleted; "+
+			"delete ClusterPolicy cluster-policy first, or do not create GPUCluster gpu-cluster.\n")
+
+	cp.MustKubectl(t, "delete", "clusterpolicy", clusterPolicyName)
+	// The guard learns that the ClusterPolicy is gone within its debounce.
+	framework.WaitFor(t, watchFollow, "GPUCluster gpu-cluster created once no ClusterPolicy exists", func() (bool, string) {
+		got := kubectlWithInput(gpuCluster, "create", "-f", "-")
+		return got.code == 0, got.String()
+	})
+	want := result{"", `Error from server (Forbidden): error when creating "STDIN": ` + policyDenied + "ClusterPolicy cluster-policy: GPUCluster gpu-cluster exists, and the GPU " +
+		"Operator (v26.7) reconciles neither while both exist: it labels no node and deploys nothing until one is " +
+		"deleted; delete GPUCluster gpu-cluster first, or do not create ClusterPolicy cluster-policy.\n", 1}
+	framework.WaitFor(t, watchFollow, "ClusterPolicy cluster-policy refused beside GPUCluster gpu-cluster", func() (bool, string) {
+		got := kubectlWithInput(clusterPolicyManifest(t, nil), "create", "-f", "-", "--dry-run=server")
+		return got == want, got.String()
+	})
+	if got := kubectl("get", "clusterpolicy", "-o", "name"); got.stdout != "" {
+		t.Errorf("a refused ClusterPolicy was stored: %s", got)
+	}
+}

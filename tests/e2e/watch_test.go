@@ -718,5 +718,12 @@ func TestClusterPolicyWithHostToolkitAllowsDevicePluginAlone(t *testing.T) {
 		return got == dra, got.String()
 	})
 	cp.MustKubectl(t, "delete", "gpucluster", "gpu-cluster")
-	waitDecision(t, "GPUCluster deleted: refused", result{"", labNode2Refusal, 1})
+	refused := result{"", labNode2Refusal, 1}
+	framework.WaitFor(t, watchFollow, "GPUCluster deleted: refused", func() (bool, string) {
+		got := dryRunPluginOnLabNode2()
+		if got != dra && got != refused {
+			t.Fatalf("GPUCluster deleted: kubectl label node lab-node-2 device-plugin=true --dry-run=server: neither the DRA stack's answer nor refused:\n%s", got)
+		}
+		return got == refused, got.String()
+	})
 }

@@ -37,6 +37,71 @@ fn finding(rule: Rule, message: String, warning: String) -> Found {
     }
 }
 
+/// A ClusterPolicy and a GPUCluster at once (v26.7+): the GPUCluster controller sets itself
+/// `NotReady` (`validatePrerequisites`), the ClusterPolicy controller and the node-labelling
+/// reconcile return an error (gpu-operator@v26.7.0 `controllers/gpucluster_controller.go`,
+/// `controllers/clusterpolicy_controller.go`, `controllers/nodelabeling_controller.go`):
+/// nothing is reconciled or labelled until one is deleted (`docs/gpu-operator.md` §12). The
+/// request that makes both exist is new; one that changes either while both exist finds the
+/// conflict there already.
+pub(super) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
+    use crate::core::operands::{GPU_CLUSTER_NAME, Stack};
+    let echo = crate::core::echo::echo;
+    let object = format!("{} {}", review.kind.as_str(), echo(review.name));
+    let (facts, other, creates) = match review.change {
+        PolicyChange::ClusterPolicy { after, .. } => {
+            if after.stack.in_era(after.operator.era()) != Stack::Both {
+                return None;
+            }
+            (
+                after,
+                format!("GPUCluster {GPU_CLUSTER_NAME}"),
+                review.operation == Operation::Create,
+            )
+        }
+        PolicyChange::GpuCluster {
+            facts,
+            cluster_policy: Some(cp),
+        } if facts.operator.era() >= Era::V26_7
+            && matches!(review.operation, Operation::Create | Operation::Update) =>
+        {
+            (
+                facts,
+                format!("ClusterPolicy {}", echo(cp)),
+                review.operation == Operation::Create,
+            )
+        }
+        _ => return None,
+    };
+    let version = &facts.operator.version.text;
+    let (message, warning, change) = if creates {
+        (
+            format!(
+                "{object}: {other} exists, and the GPU Operator ({version}) reconciles neither while both \
+                 exist: it labels no node and deploys nothing until one is deleted; delete {other} first, \
+                 or do not create {object}."
+            ),
+            format!("{object}: {other} exists; the GPU Operator would reconcile neither"),
+            Change::New,
+        )
+    } else {
+        (
+            format!(
+                "{object}: {other} exists too, so the GPU Operator ({version}) reconciles neither and this \
+                 change takes effect only once one of them is deleted."
+            ),
+            format!("{object}: {other} exists too; the GPU Operator reconciles neither"),
+            Change::Existing,
+        )
+    };
+    Some(Found {
+        rule: Rule::GpuClusterConflict,
+        change,
+        message,
+        warning,
+    })
+}
+
 pub(super) fn judge(
     review: &PolicyReview<'_>,
     outcomes: &[Outcome<'_, '_>],
@@ -344,6 +409,8 @@ fn driver_removed(
         PolicyChange::NvidiaDriver { .. } => {
             "its nodeSelector no longer selects them, and no other NVIDIADriver does"
         }
+        // Never judged over the fleet.
+        PolicyChange::GpuCluster { .. } => return,
     };
     out.push(finding(
         Rule::DriverRemoved,
@@ -416,7 +483,7 @@ fn state_transitions(
 ) {
     let (before_facts, after_facts) = match review.change {
         PolicyChange::ClusterPolicy { before, after, .. } => (before, after),
-        PolicyChange::NvidiaDriver { .. } => return,
+        PolicyChange::NvidiaDriver { .. } | PolicyChange::GpuCluster { .. } => return,
     };
     let mut by_rule: BTreeMap<Rule, (Vec<&str>, String)> = BTreeMap::new();
     for o in outcomes {

@@ -852,3 +852,89 @@ fn from_v26_7_a_default_nvidiadriver_shares_nodes_without_conflict_but_two_defau
     );
     assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
 }
+
+/// v26.7: a ClusterPolicy created while a GPUCluster exists, or a GPUCluster while a
+/// ClusterPolicy exists, stops the operator: refused, and nothing else is judged; a change of
+/// either while both exist is said, not refused; before v26.7 a GPUCluster means nothing.
+#[test]
+fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
+    use crate::core::facts::PolicySource;
+    use crate::core::operands::Stack;
+    let mut both = operator_defaults();
+    both.stack = Stack::Both;
+    let groups = [group(gpu_labels(), &["gpu-0"])];
+    // A ClusterPolicy created next to the GPUCluster.
+    let create = PolicyReview {
+        operation: Operation::Create,
+        ..cp_review(&both, &both, None)
+    };
+    let v = over(&create, &groups);
+    assert_eq!(v.decision, Decision::Denied);
+    assert_eq!(v.findings.len(), 1, "{:?}", v.findings);
+    assert_eq!(v.findings[0].rule, Rule::GpuClusterConflict);
+    assert_eq!(
+        v.findings[0].message,
+        "ClusterPolicy cluster-policy: GPUCluster gpu-cluster exists, and the GPU Operator (v26.7) \
+         reconciles neither while both exist: it labels no node and deploys nothing until one is \
+         deleted; delete GPUCluster gpu-cluster first, or do not create ClusterPolicy cluster-policy."
+    );
+    // Its toolkit switched off while both exist: nothing happens, so no toolkit refusal.
+    let tk_off = switched(|f| {
+        toolkit_off(f);
+        f.stack = Stack::Both;
+    });
+    let v = over(&cp_review(&both, &tk_off, None), &groups);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(
+        v.findings.iter().map(|f| f.rule).collect::<Vec<_>>(),
+        [Rule::GpuClusterConflict]
+    );
+    assert_eq!(v.findings[0].action, Action::Warn);
+    // Before v26.7 the operator knows no GPUCluster: the ClusterPolicy is judged as ever.
+    let old = switched(|f| {
+        f.stack = Stack::Both;
+        at("v25.3.4")(f);
+    });
+    let old_off = switched(|f| {
+        toolkit_off(f);
+        f.stack = Stack::Both;
+        at("v25.3.4")(f);
+    });
+    let v = over(&cp_review(&old, &old_off, None), &groups);
+    assert_eq!(v.decision, Decision::Denied);
+    assert_eq!(v.findings[0].rule, Rule::ToolkitSwitchedOff);
+
+    // A GPUCluster created while ClusterPolicy cluster-policy exists.
+    let mut policy = operator_defaults();
+    policy.source = PolicySource::Found("cluster-policy".into());
+    let gc = |operation, cluster_policy| PolicyReview {
+        kind: PolicyKind::GpuCluster,
+        name: "gpu-cluster",
+        operation,
+        change: PolicyChange::GpuCluster {
+            facts: &policy,
+            cluster_policy,
+        },
+        ..cp_review(&policy, &policy, None)
+    };
+    let v = over(&gc(Operation::Create, Some("cluster-policy")), &groups);
+    assert_eq!(v.decision, Decision::Denied);
+    assert!(
+        v.findings[0]
+            .message
+            .starts_with("GPUCluster gpu-cluster: ClusterPolicy cluster-policy exists"),
+        "{}",
+        v.findings[0].message
+    );
+    // Without a ClusterPolicy, or deleted: nothing to say.
+    assert!(
+        over(&gc(Operation::Create, None), &groups)
+            .findings
+            .is_empty()
+    );
+    assert!(
+        over(&gc(Operation::Delete, Some("cluster-policy")), &groups)
+            .findings
+            .is_empty()
+    );
+}
