@@ -18,7 +18,7 @@ use crate::core::operands::{
 };
 use crate::core::operands::{Stack, Workload};
 use crate::core::operator::{LabelAction, Pass, has_nfd_gpu, labelling_pass};
-use crate::core::pauses::resumes;
+use crate::core::pauses::{Build, resumes};
 use crate::core::policy::{self, Decision, Verdict};
 use crate::core::review::{Operation, Review};
 use crate::core::rules::{self, Finding};
@@ -223,7 +223,10 @@ impl CheckOutcome {
             after: BTreeMap<&'static str, bool>,
         }
         let v = &self.verdict;
-        let written = resumes(self.before_labels.as_ref().unwrap_or(&self.after_labels));
+        let written = resumes(
+            self.before_labels.as_ref().unwrap_or(&self.after_labels),
+            Build::of(&self.version.version),
+        );
         let out = Out {
             node: &self.node,
             operation: self.operation,

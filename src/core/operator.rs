@@ -33,6 +33,8 @@ pub struct OperatorVersion {
     pub text: String,
     /// Older or newer than every version the model follows: decided as its nearest era.
     pub outside: Option<Outside>,
+    /// Its major and minor number (the newest modelled release when assumed).
+    pub release: (u32, u32),
 }
 
 /// A version the model does not follow, on which side.
@@ -61,6 +63,7 @@ impl OperatorVersion {
             era: Era::NEWEST,
             text: Era::NEWEST.name().to_owned(),
             outside: None,
+            release: NEWEST_MODELLED,
         }
     }
 
@@ -89,6 +92,7 @@ impl OperatorVersion {
             era,
             text: format!("v{}", t),
             outside,
+            release,
         })
     }
 

@@ -10,7 +10,32 @@
 //! own are not touched by its end.
 
 use crate::core::operands::{DEPLOY_PREFIX, Labels};
-use crate::core::operator::restored_value;
+use crate::core::operator::{OperatorVersion, restored_value};
+
+/// How a release's k8s-driver-manager is built: a bash script up to v0.8.1 (GPU Operator up to
+/// v25.3), Go from v0.9.0 (v25.10) (`gpu-operator@<tag> deployments/gpu-operator/values.yaml`,
+/// `driver.manager.version`). mig-manager and vgpu-device-manager pause and resume alike in
+/// both (`docs/gpu-operator.md` §6).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// `driver-manager` (NVIDIA/k8s-driver-manager v0.8.1): it owns ten keys, and its resume
+    /// (`_maybe_set_true`: `sed -r "s/paused-for-driver-upgrade//g" | tr -d "_"`) deletes every
+    /// underscore of the value.
+    Shell,
+    /// `cmd/driver-manager/main.go` (v0.9.0 – v0.12.0).
+    Go,
+}
+
+impl Build {
+    /// The build the GPU Operator of this version ships.
+    pub fn of(version: &OperatorVersion) -> Build {
+        if version.release < (25, 10) {
+            Build::Shell
+        } else {
+            Build::Go
+        }
+    }
+}
 
 /// A component that pauses deploy labels.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -59,8 +84,22 @@ impl Pauser {
     /// (`getCurrentNodeLabels`, `restartKubernetesGPUClients`); NVIDIA/vgpu-device-manager
     /// v0.5.0 `cmd/nvidia-k8s-vgpu-dm/main.go` (`getNodeStateLabels`,
     /// `rescheduleGPUOperands`). Keys an older release does not know are not on its nodes.
-    fn keys(self) -> &'static [(&'static str, bool)] {
+    fn keys(self, build: Build) -> &'static [(&'static str, bool)] {
         match self {
+            // NVIDIA/k8s-driver-manager v0.8.1 `driver-manager` (`_fetch_current_labels`,
+            // `_reschedule_gpu_operator_components`): every key written, an absent one as "".
+            Pauser::DriverManager if build == Build::Shell => &[
+                ("operator-validator", false),
+                ("container-toolkit", false),
+                ("device-plugin", false),
+                ("gpu-feature-discovery", false),
+                ("dcgm-exporter", false),
+                ("dcgm", false),
+                ("nvsm", false),
+                ("sandbox-validator", false),
+                ("sandbox-device-plugin", false),
+                ("vgpu-device-manager", false),
+            ],
             Pauser::DriverManager => &[
                 ("operator-validator", false),
                 ("container-toolkit", false),
@@ -105,13 +144,15 @@ impl Pauser {
 
     /// The value it writes back for a label its pause left as `value` (`maybeSetTrue` of what
     /// it read, which the pause wrote as `maybeSetPaused`).
-    fn resume(self, value: &str) -> String {
+    fn resume(self, value: &str, build: Build) -> String {
         match self {
             // `false` stays; the pause marker goes: `paused-for-driver-upgrade` → `true`,
-            // `v_paused-for-driver-upgrade` → `v`; `""` stays `""`.
+            // `v_paused-for-driver-upgrade` → `v` (the shell deletes every underscore of `v`
+            // too); `""` stays `""`.
             Pauser::DriverManager => match value {
                 "false" => "false".to_owned(),
                 DRIVER_PAUSE => "true".to_owned(),
+                _ if build == Build::Shell => value.replace(DRIVER_PAUSE, "").replace('_', ""),
                 _ => value.replace(DRIVER_PAUSE, "").trim_matches('_').to_owned(),
             },
             Pauser::MigManager => if value == "false" { "false" } else { "true" }.to_owned(),
@@ -133,7 +174,7 @@ pub struct Resume {
 /// The pauses under way on a node with these labels, and what each writes back to which label
 /// (full keys), from the labels as the pauses left them. A label one component owns that is
 /// absent was deleted during the pause: what it read is not known, and it is left out.
-pub fn resumes(labels: &Labels) -> Vec<(String, Resume)> {
+pub fn resumes(labels: &Labels, build: Build) -> Vec<(String, Resume)> {
     let mut out: Vec<(String, Resume)> = Vec::new();
     for pauser in PAUSERS {
         let active = labels
@@ -142,7 +183,7 @@ pub fn resumes(labels: &Labels) -> Vec<(String, Resume)> {
         if !active {
             continue;
         }
-        for (suffix, only_if_set) in pauser.keys() {
+        for (suffix, only_if_set) in pauser.keys(build) {
             let key = format!("{DEPLOY_PREFIX}{suffix}");
             let Some(value) = labels.get(&key) else {
                 continue;
@@ -151,7 +192,7 @@ pub fn resumes(labels: &Labels) -> Vec<(String, Resume)> {
                 continue;
             }
             let resume = Resume {
-                value: pauser.resume(value),
+                value: pauser.resume(value, build),
                 by: pauser,
             };
             match out.iter_mut().find(|(k, _)| *k == key) {
@@ -167,8 +208,8 @@ pub fn resumes(labels: &Labels) -> Vec<(String, Resume)> {
 /// pausing component owns set to what it writes back ([`resumes`] of the labels before the
 /// request, `old`, or of `new` when there are none), and any other paused value a person wrote
 /// restored as its marker says. `None` when nothing is paused, so the labels stay as they are.
-pub fn after_pauses(old: Option<&Labels>, new: &Labels) -> Option<Labels> {
-    let written = resumes(old.unwrap_or(new));
+pub fn after_pauses(old: Option<&Labels>, new: &Labels, build: Build) -> Option<Labels> {
+    let written = resumes(old.unwrap_or(new), build);
     let paused_left = new
         .iter()
         .any(|(k, v)| k.starts_with(DEPLOY_PREFIX) && restored_value(v).is_some());
@@ -183,7 +224,11 @@ pub fn after_pauses(old: Option<&Labels>, new: &Labels) -> Option<Labels> {
         if k.starts_with(DEPLOY_PREFIX)
             && let Some(to) = restored_value(v)
         {
-            *v = to;
+            *v = if build == Build::Shell && Pauser::DriverManager.marks(v) {
+                Pauser::DriverManager.resume(v, build)
+            } else {
+                to
+            };
         }
     }
     Some(labels)
@@ -237,7 +282,11 @@ mod tests {
             (Pauser::VgpuDeviceManager, "", ""),
         ];
         for (pauser, value, back) in cases {
-            assert_eq!(pauser.resume(value), back, "{pauser:?} {value:?}");
+            assert_eq!(
+                pauser.resume(value, Build::Go),
+                back,
+                "{pauser:?} {value:?}"
+            );
         }
     }
 
@@ -254,14 +303,14 @@ mod tests {
         let mut new = old.clone();
         new.insert(key("container-toolkit"), "false".into());
         new.insert(key("dcgm"), "true".into());
-        let after = after_pauses(Some(&old), &new).unwrap();
+        let after = after_pauses(Some(&old), &new, Build::Go).unwrap();
         assert_eq!(after[&key("container-toolkit")], "true");
         assert_eq!(after[&key("device-plugin")], "true");
         // An unpaused label it owns goes back to what it read too.
         assert_eq!(after[&key("dcgm")], "false");
         // The driver's own label is not one it pauses.
         assert_eq!(after[&key("driver")], "true");
-        let written = resumes(&old);
+        let written = resumes(&old, Build::Go);
         assert!(written.iter().all(|(_, r)| r.by == Pauser::DriverManager));
     }
 
@@ -277,7 +326,7 @@ mod tests {
         let mut new = old.clone();
         new.insert(key("container-toolkit"), "false".into());
         new.insert(key("device-plugin"), "false".into());
-        let after = after_pauses(Some(&old), &new).unwrap();
+        let after = after_pauses(Some(&old), &new, Build::Go).unwrap();
         assert_eq!(after[&key("device-plugin")], "true");
         assert_eq!(after[&key("container-toolkit")], "false");
         assert_eq!(after[&key("gpu-feature-discovery")], "true");
@@ -286,17 +335,62 @@ mod tests {
     #[test]
     fn nothing_paused_leaves_the_labels_and_a_written_marker_is_restored() {
         let plain = labels(&["dcgm=false", "device-plugin=true"]);
-        assert_eq!(after_pauses(Some(&plain), &plain), None);
+        assert_eq!(after_pauses(Some(&plain), &plain, Build::Go), None);
         let marker = labels(&["example.com/x=paused-for-mig-change"]);
-        assert_eq!(after_pauses(None, &marker), None);
+        assert_eq!(after_pauses(None, &marker, Build::Go), None);
         // A person writing a pause marker, with no pause under way.
         let mut new = plain.clone();
         new.insert(key("dcgm"), "paused-for-mig-change".into());
-        let after = after_pauses(Some(&plain), &new).unwrap();
+        let after = after_pauses(Some(&plain), &new, Build::Go).unwrap();
         assert_eq!(after[&key("dcgm")], "true");
         // mig-manager and client only when they had a value; a deleted label is unknown.
         let old = labels(&["device-plugin=paused-for-driver-upgrade", "mig-manager="]);
-        let r = resumes(&old);
+        let r = resumes(&old, Build::Go);
         assert_eq!(r.len(), 1, "{r:?}");
+    }
+
+    /// Up to GPU Operator v25.3 the driver manager is a shell script: it owns ten keys (not
+    /// mig-manager) and deletes every underscore of a value it resumes.
+    #[test]
+    fn the_shell_driver_manager_owns_ten_keys_and_deletes_underscores() {
+        let old = labels(&[
+            "device-plugin=paused-for-driver-upgrade",
+            "mig-manager=true",
+            "nvsm=a_b_paused-for-driver-upgrade",
+        ]);
+        let shell = resumes(&old, Build::Shell);
+        let get = |written: &[(String, Resume)], k: &str| {
+            written
+                .iter()
+                .find(|(name, _)| *name == key(k))
+                .map(|(_, r)| r.value.clone())
+        };
+        assert_eq!(get(&shell, "device-plugin").as_deref(), Some("true"));
+        assert_eq!(get(&shell, "nvsm").as_deref(), Some("ab"));
+        assert_eq!(
+            get(&shell, "mig-manager"),
+            None,
+            "the shell does not own it"
+        );
+        // An absent owned key is left out (what it read is not known).
+        assert_eq!(get(&shell, "container-toolkit"), None);
+        let go = resumes(&old, Build::Go);
+        assert_eq!(get(&go, "nvsm").as_deref(), Some("a_b"));
+        assert_eq!(get(&go, "mig-manager").as_deref(), Some("true"));
+        // A person's mig-manager=false during the upgrade stays with the shell, not with Go.
+        let new = labels(&[
+            "device-plugin=paused-for-driver-upgrade",
+            "mig-manager=false",
+            "nvsm=a_b_paused-for-driver-upgrade",
+        ]);
+        let after = |build| after_pauses(Some(&old), &new, build).unwrap();
+        assert_eq!(after(Build::Shell)[&key("mig-manager")], "false");
+        assert_eq!(after(Build::Go)[&key("mig-manager")], "true");
+        // The versions: shell to v25.3, Go from v25.10.
+        let v = |t: &str| Build::of(&OperatorVersion::parse(t).unwrap());
+        assert_eq!(v("v25.3.4"), Build::Shell);
+        assert_eq!(v("v23.9.0"), Build::Shell);
+        assert_eq!(v("v25.10.0"), Build::Go);
+        assert_eq!(Build::of(&OperatorVersion::newest()), Build::Go);
     }
 }

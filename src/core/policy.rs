@@ -15,7 +15,7 @@ use crate::core::operands::{
     OPERANDS, OPERANDS_KEY, Operand, OperandSet, changed_deploy_labels,
 };
 use crate::core::operator::{LabelAction, PASS_READS, labelling_pass};
-use crate::core::pauses::{after_pauses, resumes};
+use crate::core::pauses::{Build, after_pauses, resumes};
 use crate::core::review::{Operation, Review};
 use crate::core::rules::Ctx;
 use crate::core::rules::{Action, Change, Finding, Found, Kind, RULES, Rule};
@@ -441,13 +441,14 @@ fn state_findings(
         changes: &[],
     }
     .run(Kind::State, &mut findings);
-    let Some(resumed) = after_pauses(review.old_labels, review.labels) else {
+    let build = Build::of(&facts.operator.version);
+    let Some(resumed) = after_pauses(review.old_labels, review.labels, build) else {
         return findings;
     };
     let resumed_old = review
         .old_labels
-        .map(|old| after_pauses(None, old).unwrap_or_else(|| old.clone()));
-    let mut writers: Vec<&str> = resumes(review.old_labels.unwrap_or(review.labels))
+        .map(|old| after_pauses(None, old, build).unwrap_or_else(|| old.clone()));
+    let mut writers: Vec<&str> = resumes(review.old_labels.unwrap_or(review.labels), build)
         .iter()
         .map(|(_, r)| r.by.name())
         .collect();

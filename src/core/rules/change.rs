@@ -7,7 +7,7 @@ use crate::core::operands::{
     closest_known, deploy_labels, is_gpu_node, is_unknown_deploy_key,
 };
 use crate::core::operator::Plan;
-use crate::core::pauses::{Pauser, resumes};
+use crate::core::pauses::{Build, Pauser, resumes};
 
 impl Ctx<'_, '_> {
     /// Every unknown key the request writes, as one finding: a request with many of them costs
@@ -315,7 +315,7 @@ impl Ctx<'_, '_> {
     /// pause, is written back by that component when its work ends ([`resumes`]): the edit is
     /// lost then. One finding per component, naming each label and the value it gets back.
     fn pause_overwrites(&self, old: &crate::core::operands::Labels, out: &mut Vec<Found>) {
-        let written = resumes(old);
+        let written = resumes(old, Build::of(&self.facts.operator.version));
         if written.is_empty() {
             return;
         }
