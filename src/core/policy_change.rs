@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use super::facts::ClusterFacts;
 use super::operands::Era;
 use super::operands::{Labels, NFD_KERNEL_KEY, NFD_OS_KEYS, Operand, OperandSet};
-use super::operator::labelling_pass;
+use super::operator::{OperatorVersion, labelling_pass};
 use super::policy::{self, Policy, Verdict};
 use super::review::Operation;
 use super::rules::{Action, Change, Found, Rule};
@@ -95,12 +95,15 @@ impl NvidiaDriver {
         }
     }
 
-    /// Whether its driver DaemonSets run on a node with these labels: the deploy label, a GPU,
-    /// its node selector, and the NFD labels that put the node in a pool.
-    pub fn selects(&self, labels: &Labels) -> bool {
+    /// Whether its driver DaemonSets run on a node with these labels under the operator of
+    /// this version: the deploy label, a GPU, its node selector, and the NFD labels that put
+    /// the node in a pool. In v23.9 every driver type's DaemonSet selects the driver's deploy
+    /// label; from v24.3 a `vgpu-host-manager` one selects the vGPU manager's
+    /// (gpu-operator@v23.9.2, v24.3.0 `manifests/state-driver/0500_daemonset.yaml`).
+    pub fn selects(&self, labels: &Labels, version: &OperatorVersion) -> bool {
         let pooled = NFD_OS_KEYS.iter().all(|k| labels.contains_key(*k))
             && (!self.precompiled || labels.contains_key(NFD_KERNEL_KEY));
-        let key = if self.vgpu_host_manager {
+        let key = if self.vgpu_host_manager && version.release >= (24, 3) {
             VGPU_MANAGER_DEPLOY_KEY
         } else {
             DRIVER_DEPLOY_KEY
@@ -367,7 +370,10 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             };
             let driver = |facts: &ClusterFacts, ops: OperandSet, labels: &Labels| {
                 if facts.driver_crd {
-                    drivers.iter().any(|d| d.selects(labels)) || orphaned(labels)
+                    drivers
+                        .iter()
+                        .any(|d| d.selects(labels, &facts.operator.version))
+                        || orphaned(labels)
                 } else {
                     ops.contains(Operand::Driver)
                 }
@@ -406,15 +412,18 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             others,
         } => {
             let ops = policy::simulate(labels, facts);
-            let by_others = others.iter().any(|d| d.selects(labels));
-            let before_here = before.is_some_and(|d| d.selects(labels));
+            let version = &facts.operator.version;
+            let by_others = others.iter().any(|d| d.selects(labels, version));
+            let before_here = before.is_some_and(|d| d.selects(labels, version));
             // Before v26.3 a pool the new selector drops keeps its DaemonSet running
             // (`docs/gpu-operator.md` §11.4); a deleted resource's DaemonSets always go.
             let kept = after.is_some() && before_here && facts.operator.era() < Era::V26_3;
             Outcome {
                 group,
                 driver_before: by_others || before_here,
-                driver_after: by_others || kept || after.is_some_and(|d| d.selects(labels)),
+                driver_after: by_others
+                    || kept
+                    || after.is_some_and(|d| d.selects(labels, version)),
                 before_labels: labels.clone(),
                 after_labels: labels.clone(),
                 before: ops,

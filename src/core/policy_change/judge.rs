@@ -239,7 +239,10 @@ fn driver_selected_twice(
         .iter()
         .filter(|o| o.after.contains(Operand::Driver))
     {
-        if let Some(d) = drivers.iter().find(|d| d.selects(&o.after_labels)) {
+        if let Some(d) = drivers
+            .iter()
+            .find(|d| d.selects(&o.after_labels, &after.operator.version))
+        {
             serving.insert(d.name.as_str());
             nodes.extend(o.group.nodes.iter().copied());
         }

@@ -809,8 +809,27 @@ fn a_node_without_nfd_os_labels_is_in_no_pool_and_gets_no_nvidiadriver_pod() {
         crate::core::operands::NFD_KERNEL_KEY.into(),
         "5.15.0-1026-nvidia".into(),
     );
-    assert!(!precompiled.selects(&gpu_labels()));
-    assert!(precompiled.selects(&kernel));
+    let newest = crate::core::operator::OperatorVersion::newest();
+    assert!(!precompiled.selects(&gpu_labels(), &newest));
+    assert!(precompiled.selects(&kernel, &newest));
+}
+
+/// A `vgpu-host-manager` NVIDIADriver's DaemonSets select the vGPU manager's deploy label from
+/// v24.3; in v23.9 they select the driver's, like every other type.
+#[test]
+fn a_vgpu_host_manager_driver_selects_the_driver_label_in_v23_9() {
+    use crate::core::operator::OperatorVersion;
+    let mut host = driver("host", &[]);
+    host.vgpu_host_manager = true;
+    let driver_only = gpu_labels();
+    let mut vgpu_only = gpu_labels();
+    vgpu_only.remove(DRIVER_DEPLOY_KEY);
+    vgpu_only.insert(VGPU_MANAGER_DEPLOY_KEY.into(), "true".into());
+    let v = |t: &str| OperatorVersion::parse(t).unwrap();
+    assert!(host.selects(&driver_only, &v("v23.9.2")));
+    assert!(!host.selects(&vgpu_only, &v("v23.9.2")));
+    assert!(!host.selects(&driver_only, &v("v24.3.0")));
+    assert!(host.selects(&vgpu_only, &v("v24.3.0")));
 }
 
 #[test]
