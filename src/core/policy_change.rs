@@ -335,6 +335,29 @@ pub struct PolicyNote {
     pub host_toolkit: Option<String>,
 }
 
+impl<'g, 'a> Outcome<'g, 'a> {
+    /// A change that leaves the group's labels and operands as they are; only where a driver
+    /// DaemonSet runs may differ.
+    fn labels_kept(
+        group: &'g NodeGroup<'a>,
+        ops: OperandSet,
+        driver_before: bool,
+        driver_after: bool,
+    ) -> Self {
+        Outcome {
+            group,
+            driver_before,
+            driver_after,
+            before_labels: group.labels.clone(),
+            after_labels: group.labels.clone(),
+            before: ops,
+            after: ops,
+            relabel_before: ops,
+            relabel_after: ops,
+        }
+    }
+}
+
 fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outcome<'g, 'a> {
     let labels = &group.labels;
     match review.change {
@@ -393,17 +416,7 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
         PolicyChange::GpuCluster { facts, .. } => {
             let ops = policy::simulate(labels, facts);
             let driver = ops.contains(Operand::Driver);
-            Outcome {
-                group,
-                driver_before: driver,
-                driver_after: driver,
-                before_labels: labels.clone(),
-                after_labels: labels.clone(),
-                before: ops,
-                after: ops,
-                relabel_before: ops,
-                relabel_after: ops,
-            }
+            Outcome::labels_kept(group, ops, driver, driver)
         }
         PolicyChange::NvidiaDriver {
             facts,
@@ -418,19 +431,12 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             // Before v26.3 a pool the new selector drops keeps its DaemonSet running
             // (`docs/gpu-operator.md` §11.4); a deleted resource's DaemonSets always go.
             let kept = after.is_some() && before_here && facts.operator.era() < Era::V26_3;
-            Outcome {
+            Outcome::labels_kept(
                 group,
-                driver_before: by_others || before_here,
-                driver_after: by_others
-                    || kept
-                    || after.is_some_and(|d| d.selects(labels, version)),
-                before_labels: labels.clone(),
-                after_labels: labels.clone(),
-                before: ops,
-                after: ops,
-                relabel_before: ops,
-                relabel_after: ops,
-            }
+                ops,
+                by_others || before_here,
+                by_others || kept || after.is_some_and(|d| d.selects(labels, version)),
+            )
         }
     }
 }

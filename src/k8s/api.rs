@@ -130,6 +130,21 @@ pub fn cluster_from(
     facts
 }
 
+/// Every object of a cluster-scoped custom resource, as JSON; `None` when they cannot be
+/// listed (no CRD, no RBAC, another error): such a resource counts as absent.
+async fn list_objects(client: &Client, resource: &ApiResource) -> Option<Vec<Value>> {
+    let list = Api::<DynamicObject>::all_with(client.clone(), resource)
+        .list(&ListParams::default())
+        .await
+        .ok()?;
+    Some(
+        list.items
+            .iter()
+            .filter_map(|o| serde_json::to_value(o).ok())
+            .collect(),
+    )
+}
+
 /// Everything one audit of a live cluster reads.
 pub struct Snapshot {
     pub nodes: Vec<NodeView>,
@@ -220,16 +235,7 @@ pub async fn snapshot_keeping(
         .map(|list| list.items)
         .map_err(|e| deployments_unread(&e));
     // The GPUClusters (v26.7+): unreadable (no CRD, no RBAC) means none.
-    let gpu_clusters = Api::<DynamicObject>::all_with(client.clone(), &gpu_cluster::resource())
-        .list(&params)
-        .await
-        .ok()
-        .map(|list| {
-            list.items
-                .iter()
-                .filter_map(|o| serde_json::to_value(o).ok())
-                .collect::<Vec<Value>>()
-        });
+    let gpu_clusters = list_objects(client, &gpu_cluster::resource()).await;
     let ds_refs: Vec<&DaemonSetView> = daemonsets.iter().collect();
     let mut facts = cluster_from(
         policies.as_deref().map_err(Clone::clone),
@@ -242,17 +248,14 @@ pub async fn snapshot_keeping(
         deployment::operator_version(namespace, deployment_refs.as_deref().map_err(|e| *e));
 
     // The NVIDIADriver resources: unreadable (no CRD, no RBAC) is not an error here.
-    facts.nvidia_drivers =
-        Api::<DynamicObject>::all_with(client.clone(), &nvidia_driver::resource())
-            .list(&params)
-            .await
-            .ok()
-            .map(|list| {
-                list.items
-                    .iter()
-                    .filter_map(|o| nvidia_driver::from_object(&serde_json::to_value(o).ok()?).ok())
-                    .collect()
-            });
+    facts.nvidia_drivers = list_objects(client, &nvidia_driver::resource())
+        .await
+        .map(|objects| {
+            objects
+                .iter()
+                .filter_map(|o| nvidia_driver::from_object(o).ok())
+                .collect()
+        });
 
     let filter = LabelFilter::new(&facts);
     let mut nodes = Vec::new();

@@ -128,41 +128,18 @@ pub fn parse(text: &str, path: &Path) -> Result<ClusterPolicy, ClusterPolicyErro
         message,
     };
     let value = document::json_or_yaml(text).map_err(syntax)?;
-    let kind = value
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let api_version = value
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
     let not_one = |found: String| ClusterPolicyError::NotAClusterPolicy {
         path: path.to_owned(),
         found,
     };
-    match kind {
-        "ClusterPolicy" if api_version == "nvidia.com/v1" => from_object(&value),
-        "List" | "ClusterPolicyList" => {
-            let items = value
-                .get("items")
-                .and_then(Value::as_array)
-                .ok_or_else(|| not_one(format!("a {kind} without items")))?;
-            for item in items {
-                let k = item.get("kind").and_then(Value::as_str);
-                if !matches!(k, None | Some("ClusterPolicy")) {
-                    return Err(not_one(format!(
-                        "a {kind} holding a {}",
-                        k.unwrap_or_default()
-                    )));
-                }
-            }
+    match document::one_or_list(&value, "ClusterPolicy", "nvidia.com/v1").map_err(not_one)? {
+        document::OneOrList::One(object) => from_object(object),
+        document::OneOrList::List(items) => {
             let chosen = choose(items).ok_or_else(|| ClusterPolicyError::EmptyList {
                 path: path.to_owned(),
             })?;
             from_object(chosen)
         }
-        "" => Err(not_one("an object without `kind`".to_owned())),
-        other => Err(not_one(format!("{api_version} {other}"))),
     }
 }
 

@@ -101,40 +101,17 @@ pub fn parse(text: &str, path: &Path) -> Result<GpuCluster, GpuClusterError> {
         path: path.to_owned(),
         message,
     })?;
-    let kind = value
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let api_version = value
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
     let not_one = |found: String| GpuClusterError::NotAGpuCluster {
         path: path.to_owned(),
         found,
     };
-    match kind {
-        "GPUCluster" if api_version == "nvidia.com/v1alpha1" => from_object(&value),
-        "List" | "GPUClusterList" => {
-            let items = value
-                .get("items")
-                .and_then(Value::as_array)
-                .ok_or_else(|| not_one(format!("a {kind} without items")))?;
-            if let Some(k) = items
-                .iter()
-                .filter_map(|i| i.get("kind").and_then(Value::as_str))
-                .find(|k| *k != "GPUCluster")
-            {
-                return Err(not_one(format!("a {kind} holding a {k}")));
-            }
-            first(items).unwrap_or_else(|| {
-                Err(GpuClusterError::EmptyList {
-                    path: path.to_owned(),
-                })
+    match document::one_or_list(&value, "GPUCluster", "nvidia.com/v1alpha1").map_err(not_one)? {
+        document::OneOrList::One(object) => from_object(object),
+        document::OneOrList::List(items) => first(items).unwrap_or_else(|| {
+            Err(GpuClusterError::EmptyList {
+                path: path.to_owned(),
             })
-        }
-        "" => Err(not_one("an object without `kind`".to_owned())),
-        other => Err(not_one(format!("{api_version} {other}"))),
+        }),
     }
 }
 
