@@ -63,6 +63,8 @@ pub fn order_check(node: &NodeAudit) -> (String, u8) {
 #[serde(rename_all = "camelCase")]
 struct JsonReport<'a> {
     cluster_policy: JsonPolicy<'a>,
+    /// Which custom resource drives the operator: cluster-policy, gpu-cluster or both.
+    stack: &'static str,
     operator_version: JsonVersion<'a>,
     toolkit_managed: bool,
     disabled_operands: Vec<Operand>,
@@ -124,6 +126,7 @@ pub fn json(report: &AuditReport) -> String {
             },
             message: source.describe(),
         },
+        stack: facts.stack.in_era(facts.operator.era()).name(),
         operator_version: JsonVersion {
             version: &facts.operator.version.text,
             era: facts.operator.era().name(),

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{AuditReport, Level, NodeAudit};
+use crate::core::operands::{GPU_CLUSTER_NAME, Stack};
 use crate::core::rules::{Rule, Severity};
 
 pub const API_VERSION: &str = "wgpolicyk8s.io/v1alpha2";
@@ -117,6 +118,25 @@ pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
             result: Outcome::Warn,
             severity: Severity::Info,
             message: source.describe(),
+            resources: Vec::new(),
+            properties: BTreeMap::new(),
+            source: NAME,
+            timestamp: now,
+        });
+    }
+    let facts = &report.facts;
+    if facts.stack.in_era(facts.operator.era()) == Stack::Both {
+        // The operator reconciles nothing while both exist: one result for the cluster.
+        results.push(ReportResult {
+            policy: NAME,
+            rule: Rule::GpuClusterConflict.id(),
+            result: Outcome::Fail,
+            severity: Rule::GpuClusterConflict.spec().severity,
+            message: format!(
+                "a ClusterPolicy and GPUCluster {GPU_CLUSTER_NAME} both exist: the GPU Operator ({}) \
+                 reconciles neither and labels no node until one is deleted",
+                facts.operator.version.text
+            ),
             resources: Vec::new(),
             properties: BTreeMap::new(),
             source: NAME,

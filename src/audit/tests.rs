@@ -571,3 +571,59 @@ fn an_unchanged_audit_gives_an_equal_report_apart_from_time() {
     assert_ne!(a, b);
     assert_eq!(a.without_timestamps(), b.without_timestamps());
 }
+
+/// A ClusterPolicy and a GPUCluster at once (v26.7+): the report fails the cluster once, and
+/// the JSON names the stack; before v26.7 a GPUCluster means nothing to the operator.
+#[test]
+fn both_custom_resources_fail_the_report_once() {
+    use crate::core::operands::Stack;
+    let nodes = [node(
+        "n",
+        &[
+            ("nvidia.com/gpu.present", "true"),
+            ("feature.node.kubernetes.io/pci-10de.present", "true"),
+        ],
+    )];
+    let both = ClusterFacts {
+        stack: Stack::Both,
+        source: PolicySource::Found("cluster-policy".into()),
+        ..operator_defaults()
+    };
+    let r = audit(&nodes, &[] as &[PodView], &both, &Policy::default());
+    let rep = report::build(&r, at());
+    let conflict: Vec<_> = rep
+        .results
+        .iter()
+        .filter(|x| x.rule == "gpu-cluster-conflict")
+        .collect();
+    assert_eq!(conflict.len(), 1);
+    assert_eq!(conflict[0].result, Outcome::Fail);
+    assert_eq!(conflict[0].severity, Severity::High);
+    assert!(conflict[0].resources.is_empty());
+    assert_eq!(
+        conflict[0].message,
+        "a ClusterPolicy and GPUCluster gpu-cluster both exist: the GPU Operator (v26.7) \
+         reconciles neither and labels no node until one is deleted"
+    );
+    let json: serde_json::Value = serde_json::from_str(&output::json(&r)).unwrap();
+    assert_eq!(json["stack"], "both");
+    // v25.3 knows no GPUCluster.
+    let old = ClusterFacts {
+        operator: crate::core::version::Followed {
+            version: OperatorVersion::parse("v25.3.4").unwrap(),
+            source: VersionSource::Given("--operator-version".into()),
+        },
+        ..both
+    };
+    let r = audit(&nodes, &[] as &[PodView], &old, &Policy::default());
+    assert!(
+        !report::build(&r, at())
+            .results
+            .iter()
+            .any(|x| x.rule == "gpu-cluster-conflict")
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&output::json(&r)).unwrap()["stack"],
+        "cluster-policy"
+    );
+}
