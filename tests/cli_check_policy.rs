@@ -81,7 +81,7 @@ fn bad_input_is_named_with_exit_2() {
     let (code, _, err) = run(&["--new", NODES, "--nodes", NODES]);
     assert_eq!(code, 2);
     assert!(
-        err.starts_with("error: tests/fixtures/audit/lab/nodes.json: expected a nvidia.com/v1 ClusterPolicy or a nvidia.com NVIDIADriver"),
+        err.starts_with("error: tests/fixtures/audit/lab/nodes.json: expected a nvidia.com/v1 ClusterPolicy, a nvidia.com NVIDIADriver or a nvidia.com/v1alpha1 GPUCluster"),
         "{err}"
     );
     let (code, _, err) = run(&["--new", "/nonexistent.yaml", "--nodes", NODES]);
@@ -193,4 +193,54 @@ fn the_real_daemonset_selectors_decide_where_operands_run() {
     ]);
     assert_eq!(code, 2);
     assert!(err.starts_with("error: "), "{err}");
+}
+
+/// A GPUCluster beside a ClusterPolicy, or a ClusterPolicy beside a GPUCluster, stops the
+/// v26.7 operator: refused with exit 1. A GPUCluster alone is allowed, and the report says
+/// the DRA stack replaces the device-plugin stack's operands. Before v26.7 there is no conflict.
+#[test]
+fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
+    const GC: &str = "tests/fixtures/policy/gpu-cluster.yaml";
+    let (code, out, err) = run(&["--new", GC, "--cluster-policy", OLD, "--nodes", NODES]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.starts_with(
+            "GPUCluster/gpu-cluster CREATE: denied (decided over 3 nodes)\n  deny  gpu-cluster-conflict: \
+             GPUCluster gpu-cluster: ClusterPolicy cluster-policy exists"
+        ),
+        "{out}"
+    );
+    let (code, out, err) = run(&["--new", OLD, "--gpu-cluster", GC, "--nodes", NODES]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("deny  gpu-cluster-conflict: ClusterPolicy cluster-policy: GPUCluster gpu-cluster exists"),
+        "{out}"
+    );
+    let (code, _, err) = run(&[
+        "--new",
+        OLD,
+        "--gpu-cluster",
+        GC,
+        "--nodes",
+        NODES,
+        "--operator-version",
+        "v25.3.4",
+    ]);
+    assert_eq!(code, 0, "{err}");
+
+    let (code, out, err) = run(&["--new", GC, "--nodes", NODES, "-o", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["decision"], "allowed");
+    let after = |name: &str| {
+        v["operands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["operand"] == name)
+            .map(|o| (o["before"].as_u64().unwrap(), o["after"].as_u64().unwrap()))
+    };
+    assert_eq!(after("device-plugin"), Some((2, 0)), "{out}");
+    assert_eq!(after("dra-driver"), Some((0, 2)), "{out}");
+    assert_eq!(after("dcgm-dra"), None, "off unless spec.dcgm.enabled");
 }

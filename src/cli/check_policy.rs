@@ -1,5 +1,5 @@
-//! `gpu-deploy-guard check-policy`: the webhook's decision on a ClusterPolicy or NVIDIADriver
-//! change, offline: the old and the new object and a node list in, the decision over those
+//! `gpu-deploy-guard check-policy`: the webhook's decision on a ClusterPolicy, NVIDIADriver or
+//! GPUCluster change, offline: the old and the new object and a node list in, the decision over those
 //! nodes out. The kubectl plugin's `policy` command prints the same report for a change
 //! against the live cluster.
 
@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::core::config::Config;
-use crate::core::facts::{ClusterFacts, operator_defaults};
+use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
 use crate::core::policy::{Decision, Policy, Verdict};
 use crate::core::policy_change::judge::name_nodes;
 use crate::core::policy_change::{NvidiaDriver, PolicyKind, Shift};
@@ -28,8 +28,8 @@ use crate::webhook::policy_review::{ObjectChange, decide_and_predict};
 
 #[derive(clap::Args)]
 pub struct CheckPolicyArgs {
-    /// The object after the change: a ClusterPolicy or an NVIDIADriver (YAML or JSON, `-` for
-    /// standard input). Without it, the change deletes --old.
+    /// The object after the change: a ClusterPolicy, an NVIDIADriver or a GPUCluster (YAML or
+    /// JSON, `-` for standard input). Without it, the change deletes --old.
     #[arg(long, value_name = "FILE")]
     new: Option<PathBuf>,
     /// The object before the change. Without it, the change creates --new.
@@ -49,6 +49,10 @@ pub struct CheckPolicyArgs {
     /// NVIDIADriver resources). Default: the operator's defaults.
     #[arg(long, value_name = "FILE")]
     cluster_policy: Option<PathBuf>,
+    /// The cluster's GPUCluster (GPU Operator v26.7+), for a ClusterPolicy change: one created
+    /// beside it is refused.
+    #[arg(long, value_name = "FILE")]
+    gpu_cluster: Option<PathBuf>,
     /// The webhook's YAML configuration (rules, mode, exemptions); default: the built-in one.
     #[arg(long, env = "GDG_CONFIG")]
     config: Option<PathBuf>,
@@ -81,6 +85,8 @@ pub enum CheckPolicyError {
     Config(#[from] crate::core::config::ConfigError),
     #[error(transparent)]
     ClusterPolicy(#[from] crate::k8s::cluster_policy::ClusterPolicyError),
+    #[error(transparent)]
+    GpuCluster(#[from] crate::k8s::gpu_cluster::GpuClusterError),
     #[error("{0}")]
     Review(String),
 }
@@ -125,11 +131,12 @@ fn object(path: &Path) -> Result<(PolicyKind, Value), CheckPolicyError> {
     let kind = match (api_version, kind) {
         ("nvidia.com/v1", "ClusterPolicy") => PolicyKind::ClusterPolicy,
         (v, "NVIDIADriver") if v.starts_with("nvidia.com/") => PolicyKind::NvidiaDriver,
+        ("nvidia.com/v1alpha1", "GPUCluster") => PolicyKind::GpuCluster,
         _ => {
             return Err(CheckPolicyError::Object {
                 path: shown,
                 problem: format!(
-                    "expected a nvidia.com/v1 ClusterPolicy or a nvidia.com NVIDIADriver, found {:?} {:?}",
+                    "expected a nvidia.com/v1 ClusterPolicy, a nvidia.com NVIDIADriver or a nvidia.com/v1alpha1 GPUCluster, found {:?} {:?}",
                     api_version, kind
                 ),
             });
@@ -177,7 +184,15 @@ pub fn check(args: &CheckPolicyArgs) -> Result<(String, u8), CheckPolicyError> {
     };
     let mut facts = operator_defaults();
     if let Some(path) = &args.cluster_policy {
-        facts = read::cluster_policy_file(path)?.facts;
+        let p = read::cluster_policy_file(path)?;
+        facts = ClusterFacts {
+            source: PolicySource::Found(p.name),
+            ..p.facts
+        };
+    }
+    if let Some(path) = &args.gpu_cluster {
+        let gc = crate::k8s::gpu_cluster::file(path)?;
+        facts = facts.with_gpu_cluster(&gc.name, gc.disabled, args.cluster_policy.is_some());
     }
     if let Some(path) = &args.nvidia_drivers {
         facts.nvidia_drivers = Some(drivers(path)?);

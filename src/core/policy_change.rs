@@ -142,7 +142,10 @@ pub enum PolicyChange<'a> {
         others: &'a [NvidiaDriver],
     },
     GpuCluster {
+        /// The facts the cluster has now, and those once the GPUCluster is as the request
+        /// leaves it (for DELETE, the same).
         facts: &'a ClusterFacts,
+        after: &'a ClusterFacts,
         /// The ClusterPolicy that exists, when one does.
         cluster_policy: Option<&'a str>,
     },
@@ -413,10 +416,34 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
                 relabel_after,
             }
         }
-        PolicyChange::GpuCluster { facts, .. } => {
-            let ops = policy::simulate(labels, facts);
-            let driver = ops.contains(Operand::Driver);
-            Outcome::labels_kept(group, ops, driver, driver)
+        PolicyChange::GpuCluster { facts, after, .. } => {
+            // The stack the GPUCluster brings relabels the nodes on the operator's next pass;
+            // its drivers are NVIDIADriver resources'.
+            let after_labels =
+                labelling_pass(labels, after.operator.era(), &after.sandbox, after.stack).labels;
+            let b = policy::simulate(labels, facts);
+            let a = policy::simulate(&after_labels, after);
+            let drivers = after.nvidia_drivers.as_deref().unwrap_or_default();
+            let driver = |facts: &ClusterFacts, ops: OperandSet, labels: &Labels| {
+                if facts.driver_crd {
+                    drivers
+                        .iter()
+                        .any(|d| d.selects(labels, &facts.operator.version))
+                } else {
+                    ops.contains(Operand::Driver)
+                }
+            };
+            Outcome {
+                group,
+                driver_before: driver(facts, b, labels),
+                driver_after: driver(after, a, &after_labels),
+                before_labels: labels.clone(),
+                after_labels,
+                before: b,
+                after: a,
+                relabel_before: b,
+                relabel_after: a,
+            }
         }
         PolicyChange::NvidiaDriver {
             facts,

@@ -29,7 +29,7 @@ use crate::core::policy_change::{
     PolicyReview, Shift, decide_policy, shifts,
 };
 use crate::core::review::Operation;
-use crate::k8s::{cluster_policy, nvidia_driver};
+use crate::k8s::{cluster_policy, gpu_cluster, nvidia_driver};
 use std::sync::Arc;
 
 #[derive(Deserialize)]
@@ -382,9 +382,25 @@ fn on_review<R>(
                 PolicySource::Found(name) => Some(name.as_str()),
                 _ => None,
             };
+            let after = match (op, object) {
+                (Operation::Create | Operation::Update, Some(object)) => {
+                    let gc = gpu_cluster::from_object(object).map_err(|e| BadRequest::Invalid {
+                        path: "request.object".to_owned(),
+                        message: bounded_display(&e, super::MAX_ERROR_BYTES),
+                    })?;
+                    facts
+                        .clone()
+                        .with_gpu_cluster(&gc.name, gc.disabled, cluster_policy.is_some())
+                }
+                (Operation::Create | Operation::Update, None) => {
+                    return Err(missing(op, "object"));
+                }
+                _ => facts.clone(),
+            };
             let review = PolicyReview {
                 change: PolicyChange::GpuCluster {
                     facts,
+                    after: &after,
                     cluster_policy,
                 },
                 ..base

@@ -62,6 +62,7 @@ pub(super) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
         PolicyChange::GpuCluster {
             facts,
             cluster_policy: Some(cp),
+            ..
         } if facts.operator.era() >= Era::V26_7
             && matches!(review.operation, Operation::Create | Operation::Update) =>
         {

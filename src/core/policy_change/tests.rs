@@ -932,6 +932,7 @@ fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
         operation,
         change: PolicyChange::GpuCluster {
             facts: &policy,
+            after: &policy,
             cluster_policy,
         },
         ..cp_review(&policy, &policy, None)
