@@ -455,11 +455,17 @@ func TestClusterPolicyAndGPUClusterAtOnceAreRefused(t *testing.T) {
 	createClusterPolicy(t)
 
 	gpuCluster := "apiVersion: nvidia.com/v1alpha1\nkind: GPUCluster\nmetadata:\n  name: gpu-cluster\nspec: {}\n"
+	refused := result{"", `Error from server (Forbidden): error when creating "STDIN": ` + policyDenied + "GPUCluster gpu-cluster: ClusterPolicy cluster-policy exists, and the GPU Operator (v26.7) " +
+		"reconciles neither while both exist: it labels no node and deploys nothing until one is deleted; " +
+		"delete ClusterPolicy cluster-policy first, or do not create GPUCluster gpu-cluster.\n", 1}
+	// The guard learns of the ClusterPolicy from its watch, within its debounce: dry runs
+	// until it does, then the real request.
+	framework.WaitFor(t, watchFollow, "GPUCluster gpu-cluster refused beside ClusterPolicy cluster-policy (dry run)", func() (bool, string) {
+		got := kubectlWithInput(gpuCluster, "create", "-f", "-", "--dry-run=server")
+		return got == refused, got.String()
+	})
 	expectResult(t, "kubectl create GPUCluster gpu-cluster beside ClusterPolicy cluster-policy",
-		kubectlWithInput(gpuCluster, "create", "-f", "-"), 1, "",
-		`Error from server (Forbidden): error when creating "STDIN": `+policyDenied+"GPUCluster gpu-cluster: ClusterPolicy cluster-policy exists, and the GPU Operator (v26.7) "+
-			"reconciles neither while both exist: it labels no node and deploys nothing until one is deleted; "+
-			"delete ClusterPolicy cluster-policy first, or do not create GPUCluster gpu-cluster.\n")
+		kubectlWithInput(gpuCluster, "create", "-f", "-"), refused.code, refused.stdout, refused.stderr)
 
 	cp.MustKubectl(t, "delete", "clusterpolicy", clusterPolicyName)
 	// The guard learns that the ClusterPolicy is gone within its debounce.
