@@ -361,6 +361,23 @@ impl<'g, 'a> Outcome<'g, 'a> {
     }
 }
 
+/// Whether a driver DaemonSet runs on a node with these labels running `ops` under `facts`:
+/// the ClusterPolicy's, or with `driver.useNvidiaDriverCRD` an NVIDIADriver's.
+fn driver_runs(
+    facts: &ClusterFacts,
+    drivers: &[NvidiaDriver],
+    ops: OperandSet,
+    labels: &Labels,
+) -> bool {
+    if facts.driver_crd {
+        drivers
+            .iter()
+            .any(|d| d.selects(labels, &facts.operator.version))
+    } else {
+        ops.contains(Operand::Driver)
+    }
+}
+
 fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outcome<'g, 'a> {
     let labels = &group.labels;
     match review.change {
@@ -395,14 +412,7 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
                     && policy::simulate(labels, before).contains(Operand::Driver)
             };
             let driver = |facts: &ClusterFacts, ops: OperandSet, labels: &Labels| {
-                if facts.driver_crd {
-                    drivers
-                        .iter()
-                        .any(|d| d.selects(labels, &facts.operator.version))
-                        || orphaned(labels)
-                } else {
-                    ops.contains(Operand::Driver)
-                }
+                driver_runs(facts, drivers, ops, labels) || (facts.driver_crd && orphaned(labels))
             };
             Outcome {
                 group,
@@ -424,19 +434,10 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             let b = policy::simulate(labels, facts);
             let a = policy::simulate(&after_labels, after);
             let drivers = after.nvidia_drivers.as_deref().unwrap_or_default();
-            let driver = |facts: &ClusterFacts, ops: OperandSet, labels: &Labels| {
-                if facts.driver_crd {
-                    drivers
-                        .iter()
-                        .any(|d| d.selects(labels, &facts.operator.version))
-                } else {
-                    ops.contains(Operand::Driver)
-                }
-            };
             Outcome {
                 group,
-                driver_before: driver(facts, b, labels),
-                driver_after: driver(after, a, &after_labels),
+                driver_before: driver_runs(facts, drivers, b, labels),
+                driver_after: driver_runs(after, drivers, a, &after_labels),
                 before_labels: labels.clone(),
                 after_labels,
                 before: b,
