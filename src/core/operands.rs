@@ -648,7 +648,7 @@ pub fn not_deployed(era: Era, mode: SandboxMode, stack: Stack) -> OperandSet {
     match stack.in_era(era) {
         Stack::ClusterPolicy => policy,
         Stack::GpuCluster => m.gpu_cluster_not_deployed,
-        Stack::Both => OperandSet(policy.0 & m.gpu_cluster_not_deployed.0),
+        Stack::Both => policy.intersection(m.gpu_cluster_not_deployed),
     }
 }
 
@@ -797,6 +797,11 @@ impl OperandSet {
 
     pub const fn union(self, other: OperandSet) -> OperandSet {
         OperandSet(self.0 | other.0)
+    }
+
+    /// The operands in both sets.
+    pub const fn intersection(self, other: OperandSet) -> OperandSet {
+        OperandSet(self.0 & other.0)
     }
 
     /// The operands of this set that are not in `other`.

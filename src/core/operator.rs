@@ -211,10 +211,11 @@ impl Plan {
             (true, false) => (Some("false"), true),
             _ => (None, false),
         };
-        // The GPUCluster stack's pass never reads operands=false
-        // (`updateGPUStateLabels`, gpu-operator@v26.7.0 `controllers/nodelabeling_controller.go`).
+        // Only the ClusterPolicy's pass reads operands=false (`updateGPUStateLabels`,
+        // gpu-operator@v26.7.0 `controllers/nodelabeling_controller.go`); with both custom
+        // resources there is no pass.
         let operands_disabled =
-            stack != Stack::GpuCluster && labels.get(OPERANDS_KEY).is_some_and(|v| v == "false");
+            stack == Stack::ClusterPolicy && labels.get(OPERANDS_KEY).is_some_and(|v| v == "false");
         let mut plan = Plan {
             era,
             present: write,
@@ -228,7 +229,6 @@ impl Plan {
         if stack == Stack::Both {
             // Both custom resources: the node-labelling reconcile errors out before labelling.
             plan.present = None;
-            plan.operands_disabled = false;
             return plan;
         }
         if !nfd {

@@ -89,8 +89,8 @@ pub fn from_object(object: &Value) -> Result<GpuCluster, GpuClusterError> {
     Ok(GpuCluster { name, disabled })
 }
 
-/// The GPUClusters a list gives, read: the operator allows one (its CRD insists on the name
-/// `gpu-cluster`); the first that reads wins, and one that does not read is an error.
+/// The GPUCluster a list gives, read: the operator allows one (its CRD insists on the name
+/// `gpu-cluster`), so the first is the one; `None` for an empty list.
 pub fn first(objects: &[Value]) -> Option<Result<GpuCluster, GpuClusterError>> {
     objects.first().map(from_object)
 }

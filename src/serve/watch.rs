@@ -647,6 +647,15 @@ struct Healths<'a> {
     deployments: &'a Health,
 }
 
+/// A store's objects as JSON, as the custom resources' readers take them.
+fn values(store: &Store<DynamicObject>) -> Vec<Value> {
+    store
+        .state()
+        .iter()
+        .map(|o| serde_json::to_value(o.as_ref()).unwrap_or_default())
+        .collect()
+}
+
 /// The facts the stores give now; the operator version is the given one, else the one the
 /// Deployments show.
 fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -> ClusterFacts {
@@ -656,12 +665,7 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
         daemonsets,
         deployments,
     } = *healths;
-    let objects: Vec<Value> = stores
-        .policies
-        .state()
-        .iter()
-        .map(|o| serde_json::to_value(o.as_ref()).unwrap_or_default())
-        .collect();
+    let objects = values(&stores.policies);
     let policies = match policies {
         Health::Synced => Ok(objects.as_slice()),
         Health::Starting => Err(PolicySource::Failed("not read yet".to_owned())),
@@ -672,12 +676,7 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
     let ds_refs: Vec<&DaemonSetView> = ds_state.iter().map(AsRef::as_ref).collect();
     let daemonsets = (*daemonsets == Health::Synced).then_some(ds_refs.as_slice());
     // The GPUClusters count once listed; unavailable (no CRD before v26.7, no RBAC) is none.
-    let gpu_cluster_objects: Vec<Value> = stores
-        .gpu_clusters
-        .state()
-        .iter()
-        .map(|o| serde_json::to_value(o.as_ref()).unwrap_or_default())
-        .collect();
+    let gpu_cluster_objects = values(&stores.gpu_clusters);
     let gpu_clusters = (*gpu_clusters == Health::Synced).then_some(gpu_cluster_objects.as_slice());
     let mut facts = cluster_from(policies, gpu_clusters, daemonsets);
     let state = stores.deployments.state();
@@ -698,17 +697,13 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
 /// The NVIDIADriver resources the store holds, by name; one that cannot be read (the CRD's
 /// schema makes that rare) is left out with a warning naming it.
 fn nvidia_drivers(store: &Store<DynamicObject>) -> Vec<NvidiaDriver> {
-    let mut out: Vec<NvidiaDriver> = store
-        .state()
+    let mut out: Vec<NvidiaDriver> = values(store)
         .iter()
-        .filter_map(|o| {
-            let value = serde_json::to_value(o.as_ref()).unwrap_or_default();
-            match nvidia_driver::from_object(&value) {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    tracing::warn!(error = %e, "NVIDIADriver left out of GPU-policy decisions");
-                    None
-                }
+        .filter_map(|value| match nvidia_driver::from_object(value) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                tracing::warn!(error = %e, "NVIDIADriver left out of GPU-policy decisions");
+                None
             }
         })
         .collect();
