@@ -306,3 +306,43 @@ fn check_takes_the_cluster_policy_into_account() {
         stderr(&o)
     );
 }
+
+/// `--gpu-cluster`: the file audit follows the DRA stack (its switches, `stack` in the JSON);
+/// with `--cluster-policy` too, the report fails the cluster once for the conflict.
+#[test]
+fn a_gpu_cluster_file_sets_the_stack() {
+    let gc = format!(
+        "{}/tests/fixtures/policy/gpu-cluster.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let cp = format!(
+        "{}/tests/fixtures/policy/cluster-policy.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let o = audit_case("lab", &["--gpu-cluster", &gc, "-o", "json"]);
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), stderr(&o)));
+    assert_eq!(v["stack"], "gpu-cluster");
+    assert_eq!(v["clusterPolicy"]["state"], "gpu-cluster");
+    let o = audit_case(
+        "lab",
+        &[
+            "--gpu-cluster",
+            &gc,
+            "--cluster-policy",
+            &cp,
+            "-o",
+            "report",
+        ],
+    );
+    let v: Value = serde_norway::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&o), stderr(&o)));
+    let conflict: Vec<&Value> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["rule"] == "gpu-cluster-conflict")
+        .collect();
+    assert_eq!(conflict.len(), 1, "{}", stdout(&o));
+    assert_eq!(conflict[0]["result"], "fail");
+}

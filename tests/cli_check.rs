@@ -414,3 +414,68 @@ fn json_shows_what_a_pause_writes_back_and_who_writes_it() {
         "p1: k8s-driver-manager will overwrite 1 label(s) this request writes when the driver upgrade ends"
     );
 }
+
+/// `--gpu-cluster`: on the v26.7 DRA stack a device-plugin label selects nothing (allowed,
+/// and the pass sweeps it), the kubelet plugin off leaves the DRA operands Pending, and the
+/// JSON names the stack; with `--cluster-policy` too, the operator reconciles neither.
+#[test]
+fn a_gpu_cluster_puts_the_node_on_the_dra_stack() {
+    let gc = format!(
+        "{}/tests/fixtures/policy/gpu-cluster.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let cp = format!(
+        "{}/tests/fixtures/policy/cluster-policy.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let node = nodes("lab-node-0.yaml");
+    let dra = [
+        "nvidia.com/gpu.deploy.dra-driver=false",
+        "nvidia.com/gpu.deploy.dra-validator=true",
+        "nvidia.com/gpu.deploy.dcgm-exporter-dra=true",
+        "nvidia.com/gpu.deploy.device-plugin=true",
+        "nvidia.com/gpu.deploy.container-toolkit=false",
+    ];
+    let mut args = vec![
+        "--node",
+        &node,
+        "--gpu-cluster",
+        &gc,
+        "--operator-version",
+        "v26.7.0",
+        "-o",
+        "json",
+    ];
+    args.extend(dra);
+    let o = check(&args);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let v = json(&o);
+    assert_eq!(v["operator"]["stack"], "gpu-cluster");
+    let rules: Vec<&str> = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["rule"].as_str().unwrap())
+        .collect();
+    assert!(rules.contains(&"operand-without-dra-driver"), "{rules:?}");
+    assert!(
+        !rules.contains(&"device-plugin-without-toolkit"),
+        "{rules:?}"
+    );
+    assert_eq!(v["operator"]["labels"]["device-plugin"]["action"], "sweep");
+
+    // A ClusterPolicy as well: nothing is labelled, and the toolkit refusal is back.
+    args.splice(2..2, ["--cluster-policy", cp.as_str()]);
+    let o = check(&args);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(json(&o)["operator"]["stack"], "both");
+
+    let bad = check(&["--node", &node, "--gpu-cluster", &node]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).starts_with("error: GPUCluster file ")
+            && stderr(&bad).contains("expected a nvidia.com/v1alpha1 GPUCluster"),
+        "{}",
+        stderr(&bad)
+    );
+}
