@@ -16,16 +16,21 @@ fn main() {
         Ok(c) if !c.trim().is_empty() => c.trim().to_owned(),
         _ => match git(&["rev-parse", "--short=12", "HEAD"]) {
             Some(commit) => {
-                // Rebuild when HEAD moves: HEAD itself, the branch it points at, packed refs.
-                for path in ["HEAD", "packed-refs"] {
-                    if let Some(p) = git(&["rev-parse", "--git-path", path]) {
+                // Rebuild when HEAD moves: HEAD itself, the branch's loose ref, packed refs.
+                // Only paths that exist are named: cargo takes a missing one as changed and
+                // would rebuild the crate on every call. Packing the refs deletes the loose
+                // ref (a change cargo sees), and a branch with no loose ref lives in
+                // packed-refs, so what moves HEAD is watched either way.
+                let mut paths = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+                if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+                    paths.push(branch);
+                }
+                for path in paths {
+                    if let Some(p) = git(&["rev-parse", "--git-path", &path])
+                        && std::path::Path::new(&p).exists()
+                    {
                         println!("cargo:rerun-if-changed={p}");
                     }
-                }
-                if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"])
-                    && let Some(p) = git(&["rev-parse", "--git-path", &branch])
-                {
-                    println!("cargo:rerun-if-changed={p}");
                 }
                 commit
             }
