@@ -4,7 +4,7 @@ use kube::Client;
 use kube::api::ApiResource;
 
 use super::report::{self, PolicyReport};
-use crate::k8s::api::{self, ClusterError};
+use crate::k8s::api::{self, ClusterError, Fence};
 
 /// `wgpolicyk8s.io/v1alpha2` ClusterPolicyReport, cluster-scoped.
 pub fn report_resource() -> ApiResource {
@@ -17,9 +17,31 @@ pub fn report_resource() -> ApiResource {
     }
 }
 
+fn what() -> String {
+    format!("ClusterPolicyReport {}", report::NAME)
+}
+
 /// Writes the report with server-side apply: the report's fields belong to gpu-deploy-guard.
-pub async fn apply_report(client: &Client, report: &PolicyReport) -> Result<(), ClusterError> {
+/// With a `fence` other than [`Fence::None`], only if the report is still as the writer last
+/// knew it (see [`api::fence_broken`]). Returns the resourceVersion written.
+pub async fn apply_report(
+    client: &Client,
+    report: &PolicyReport,
+    fence: &Fence,
+) -> Result<Option<String>, ClusterError> {
     let body = serde_json::to_value(report).unwrap_or_default();
-    let what = format!("ClusterPolicyReport {}", report::NAME);
-    api::apply(client, &report_resource(), report::NAME, body, &what).await
+    api::apply(
+        client,
+        &report_resource(),
+        report::NAME,
+        body,
+        &what(),
+        fence,
+    )
+    .await
+}
+
+/// Where the report stands now, as the fence of the next write.
+pub async fn read_fence(client: &Client) -> Result<Fence, ClusterError> {
+    Fence::read(client, &report_resource(), report::NAME, &what()).await
 }

@@ -16,7 +16,7 @@ use crate::core::facts::{PolicySource, operator_defaults};
 use crate::core::version;
 use crate::core::version::Followed;
 use crate::flags::{NOT_GIVEN, OperatorVersionArg};
-use crate::k8s::api::{self as cluster, ClusterError};
+use crate::k8s::api::{self as cluster, ClusterError, Fence};
 use crate::k8s::cluster_policy::ClusterPolicyError;
 use crate::k8s::daemonset::learn_daemonsets;
 use crate::k8s::list::{self as files, FileError};
@@ -184,7 +184,7 @@ async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         version::resolve(args.operator_version.given(&config), snap.facts.operator);
     let result = audit(&snap.nodes, &snap.pods, &snap.facts, &config.policy);
     if args.report {
-        apply_report(&client, &report::build(&result, now())).await?;
+        apply_report(&client, &report::build(&result, now()), &Fence::None).await?;
     }
     Ok(result)
 }

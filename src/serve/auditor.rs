@@ -6,6 +6,11 @@
 //! when what every node shares changed. Then the gauges, and, when asked, the
 //! ClusterPolicyReport (written only when its results changed). Losing the Lease drops the pod
 //! records and the per-node series.
+//!
+//! A report is written only under a term this replica still holds ([`Term::holds`], asked
+//! right before the write) and only over the report as this term last saw it (a resourceVersion
+//! precondition): a holder back from a pause longer than its Lease never overwrites the new
+//! holder's report, not even with a write it had started before the pause.
 
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -16,14 +21,16 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+use super::lease::{Leadership, Term};
 use super::watch::{
     Health, Kind, Status, WatchConfig, health, set_health, watch_failed, watch_synced, watcher,
 };
-use crate::audit::apply::apply_report;
+use crate::audit::apply::{apply_report, read_fence};
 use crate::audit::incremental::{Dirty, Incremental};
 use crate::audit::metrics::AuditMetrics;
 use crate::audit::report::{self, PolicyReport};
 use crate::core::facts::ClusterFacts;
+use crate::k8s::api::{Fence, fence_broken};
 use crate::k8s::fleet::{Fleet, PodIndex};
 use crate::k8s::pod::PodView;
 
@@ -38,15 +45,15 @@ pub(super) struct Auditor<'a> {
     pub(super) facts: watch::Receiver<Arc<ClusterFacts>>,
     pub(super) metrics: &'a AuditMetrics,
     /// Whether this replica holds the audit's Lease.
-    pub(super) leader: watch::Receiver<bool>,
+    pub(super) leadership: Leadership,
 }
 
 /// Audits whenever this replica holds the Lease, until the watch ends.
 pub(super) async fn run(mut auditor: Auditor<'_>) {
     auditor.metrics.set_leader(false);
     loop {
-        while !*auditor.leader.borrow_and_update() {
-            if auditor.leader.changed().await.is_err() {
+        while !*auditor.leadership.leader.borrow_and_update() {
+            if auditor.leadership.leader.changed().await.is_err() {
                 return;
             }
         }
@@ -70,7 +77,7 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
         status,
         facts,
         metrics,
-        leader,
+        leadership: Leadership { leader, term },
     } = auditor;
     let namespace = config.namespace.as_str();
     let stream = watcher(
@@ -88,6 +95,8 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
     let mut paused_logged = false;
     let mut last_report: Option<PolicyReport> = None;
     let mut report_failing = false;
+    // The report as this term last saw it; `None`: to be read before the next write.
+    let mut fence: Option<Fence> = None;
     loop {
         let mut schedule = false;
         tokio::select! {
@@ -174,16 +183,21 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
                     if last_report.as_ref() == Some(&comparable) {
                         continue;
                     }
-                    match apply_report(client, &built).await {
-                        Ok(()) => {
+                    match write_report(client, term, &mut fence, &built).await {
+                        Ok(true) => {
                             if report_failing {
                                 tracing::info!("ClusterPolicyReport written again");
                             }
                             report_failing = false;
                             last_report = Some(comparable);
                         }
+                        // The term is over: the Lease's change ends this one.
+                        Ok(false) => {}
                         Err(e) => {
-                            if !report_failing {
+                            if fence_broken(&e) {
+                                tracing::warn!(error = %e, "the ClusterPolicyReport changed since this auditor last wrote it: reading it again before the next write");
+                                schedule = true;
+                            } else if !report_failing {
                                 tracing::warn!(error = %e, "cannot write the ClusterPolicyReport; retrying on the next change");
                             }
                             report_failing = true;
@@ -196,4 +210,29 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
             due = Some(Instant::now() + config.debounce);
         }
     }
+}
+
+/// Writes the report if this replica still holds its term, over the report as the term last
+/// saw it (read first when unknown). `Ok(false)`: the term is over, nothing written. A write
+/// refused on its fence forgets the fence, so the next one reads the report again.
+async fn write_report(
+    client: &Client,
+    term: &Term,
+    fence: &mut Option<Fence>,
+    report: &PolicyReport,
+) -> Result<bool, crate::k8s::api::ClusterError> {
+    if !term.holds() {
+        return Ok(false);
+    }
+    let current = match fence.take() {
+        Some(known) => known,
+        None => read_fence(client).await?,
+    };
+    // Reading took time: the term may have ended meanwhile.
+    if !term.holds() {
+        return Ok(false);
+    }
+    let written = apply_report(client, report, &current).await?;
+    *fence = written.map(Fence::At);
+    Ok(true)
 }

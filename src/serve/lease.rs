@@ -1,21 +1,33 @@
-//! One auditor per fleet: the replicas elect it with a `coordination.k8s.io` Lease
-//! (kube-lease-manager, server-side apply on the Lease object).
+//! One auditor per fleet: the replicas elect it with a `coordination.k8s.io` Lease, the way
+//! client-go's leader election does (optimistic writes on the Lease's resourceVersion, expiry
+//! judged by each replica's own clock).
 //!
 //! Every replica answers reviews and keeps the facts and the compact node records; only the
 //! holder of the Lease watches the operator's pods, runs the continuous audit, exports its
-//! per-node gauges and writes the ClusterPolicyReport. The holder renews the Lease a third of
-//! its duration before it ends; when the holder dies, another replica takes it over once it has
-//! expired (at most the duration later), and a holder that stops cleanly releases it at once.
+//! per-node gauges and writes the ClusterPolicyReport.
 //!
-//! Where the Lease cannot be used at all (the API has no Leases, or RBAC forbids them: an
-//! older install), the replica audits without an election, as every replica did before, and
-//! says so once.
+//! The rules that keep it to one auditor at every moment:
+//! - A replica takes a Lease held by another only once the record has not changed for the
+//!   Lease's duration by its own monotonic clock (since it first saw that record): a replica
+//!   whose wall clock is off neither steals early nor waits longer.
+//! - The holder's term ends a renew deadline (two thirds of the duration) after the start of
+//!   its last successful renewal, by its own monotonic clock, which runs on while the process
+//!   is stopped. A holder that cannot renew stops auditing before anyone else may take over, and
+//!   a holder back from a pause finds its term over before it writes anything ([`Term::holds`]).
+//! - Every error is retried (a restarted API server, an RBAC gap, a conflict); the election
+//!   never ends while the replica runs, and the replica never audits without holding the Lease.
+//! - A holder that stops cleanly releases the Lease, so another takes over at once.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
+use kube::api::{Api, PostParams};
 use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
 
 use super::conn::AbortOnDrop;
 use super::parse::parse_duration;
@@ -96,18 +108,97 @@ pub struct LeaseConfig {
     pub duration: Duration,
 }
 
+/// The election's clock, derived from the Lease's duration.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Timing {
+    /// The Lease's duration in whole seconds, as the API counts it (at least 3).
+    duration: Duration,
+    /// How long a term lasts after the start of its last successful renewal: two thirds of the
+    /// duration, so the holder stops before another replica may take over.
+    renew_deadline: Duration,
+    /// Pause between two attempts to take or renew: a sixth of the duration.
+    retry: Duration,
+}
+
 impl LeaseConfig {
-    /// Whole seconds, as the Lease API counts them; at least 3, so that renewal (a third of the
-    /// duration before its end) has room.
-    fn seconds(&self) -> (u64, u64) {
-        let duration = self.duration.as_secs().max(3);
-        (duration, (duration / 3).max(1))
+    fn timing(&self) -> Timing {
+        let duration = Duration::from_secs(self.duration.as_secs().max(3));
+        Timing {
+            duration,
+            renew_deadline: duration * 2 / 3,
+            retry: duration / 6,
+        }
     }
 }
 
-/// A running election. `leader` says whether this replica audits now.
-pub struct Election {
+/// Whether this replica holds the audit's Lease at this moment, by its own monotonic clock.
+/// Shared by the election (which extends it on each renewal) and the auditor (which asks before
+/// every write).
+#[derive(Clone, Debug)]
+pub struct Term(Arc<TermState>);
+
+#[derive(Debug)]
+enum TermState {
+    /// No election: always held.
+    Always,
+    /// Held until this instant; `None`: not held.
+    Until(Mutex<Option<Instant>>),
+}
+
+impl Term {
+    fn always() -> Term {
+        Term(Arc::new(TermState::Always))
+    }
+
+    fn elected() -> Term {
+        Term(Arc::new(TermState::Until(Mutex::new(None))))
+    }
+
+    /// True while this replica's term lasts: false once the renew deadline has passed, even if
+    /// the election has not run since (a process back from a pause).
+    pub fn holds(&self) -> bool {
+        self.until().is_some_and(|until| Instant::now() < until)
+    }
+
+    fn until(&self) -> Option<Instant> {
+        match &*self.0 {
+            TermState::Always => Some(Instant::now() + Duration::from_secs(3600)),
+            TermState::Until(until) => *until.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    fn set(&self, value: Option<Instant>) {
+        if let TermState::Until(until) = &*self.0 {
+            *until.lock().unwrap_or_else(|e| e.into_inner()) = value;
+        }
+    }
+}
+
+/// What the auditor follows: whether this replica audits now (`leader`, for waiting on
+/// changes) and its term (to ask right before a write).
+#[derive(Clone, Debug)]
+pub struct Leadership {
     pub leader: watch::Receiver<bool>,
+    pub term: Term,
+}
+
+impl Leadership {
+    /// Always the auditor (tests, and `--no-audit-lease`); the sender keeps `leader` open.
+    pub fn always() -> (watch::Sender<bool>, Leadership) {
+        let (tx, leader) = watch::channel(true);
+        (
+            tx,
+            Leadership {
+                leader,
+                term: Term::always(),
+            },
+        )
+    }
+}
+
+/// A running election.
+pub struct Election {
+    leadership: Leadership,
     how: How,
 }
 
@@ -123,25 +214,31 @@ enum How {
 impl Election {
     /// No election: this replica always audits.
     pub fn alone() -> Election {
-        let (tx, leader) = watch::channel(true);
+        let (sender, leadership) = Leadership::always();
         Election {
-            leader,
-            how: How::Alone { _sender: tx },
+            leadership,
+            how: How::Alone { _sender: sender },
         }
     }
 
     /// Starts taking part in the election for `config`'s Lease.
     pub fn start(client: Client, config: LeaseConfig) -> Election {
         let (tx, leader) = watch::channel(false);
+        let term = Term::elected();
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(run(client, config, tx, stopped));
+        let api = Api::<Lease>::namespaced(client, &config.namespace);
+        let task = tokio::spawn(run(api, config, tx, term.clone(), stopped));
         Election {
-            leader,
+            leadership: Leadership { leader, term },
             how: How::Elected {
                 stop,
                 task: AbortOnDrop(task),
             },
         }
+    }
+
+    pub fn leadership(&self) -> Leadership {
+        self.leadership.clone()
     }
 
     /// Stops taking part; a holder releases the Lease (waiting at most `timeout`), so that
@@ -155,95 +252,234 @@ impl Election {
     }
 }
 
-/// Whether an error of the Lease manager says Leases cannot be used at all (404 or 403).
-fn unusable(error: &LeaseManagerError) -> Option<u16> {
+/// The pure part of the election: what to write, given the Lease as read.
+#[derive(Debug)]
+struct Elector {
+    identity: String,
+    timing: Timing,
+    /// The record last read, and when (by this replica's clock) it was first seen: the Lease
+    /// expires for this replica a duration after that, whatever its timestamps say.
+    observed: Option<(LeaseSpec, Instant)>,
+}
+
+/// What the elector decided.
+#[derive(Debug, PartialEq)]
+enum Step {
+    /// Another replica holds the Lease until (at the earliest) this instant.
+    HeldElsewhere { holder: String, until: Instant },
+    /// Write this record: take the Lease, or renew it.
+    Take(LeaseSpec),
+}
+
+impl Elector {
+    fn new(identity: String, timing: Timing) -> Elector {
+        Elector {
+            identity,
+            timing,
+            observed: None,
+        }
+    }
+
+    /// Decides on the Lease's record as just read (`None`: there is no Lease).
+    fn step(&mut self, current: Option<&LeaseSpec>, now: Instant, wall: Timestamp) -> Step {
+        let Some(spec) = current else {
+            self.observed = None;
+            return Step::Take(self.record(None, wall));
+        };
+        let seen_at = match &self.observed {
+            Some((seen, at)) if seen == spec => *at,
+            _ => {
+                self.observed = Some((spec.clone(), now));
+                now
+            }
+        };
+        if let Some(holder) = spec.holder_identity.as_deref().filter(|h| !h.is_empty())
+            && holder != self.identity
+        {
+            let seconds = spec
+                .lease_duration_seconds
+                .filter(|s| *s > 0)
+                .map_or(self.timing.duration, |s| {
+                    Duration::from_secs(s.unsigned_abs().into())
+                });
+            let until = seen_at + seconds;
+            if now < until {
+                return Step::HeldElsewhere {
+                    holder: holder.to_owned(),
+                    until,
+                };
+            }
+        }
+        Step::Take(self.record(Some(spec), wall))
+    }
+
+    /// The record that makes this replica the holder, renewed now.
+    fn record(&self, current: Option<&LeaseSpec>, wall: Timestamp) -> LeaseSpec {
+        let mine = current.and_then(|c| c.holder_identity.as_deref()) == Some(&self.identity);
+        let now = MicroTime(wall);
+        let (acquire_time, transitions) = match current {
+            Some(c) if mine => (c.acquire_time.clone(), c.lease_transitions),
+            Some(c) => (
+                Some(now.clone()),
+                Some(c.lease_transitions.unwrap_or(0) + 1),
+            ),
+            None => (Some(now.clone()), Some(0)),
+        };
+        LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: i32::try_from(self.timing.duration.as_secs()).ok(),
+            acquire_time,
+            renew_time: Some(now),
+            lease_transitions: transitions,
+            ..LeaseSpec::default()
+        }
+    }
+}
+
+/// The outcome of one attempt.
+enum Attempt {
+    Held,
+    HeldElsewhere(String),
+}
+
+/// Reads the Lease and takes or renews it when the elector says so; a write races on the
+/// resourceVersion just read, so of two replicas writing at once one gets a conflict.
+async fn attempt(
+    api: &Api<Lease>,
+    name: &str,
+    elector: &mut Elector,
+) -> Result<Attempt, kube::Error> {
+    let current = api.get_opt(name).await?;
+    let spec = current.as_ref().and_then(|l| l.spec.as_ref());
+    match elector.step(spec, Instant::now(), Timestamp::now()) {
+        Step::HeldElsewhere { holder, .. } => Ok(Attempt::HeldElsewhere(holder)),
+        Step::Take(spec) => {
+            let params = PostParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PostParams::default()
+            };
+            match current {
+                None => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(name.to_owned()),
+                            ..ObjectMeta::default()
+                        },
+                        spec: Some(spec),
+                    };
+                    api.create(&params, &lease).await?;
+                }
+                Some(mut lease) => {
+                    lease.spec = Some(spec);
+                    api.replace(name, &params, &lease).await?;
+                }
+            }
+            Ok(Attempt::Held)
+        }
+    }
+}
+
+/// Why an attempt failed, in the words the log uses.
+fn describe(error: &kube::Error) -> &'static str {
     match error {
-        LeaseManagerError::KubeError(kube::Error::Api(status)) => missing_or_forbidden(status),
-        _ => None,
+        kube::Error::Api(status) if status.code == 409 => "another replica wrote the Lease first",
+        kube::Error::Api(status) => match missing_or_forbidden(status) {
+            Some(403) => {
+                "forbidden by RBAC (the service account needs get, create and update on leases in its namespace)"
+            }
+            Some(_) => "not found (does the namespace exist?)",
+            None => "refused by the API server",
+        },
+        _ => "the API server cannot be reached",
     }
 }
 
 async fn run(
-    client: Client,
+    api: Api<Lease>,
     config: LeaseConfig,
     tx: watch::Sender<bool>,
+    term: Term,
     mut stopped: oneshot::Receiver<()>,
 ) {
-    let (duration, grace) = config.seconds();
+    let timing = config.timing();
     let lease = format!("{}/{}", config.namespace, config.name);
-    let mut retry = Duration::from_secs(1);
-    let mut warned = false;
-    let manager: LeaseManager = loop {
-        let built = LeaseManagerBuilder::new(client.clone(), &config.name)
-            .with_namespace(&config.namespace)
-            .with_identity(&config.identity)
-            .with_duration(duration)
-            .with_grace(grace)
-            .with_field_manager(FIELD_MANAGER)
-            .build();
-        let outcome = tokio::select! {
-            built = built => built,
-            _ = &mut stopped => return,
-        };
-        match outcome {
-            Ok(manager) => break manager,
-            Err(error) => {
-                if let Some(code) = unusable(&error) {
-                    let why = if code == 403 {
-                        "forbidden by RBAC"
-                    } else {
-                        "not found"
-                    };
-                    tracing::warn!(%lease, %error, "the audit's Lease is {why}: this replica audits without an election (give the service account get/create/update/patch on leases in its namespace)");
-                    let _ = tx.send(true);
-                    let _ = stopped.await;
-                    return;
-                }
-                if !warned {
-                    tracing::warn!(%lease, %error, "cannot set up the audit's Lease; retrying");
-                    warned = true;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(retry) => {}
-                    _ = &mut stopped => return,
-                }
-                retry = (retry * 2).min(Duration::from_secs(30));
-            }
-        }
-    };
-    tracing::info!(%lease, identity = %config.identity, duration_seconds = duration, "taking part in the audit's election");
-    let mut retry = Duration::from_secs(1);
+    let mut elector = Elector::new(config.identity.clone(), timing);
+    tracing::info!(%lease, identity = %config.identity, duration_seconds = timing.duration.as_secs(), "taking part in the audit's election");
+    let mut failing = false;
+    let mut last_holder: Option<String> = None;
     loop {
+        let started = Instant::now();
+        // An attempt never outlives the term it would renew, nor the renew deadline.
+        let limit = term
+            .until()
+            .unwrap_or(started + timing.renew_deadline)
+            .min(started + timing.renew_deadline);
         let outcome = tokio::select! {
-            outcome = manager.changed() => outcome,
+            outcome = tokio::time::timeout_at(limit, attempt(&api, &config.name, &mut elector)) => outcome,
             _ = &mut stopped => break,
         };
         match outcome {
-            Ok(leader) => {
-                retry = Duration::from_secs(1);
-                if leader {
+            Ok(Ok(Attempt::Held)) => {
+                term.set(Some(started + timing.renew_deadline));
+                if failing {
+                    tracing::info!(%lease, "the audit's Lease can be renewed again");
+                    failing = false;
+                }
+                if last_holder.as_deref() != Some(&config.identity) {
                     tracing::info!(%lease, "holding the audit's Lease: this replica audits");
-                } else {
-                    tracing::info!(%lease, "the audit's Lease is held elsewhere: this replica does not audit");
+                    last_holder = Some(config.identity.clone());
                 }
-                let _ = tx.send(leader);
             }
-            Err(error) => {
-                // The Lease's state is unknown: stop auditing until it is known again, so that
-                // two replicas never both believe they hold it.
-                tracing::warn!(%lease, %error, "cannot renew or read the audit's Lease; not auditing until it can");
-                let _ = tx.send(false);
-                tokio::select! {
-                    () = tokio::time::sleep(retry) => {}
-                    _ = &mut stopped => break,
+            Ok(Ok(Attempt::HeldElsewhere(holder))) => {
+                term.set(None);
+                failing = false;
+                if last_holder.as_deref() != Some(&holder) {
+                    tracing::info!(%lease, %holder, "the audit's Lease is held elsewhere: this replica does not audit");
+                    last_holder = Some(holder);
                 }
-                retry = (retry * 2).min(Duration::from_secs(30));
+            }
+            Ok(Err(error)) => {
+                if !failing {
+                    let why = describe(&error);
+                    tracing::warn!(%lease, %error, "cannot take or renew the audit's Lease: {why}; retrying (a holder audits until its renew deadline, then stops)");
+                    failing = true;
+                }
+            }
+            Err(_) => {
+                if !failing {
+                    tracing::warn!(%lease, "taking or renewing the audit's Lease timed out; retrying (a holder audits until its renew deadline, then stops)");
+                    failing = true;
+                }
             }
         }
+        let holds = term.holds();
+        if !holds {
+            term.set(None);
+        }
+        tx.send_if_modified(|leader| std::mem::replace(leader, holds) != holds);
+        // Wait for the next attempt, but end the term on time if it runs out before that.
+        let next = started + timing.retry;
+        let expiry = term.until().filter(|until| *until < next);
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = tokio::time::sleep_until(expiry.unwrap_or(next)), if expiry.is_some() => {
+                term.set(None);
+                tx.send_if_modified(|leader| std::mem::replace(leader, false));
+                tracing::warn!(%lease, "the audit's Lease was not renewed in time: this replica stops auditing");
+                last_holder = None;
+                tokio::select! {
+                    () = tokio::time::sleep_until(next) => {}
+                    _ = &mut stopped => break,
+                }
+            }
+            _ = &mut stopped => break,
+        }
     }
-    if *tx.borrow() {
-        let _ = tx.send(false);
-        match manager.release().await {
+    let held = term.holds();
+    term.set(None);
+    tx.send_if_modified(|leader| std::mem::replace(leader, false));
+    if held {
+        match release(&api, &config.name, &config.identity).await {
             Ok(()) => tracing::info!(%lease, "released the audit's Lease"),
             Err(error) => {
                 tracing::warn!(%lease, %error, "cannot release the audit's Lease; it expires by itself")
@@ -252,45 +488,178 @@ async fn run(
     }
 }
 
+/// Gives the Lease up: no holder, so another replica takes it at its next attempt. Written on
+/// the resourceVersion read, and only while this replica is still the holder.
+async fn release(api: &Api<Lease>, name: &str, identity: &str) -> Result<(), kube::Error> {
+    let Some(mut lease) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    let Some(spec) = lease.spec.as_mut() else {
+        return Ok(());
+    };
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return Ok(());
+    }
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(MicroTime(Timestamp::now()));
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    api.replace(name, &params, &lease).await.map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_duration_leaves_room_for_renewal() {
-        let config = |secs| LeaseConfig {
+    fn timing(secs: u64) -> Timing {
+        LeaseConfig {
             name: "l".into(),
             namespace: "n".into(),
             identity: "i".into(),
             duration: Duration::from_secs(secs),
-        };
-        assert_eq!(config(15).seconds(), (15, 5));
-        assert_eq!(config(1).seconds(), (3, 1));
-        assert_eq!(config(60).seconds(), (60, 20));
+        }
+        .timing()
     }
 
     #[test]
-    fn missing_or_forbidden_leases_are_unusable_other_errors_pass() {
+    fn a_term_ends_before_another_replica_may_take_over() {
+        assert_eq!(
+            timing(15),
+            Timing {
+                duration: Duration::from_secs(15),
+                renew_deadline: Duration::from_secs(10),
+                retry: Duration::from_millis(2500),
+            }
+        );
+        // Below three seconds renewal would have no room.
+        assert_eq!(timing(1).duration, Duration::from_secs(3));
+        for secs in [3, 6, 15, 60] {
+            let t = timing(secs);
+            assert!(t.retry < t.renew_deadline && t.renew_deadline < t.duration);
+        }
+    }
+
+    fn wall() -> Timestamp {
+        Timestamp::from_second(1_800_000_000).unwrap()
+    }
+
+    fn held_by(holder: &str, renewed: i64) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.to_owned()),
+            lease_duration_seconds: Some(6),
+            renew_time: Some(MicroTime(Timestamp::from_second(renewed).unwrap())),
+            acquire_time: Some(MicroTime(Timestamp::from_second(1).unwrap())),
+            lease_transitions: Some(4),
+            ..LeaseSpec::default()
+        }
+    }
+
+    #[test]
+    fn no_lease_is_taken_with_no_transitions() {
+        let mut e = Elector::new("a".into(), timing(6));
+        let Step::Take(spec) = e.step(None, Instant::now(), wall()) else {
+            panic!("a missing Lease must be taken");
+        };
+        assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+        assert_eq!(spec.lease_duration_seconds, Some(6));
+        assert_eq!(spec.lease_transitions, Some(0));
+        assert_eq!(spec.renew_time, Some(MicroTime(wall())));
+    }
+
+    #[test]
+    fn another_holder_is_waited_for_a_duration_from_when_its_record_was_first_seen() {
+        let mut e = Elector::new("b".into(), timing(6));
+        let t0 = Instant::now();
+        let lease = held_by("a", 100);
+        // The wall-clock renewTime (long ago) does not matter: only this replica's clock does.
+        assert_eq!(
+            e.step(Some(&lease), t0, wall()),
+            Step::HeldElsewhere {
+                holder: "a".into(),
+                until: t0 + Duration::from_secs(6)
+            }
+        );
+        // The same record five seconds later: still held.
+        assert!(matches!(
+            e.step(Some(&lease), t0 + Duration::from_secs(5), wall()),
+            Step::HeldElsewhere { .. }
+        ));
+        // A renewal restarts the wait from when it is seen.
+        let renewed = held_by("a", 102);
+        let t1 = t0 + Duration::from_secs(5);
+        assert_eq!(
+            e.step(Some(&renewed), t1, wall()),
+            Step::HeldElsewhere {
+                holder: "a".into(),
+                until: t1 + Duration::from_secs(6)
+            }
+        );
+        // Unchanged for the whole duration: taken over, one more transition.
+        let Step::Take(spec) = e.step(Some(&renewed), t1 + Duration::from_secs(6), wall()) else {
+            panic!("an expired Lease must be taken");
+        };
+        assert_eq!(spec.holder_identity.as_deref(), Some("b"));
+        assert_eq!(spec.lease_transitions, Some(5));
+        assert_eq!(spec.acquire_time, Some(MicroTime(wall())));
+    }
+
+    #[test]
+    fn the_holder_renews_keeping_its_acquire_time_and_a_released_lease_is_taken_at_once() {
+        let mut e = Elector::new("a".into(), timing(6));
+        let mine = held_by("a", 100);
+        let Step::Take(spec) = e.step(Some(&mine), Instant::now(), wall()) else {
+            panic!("the holder must renew");
+        };
+        assert_eq!(spec.acquire_time, mine.acquire_time);
+        assert_eq!(spec.lease_transitions, Some(4));
+        assert_eq!(spec.renew_time, Some(MicroTime(wall())));
+
+        let mut b = Elector::new("b".into(), timing(6));
+        let released = LeaseSpec {
+            holder_identity: None,
+            ..held_by("a", 100)
+        };
+        assert!(matches!(
+            b.step(Some(&released), Instant::now(), wall()),
+            Step::Take(_)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_term_is_over_at_its_deadline_without_the_election_running() {
+        let term = Term::elected();
+        assert!(!term.holds());
+        term.set(Some(Instant::now() + Duration::from_secs(4)));
+        assert!(term.holds());
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert!(!term.holds(), "a term past its deadline must not be held");
+        assert!(Term::always().holds());
+    }
+
+    #[test]
+    fn errors_are_described_for_the_log() {
         let api = |code: u16, reason: &str| {
-            LeaseManagerError::KubeError(kube::Error::Api(Box::new(kube::core::Status {
+            kube::Error::Api(Box::new(kube::core::Status {
                 code,
                 reason: reason.to_owned(),
                 ..kube::core::Status::default()
-            })))
+            }))
         };
-        assert_eq!(unusable(&api(403, "Forbidden")), Some(403));
-        assert_eq!(unusable(&api(404, "NotFound")), Some(404));
-        assert_eq!(unusable(&api(500, "InternalError")), None);
-        assert_eq!(
-            unusable(&LeaseManagerError::NonexistentLease("x".into())),
-            None
-        );
+        assert!(describe(&api(403, "Forbidden")).contains("RBAC"));
+        assert!(describe(&api(409, "Conflict")).contains("another replica"));
+        assert!(describe(&api(404, "NotFound")).contains("namespace"));
+        assert!(describe(&api(500, "InternalError")).contains("refused"));
     }
 
     #[tokio::test]
     async fn alone_always_audits_and_stops() {
         let election = Election::alone();
-        assert!(*election.leader.borrow());
+        let leadership = election.leadership();
+        assert!(*leadership.leader.borrow());
+        assert!(leadership.term.holds());
         election.stop(Duration::from_secs(1)).await;
     }
 }

@@ -105,6 +105,7 @@ type ControlPlane struct {
 	admin    *http.Client
 	etcd     *process
 	apiSrv   *process
+	apiArgs  []string // the API server's flags, for RestartAPIServer
 	kcm      *process
 	fakeKub  *fakeKubelet
 	stopOnce sync.Once
@@ -367,10 +368,28 @@ func (cp *ControlPlane) startAPIServer(pki *pkiFiles) error {
 			return nil, err
 		}
 		cp.apiSrv = p
+		cp.apiArgs = args
 		cp.APIServerURL = url
 		return p, waitHealthy(p, 120*time.Second, func() (bool, string) {
 			return httpOK(cp.admin, url+"/readyz", "ok")
 		})
+	})
+}
+
+// RestartAPIServer kills kube-apiserver (SIGKILL: a crashed control-plane
+// node, no graceful close of the watches), leaves it down for `down`, and
+// starts it again with the same flags on the same port, so every client's
+// kubeconfig still points at it. Returns once /readyz is ok.
+func (cp *ControlPlane) RestartAPIServer(down time.Duration) error {
+	cp.apiSrv.kill()
+	time.Sleep(down)
+	p, err := startProcess("kube-apiserver", filepath.Join(cp.cfg.BinDir, "kube-apiserver"), cp.apiArgs, cp.LogDir)
+	if err != nil {
+		return err
+	}
+	cp.apiSrv = p
+	return waitHealthy(p, 120*time.Second, func() (bool, string) {
+		return httpOK(cp.admin, cp.APIServerURL+"/readyz", "ok")
 	})
 }
 

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -131,6 +132,16 @@ func (g *Guard) Pid() int {
 		return 0
 	}
 	return g.proc.cmd.Process.Pid
+}
+
+// Signal sends sig to the serve process: SIGSTOP freezes the replica (a
+// node under memory pressure, a stuck VM), SIGCONT thaws it.
+func (g *Guard) Signal(sig syscall.Signal) error {
+	pid := g.Pid()
+	if pid == 0 {
+		return fmt.Errorf("%s is not running", g.Name)
+	}
+	return syscall.Kill(pid, sig)
 }
 
 // AdminURL is the base of /readyz and /metrics.
