@@ -16,7 +16,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::AuditReport;
+use super::{AuditReport, Level};
 use crate::core::rules::Rule;
 use crate::metrics::Metrics;
 
@@ -29,6 +29,11 @@ struct NodeOperand {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabel {
     rule: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchKind {
+    kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -47,6 +52,13 @@ pub const AUDIT_FINDINGS: &str = "audit_findings";
 pub const AUDIT_LAST_RUN: &str = "audit_last_run_timestamp_seconds";
 pub const AUDIT_NODES: &str = "audit_nodes";
 pub const CLUSTER_POLICY_AVAILABLE: &str = "cluster_policy_available";
+pub const CLUSTER_WATCH_READABLE: &str = "cluster_watch_readable";
+pub const NODES_NOT_ITEMIZED: &str = "audit_nodes_not_itemized";
+
+/// Nodes with per-node series at most, by default: a broken fleet (every node with a finding,
+/// as after an operator upgrade gone wrong) would otherwise cost two series per operand and
+/// node, 150,000 at 15,000 nodes.
+pub const DEFAULT_MAX_NODE_SERIES: usize = 500;
 pub const OPERAND_NODES: &str = "operand_nodes";
 pub const AUDIT_LEADER: &str = "audit_leader";
 
@@ -59,6 +71,10 @@ pub struct AuditMetrics {
     last_run: Gauge,
     nodes: Gauge,
     cluster_policy_available: Gauge,
+    watch_readable: Family<WatchKind, Gauge>,
+    /// Nodes with a problem beyond [`AuditMetrics::max_nodes`]: counted, without series.
+    not_itemized: Gauge,
+    max_nodes: usize,
     /// The (node, operand) pairs that have series now.
     series: Mutex<HashSet<NodeOperand>>,
     /// The (operand, state) pairs that have series now.
@@ -66,8 +82,9 @@ pub struct AuditMetrics {
 }
 
 impl AuditMetrics {
-    /// Registers the audit's metrics in the process registry.
-    pub fn register(metrics: &Metrics) -> Self {
+    /// Registers the audit's metrics in the process registry; at most `max_nodes` nodes get
+    /// per-node series.
+    pub fn register(metrics: &Metrics, max_nodes: usize) -> Self {
         let m = AuditMetrics {
             expected: Family::default(),
             running: Family::default(),
@@ -77,6 +94,9 @@ impl AuditMetrics {
             last_run: Gauge::default(),
             nodes: Gauge::default(),
             cluster_policy_available: Gauge::default(),
+            watch_readable: Family::default(),
+            not_itemized: Gauge::default(),
+            max_nodes,
             series: Mutex::new(HashSet::new()),
             totals: Mutex::new(HashSet::new()),
         };
@@ -124,8 +144,25 @@ impl AuditMetrics {
                 "1 when the GPU Operator's ClusterPolicy could be read; 0 when its defaults are assumed",
                 m.cluster_policy_available.clone(),
             );
+            r.register(
+                NODES_NOT_ITEMIZED,
+                "Nodes with a finding or a missing operand that have no operand_expected/operand_running series: past --max-node-series (failures first, then by name, get series); audit_findings counts them all",
+                m.not_itemized.clone(),
+            );
+            r.register(
+                CLUSTER_WATCH_READABLE,
+                "1 when the kind (clusterpolicies, nvidiadrivers, gpuclusters, daemonsets, deployments, nodes) is listed and followed; 0 while it is not listed yet, forbidden, missing or past the guard's bounds, and the decisions that need it refuse what could break nodes",
+                m.watch_readable.clone(),
+            );
         });
         m
+    }
+
+    /// Whether the watch follows `kind` now.
+    pub fn set_watch_readable(&self, kind: &'static str, readable: bool) {
+        self.watch_readable
+            .get_or_create(&WatchKind { kind })
+            .set(i64::from(readable));
     }
 
     pub fn set_cluster_policy_available(&self, available: bool) {
@@ -159,14 +196,34 @@ impl AuditMetrics {
                 .set(0);
         }
         self.nodes.set(0);
+        self.not_itemized.set(0);
     }
 
     /// Publishes one audit, done at `unix_seconds`.
     pub fn record(&self, report: &AuditReport, unix_seconds: i64) {
         let mut now = HashSet::new();
         let mut counts: HashMap<OperandState, i64> = HashMap::new();
+        // The nodes with a problem that get series: failures first, then by name.
+        let mut problems: Vec<(bool, &str)> = report
+            .nodes
+            .iter()
+            .filter(|n| !n.findings.is_empty() || n.missing().next().is_some())
+            .map(|n| {
+                let fails = n.missing().next().is_some()
+                    || n.findings.iter().any(|f| f.level == Level::Fail);
+                (!fails, n.name.as_str())
+            })
+            .collect();
+        problems.sort_unstable();
+        let itemized: HashSet<&str> = problems
+            .iter()
+            .take(self.max_nodes)
+            .map(|(_, name)| *name)
+            .collect();
+        self.not_itemized
+            .set(i64::try_from(problems.len().saturating_sub(self.max_nodes)).unwrap_or(i64::MAX));
         for node in &report.nodes {
-            let problem = !node.findings.is_empty() || node.missing().next().is_some();
+            let problem = itemized.contains(node.name.as_str());
             for s in node.operands.iter().filter(|s| s.expected || s.running) {
                 let operand = s.operand.name();
                 for (state, yes) in [
@@ -283,7 +340,7 @@ mod tests {
     #[test]
     fn gauges_follow_the_audit_and_deleted_nodes_lose_their_series() {
         let metrics = Metrics::new();
-        let am = AuditMetrics::register(&metrics);
+        let am = AuditMetrics::register(&metrics, DEFAULT_MAX_NODE_SERIES);
         let nodes = [
             node(
                 "a",
@@ -314,6 +371,7 @@ mod tests {
             "gpu_deploy_guard_audit_findings{rule=\"operand-not-running\"} 1",
             "gpu_deploy_guard_audit_last_run_timestamp_seconds 1796032800",
             "gpu_deploy_guard_audit_nodes 3",
+            "gpu_deploy_guard_audit_nodes_not_itemized 0",
             "gpu_deploy_guard_cluster_policy_available 1",
         ]
         .map(str::to_owned);
@@ -346,9 +404,51 @@ mod tests {
     #[test]
     fn the_cluster_policy_is_unavailable_until_read() {
         let metrics = Metrics::new();
-        let _am = AuditMetrics::register(&metrics);
+        let _am = AuditMetrics::register(&metrics, DEFAULT_MAX_NODE_SERIES);
         assert!(
             samples(&metrics).contains(&"gpu_deploy_guard_cluster_policy_available 0".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_broken_fleet_gets_series_for_at_most_the_cap_failures_first() {
+        let metrics = Metrics::new();
+        let am = AuditMetrics::register(&metrics, 2);
+        // a, b, c: the device plugin alone (a failure); d: a warning only (no NVIDIA GPU
+        // label under an expected operand is a label finding).
+        let nodes = [
+            node(
+                "d",
+                &[("device-plugin", "true"), ("container-toolkit", "true")],
+            ),
+            node("c", &[("device-plugin", "true")]),
+            node("b", &[("device-plugin", "true")]),
+            node("a", &[("device-plugin", "true")]),
+        ];
+        let pods = [plugin_pod("a"), plugin_pod("b"), plugin_pod("c")];
+        let report = audit(&nodes, &pods, &operator_defaults(), &Policy::default());
+        am.record(&report, 1);
+        let text = metrics.encode();
+        let with_series: std::collections::BTreeSet<&str> = ["a", "b", "c", "d"]
+            .into_iter()
+            .filter(|n| text.contains(&format!("operand_running{{node=\"{n}\"")))
+            .collect();
+        assert_eq!(with_series, ["a", "b"].into_iter().collect());
+        assert!(
+            text.contains("gpu_deploy_guard_audit_nodes_not_itemized 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "gpu_deploy_guard_audit_findings{rule=\"device-plugin-without-toolkit\"} 3"
+            ),
+            "the findings count every node: {text}"
+        );
+        am.set_leader(false);
+        assert!(
+            metrics
+                .encode()
+                .contains("gpu_deploy_guard_audit_nodes_not_itemized 0")
         );
     }
 }

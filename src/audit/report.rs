@@ -107,6 +107,51 @@ impl NodeAudit {
     }
 }
 
+fn count(summary: &mut Summary, outcome: Outcome) {
+    match outcome {
+        Outcome::Pass => summary.pass += 1,
+        Outcome::Fail => summary.fail += 1,
+        Outcome::Warn => summary.warn += 1,
+    }
+}
+
+/// The result of one rule on one node, its message made.
+fn result(node: &NodeAudit, rule: Rule, now: Timestamp) -> ReportResult {
+    let finding = node.findings.iter().find(|f| f.rule == rule);
+    let (result, message, properties) = match finding {
+        Some(f) => (
+            match f.level {
+                Level::Fail => Outcome::Fail,
+                Level::Warn => Outcome::Warn,
+            },
+            f.message.clone(),
+            BTreeMap::from([(
+                "basis",
+                match f.basis {
+                    super::Basis::Pods => "pods",
+                    super::Basis::Labels => "labels",
+                },
+            )]),
+        ),
+        None => (Outcome::Pass, passed(rule, &node.name), BTreeMap::new()),
+    };
+    ReportResult {
+        policy: NAME,
+        rule: rule.id(),
+        result,
+        severity: rule.spec().severity,
+        message,
+        resources: vec![ResourceRef {
+            api_version: "v1",
+            kind: "Node",
+            name: node.name.clone(),
+        }],
+        properties,
+        source: NAME,
+        timestamp: now,
+    }
+}
+
 /// Builds the report of one audit.
 pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
     let mut results = Vec::new();
@@ -143,63 +188,62 @@ pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
             timestamp: now,
         });
     }
-    for node in report.nodes.iter().filter(|n| n.is_relevant()) {
-        for rule in &report.rules {
-            let finding = node.findings.iter().find(|f| f.rule == *rule);
-            let (result, message, properties) = match finding {
-                Some(f) => (
-                    match f.level {
-                        Level::Fail => Outcome::Fail,
-                        Level::Warn => Outcome::Warn,
-                    },
-                    f.message.clone(),
-                    BTreeMap::from([(
-                        "basis",
-                        match f.basis {
-                            super::Basis::Pods => "pods",
-                            super::Basis::Labels => "labels",
-                        },
-                    )]),
-                ),
-                None => (Outcome::Pass, passed(*rule, &node.name), BTreeMap::new()),
-            };
-            results.push(ReportResult {
-                policy: NAME,
-                rule: rule.id(),
-                result,
-                severity: rule.spec().severity,
-                message,
-                resources: vec![ResourceRef {
-                    api_version: "v1",
-                    kind: "Node",
-                    name: node.name.clone(),
-                }],
-                properties,
-                source: NAME,
-                timestamp: now,
-            });
-        }
-    }
+    // Each (node, rule) result is first only its outcome; the messages are made for the ones
+    // listed: failures, then warnings, then passes, each in node and rule order, at most
+    // MAX_RESULTS in all. A fleet where every node fails costs the results listed, not one
+    // message per node and rule.
+    let cells = || {
+        report
+            .nodes
+            .iter()
+            .filter(|n| n.is_relevant())
+            .flat_map(|node| report.rules.iter().map(move |rule| (node, *rule)))
+    };
+    let outcome = |node: &NodeAudit, rule: Rule| match node.findings.iter().find(|f| f.rule == rule)
+    {
+        Some(f) => match f.level {
+            Level::Fail => Outcome::Fail,
+            Level::Warn => Outcome::Warn,
+        },
+        None => Outcome::Pass,
+    };
     let mut summary = Summary::default();
     for r in &results {
-        match r.result {
-            Outcome::Pass => summary.pass += 1,
-            Outcome::Fail => summary.fail += 1,
-            Outcome::Warn => summary.warn += 1,
-        }
+        count(&mut summary, r.result);
+    }
+    let mut total = results.len();
+    for (node, rule) in cells() {
+        count(&mut summary, outcome(node, rule));
+        total += 1;
     }
     let mut annotations = BTreeMap::from([(
         OPERATOR_VERSION_ANNOTATION,
         report.facts.operator.describe(),
     )]);
-    if results.len() > MAX_RESULTS {
-        // Stable: failures, then warnings, then passes, each in node and rule order.
-        results.sort_by_key(|r| r.result);
-        annotations.insert(
-            OMITTED_ANNOTATION,
-            (results.len() - MAX_RESULTS).to_string(),
-        );
-        results.truncate(MAX_RESULTS);
+    if total > MAX_RESULTS {
+        // Failures, then warnings, then passes, each in the order below (the cluster's results,
+        // then node and rule order), until the list is full.
+        let cluster = std::mem::take(&mut results);
+        for wanted in [Outcome::Fail, Outcome::Warn, Outcome::Pass] {
+            for r in cluster.iter().filter(|r| r.result == wanted) {
+                if results.len() < MAX_RESULTS {
+                    results.push(r.clone());
+                }
+            }
+            for (node, rule) in cells() {
+                if results.len() >= MAX_RESULTS {
+                    break;
+                }
+                if outcome(node, rule) == wanted {
+                    results.push(result(node, rule, now));
+                }
+            }
+        }
+        annotations.insert(OMITTED_ANNOTATION, (total - MAX_RESULTS).to_string());
+    } else {
+        for (node, rule) in cells() {
+            results.push(result(node, rule, now));
+        }
     }
     PolicyReport {
         api_version: API_VERSION,

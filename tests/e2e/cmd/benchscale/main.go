@@ -71,6 +71,8 @@ type options struct {
 	apiInflight   int
 	apiMutInflght int
 	env           envList
+	crFlood       int
+	crBytes       int
 }
 
 // envList is a repeatable -env KEY=VALUE flag.
@@ -108,6 +110,8 @@ func main() {
 	flag.IntVar(&o.apiInflight, "max-requests-inflight", 1600, "kube-apiserver --max-requests-inflight")
 	flag.IntVar(&o.apiMutInflght, "max-mutating-requests-inflight", 800, "kube-apiserver --max-mutating-requests-inflight")
 	flag.StringVar(&o.note, "note", "", "machine note recorded with the results")
+	flag.IntVar(&o.crFlood, "cr-flood", 40, "after the heartbeats, create this many large NVIDIADrivers (and a sixth as many ClusterPolicies), then delete them; 0: no flood")
+	flag.IntVar(&o.crBytes, "cr-bytes", 1000000, "bytes of an unread field in each flood object")
 	flag.Var(&o.env, "env", "KEY=VALUE added to serve's environment (repeatable), e.g. what a newer chart passes")
 	flag.Parse()
 	for _, s := range strings.Split(*nodes, ",") {

@@ -116,6 +116,10 @@ func table(res results, r runResult) string {
 	row(fmt.Sprintf("CPU, %.1f heartbeats/s (cores)", r.Heartbeats.Rate), func(rr replicaResult) string { return fmt.Sprintf("%.4f", rr.CPUHeartbeat) })
 	row("peak RSS after heartbeats (MiB)", func(rr replicaResult) string { return fmt.Sprintf("%.1f", rr.PeakHBMiB) })
 	row("RSS after heartbeats (MiB)", func(rr replicaResult) string { return fmt.Sprintf("%.1f", rr.RSSHBMiB) })
+	row("peak / settled RSS with the custom-resource flood (MiB)", func(rr replicaResult) string {
+		return fmt.Sprintf("%.1f / %.1f", rr.PeakFloodMiB, rr.RSSFloodMiB)
+	})
+	row("RSS once the flood is deleted (MiB)", func(rr replicaResult) string { return fmt.Sprintf("%.1f", rr.RSSFloodGoneMiB) })
 	row("log errors / warnings", func(rr replicaResult) string { return fmt.Sprintf("%d / %d", rr.LogErrors, rr.LogWarnings) })
 	w.Flush()
 	fmt.Fprintf(&b, "heartbeats: %d patched, %d failed, %d late, over %.0f s; kube-apiserver %.3f cores at rest, %.3f under them\n",

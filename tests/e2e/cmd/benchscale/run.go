@@ -38,6 +38,11 @@ type replicaResult struct {
 	RSSHBMiB      float64  `json:"rss_after_heartbeats_mib"`
 	LogErrors     int      `json:"log_errors"`
 	LogWarnings   int      `json:"log_warnings"`
+	// The custom-resource flood (-cr-flood): large NVIDIADrivers and extra
+	// ClusterPolicies created, then deleted.
+	PeakFloodMiB    float64 `json:"peak_rss_cr_flood_mib"`
+	RSSFloodMiB     float64 `json:"rss_cr_flood_mib"`
+	RSSFloodGoneMiB float64 `json:"rss_cr_flood_deleted_mib"`
 }
 
 // controlPlaneResult is the API server and etcd around the run.
@@ -183,6 +188,12 @@ func measure(ctx context.Context, o options, cp *framework.ControlPlane, cs *kub
 	r.ControlPlane.APIServerCPUHB = cores[len(pids)]
 	logf("N=%d: heartbeats %d sent, %d failed, %d late; CPU %v cores", n, r.Heartbeats.Sent, r.Heartbeats.Failed, r.Heartbeats.Late, cores)
 
+	if o.crFlood > 0 && len(pids) > 0 {
+		if err := crFlood(cp, o, n, pids, r.Replicas); err != nil {
+			return r, err
+		}
+	}
+
 	for i, g := range guards {
 		if !g.Running() {
 			return r, fmt.Errorf("%s exited during the run; see %s", r.Replicas[i].Name, g.LogPath())
@@ -327,6 +338,73 @@ func parseSome(text string, names ...string) []framework.Sample {
 				break
 			}
 		}
+	}
+	return out
+}
+
+// crFlood creates o.crFlood NVIDIADrivers and o.crFlood/6 extra
+// ClusterPolicies, each carrying o.crBytes of a field no decision reads (the
+// stand-in CRDs keep unknown fields), waits for the replicas to go quiet and
+// records their memory; then deletes them all and records it again.
+func crFlood(cp *framework.ControlPlane, o options, n int, pids []int, rs []replicaResult) error {
+	blob := strings.Repeat("x", o.crBytes)
+	policies := o.crFlood / 6
+	logf("N=%d: custom-resource flood: %d NVIDIADrivers and %d ClusterPolicies of %d bytes each", n, o.crFlood, policies, o.crBytes)
+	create := func(kind, apiVersion, name, spec string) error {
+		manifest := fmt.Sprintf(`{"apiVersion":%q,"kind":%q,"metadata":{"name":%q},"spec":%s}`, apiVersion, kind, name, spec)
+		if _, stderr, code := cp.KubectlWithInput(manifest, "create", "-f", "-"); code != 0 {
+			return fmt.Errorf("kubectl create %s %s: %s", kind, name, stderr)
+		}
+		return nil
+	}
+	for i := 0; i < o.crFlood; i++ {
+		spec := fmt.Sprintf(`{"driverType":"gpu","nodeSelector":{"bench.gpu-deploy-guard.io/pool":"p%d"},"licensingConfig":{"blob":%q}}`, i, blob)
+		if err := create("NVIDIADriver", "nvidia.com/v1alpha1", fmt.Sprintf("bench-flood-%d", i), spec); err != nil {
+			return err
+		}
+	}
+	for i := 0; i < policies; i++ {
+		spec := fmt.Sprintf(`{"toolkit":{"enabled":true,"env":[{"name":"BLOB","value":%q}]}}`, blob)
+		if err := create("ClusterPolicy", "nvidia.com/v1", fmt.Sprintf("bench-flood-%d", i), spec); err != nil {
+			return err
+		}
+	}
+	if _, _, err := waitQuiet(pids, o.settleMin, o.settleMax, 0.02); err != nil {
+		return err
+	}
+	for i, pid := range pids {
+		rs[i].PeakFloodMiB, rs[i].RSSFloodMiB = mem(pid)
+	}
+	logf("N=%d: after the flood: RSS %v", n, floodRSS(rs, func(r replicaResult) float64 { return r.RSSFloodMiB }))
+	for _, kind := range []string{"nvidiadrivers", "clusterpolicies"} {
+		var names []string
+		out, _, _ := cp.Kubectl("get", kind, "-o", "name")
+		for _, name := range strings.Fields(out) {
+			if strings.Contains(name, "/bench-flood-") {
+				names = append(names, name)
+			}
+		}
+		if len(names) == 0 {
+			continue
+		}
+		if _, stderr, code := cp.Kubectl(append([]string{"delete", "--wait=true"}, names...)...); code != 0 {
+			return fmt.Errorf("kubectl delete %s: %s", kind, stderr)
+		}
+	}
+	if _, _, err := waitQuiet(pids, o.settleMin, o.settleMax, 0.02); err != nil {
+		return err
+	}
+	for i, pid := range pids {
+		_, rs[i].RSSFloodGoneMiB = mem(pid)
+	}
+	logf("N=%d: after deleting them: RSS %v", n, floodRSS(rs, func(r replicaResult) float64 { return r.RSSFloodGoneMiB }))
+	return nil
+}
+
+func floodRSS(rs []replicaResult, f func(replicaResult) float64) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, fmt.Sprintf("%s %.1f MiB", r.Name, f(r)))
 	}
 	return out
 }
