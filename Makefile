@@ -4,7 +4,7 @@
 CARGO ?= cargo
 BIN := target/release/gpu-deploy-guard
 
-.PHONY: all build test unit lint e2e monitoring-test helm-test image-test render-manifests cel-test playground playground-down bench bench-smoke bench-scale bench-connections fuzz fuzz-smoke soak clean
+.PHONY: all build no-rebuild test unit lint e2e monitoring-test helm-test image-test render-manifests cel-test playground playground-down bench bench-smoke bench-scale bench-connections fuzz fuzz-smoke soak clean
 
 all: build
 
@@ -12,10 +12,14 @@ build:
 	$(CARGO) build --release --locked
 
 ## test: everything CI runs: formatting, lints, unit/integration tests, end-to-end tests.
-test: lint unit fuzz-smoke monitoring-test helm-test e2e image-test cel-test bench-smoke
+test: lint unit fuzz-smoke monitoring-test helm-test e2e no-rebuild image-test cel-test bench-smoke
 
 unit:
 	$(CARGO) test --locked
+
+## no-rebuild: a second release build with nothing changed compiles nothing.
+no-rebuild: build
+	bash tests/build/no-rebuild.sh
 
 lint:
 	$(CARGO) fmt --all -- --check
