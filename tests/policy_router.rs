@@ -370,3 +370,168 @@ async fn bad_policy_reviews_are_named() {
     let (status, _) = post(&h, &missing_old).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
+
+/// The facts of a cluster whose followed ClusterPolicy is `cluster-policy` (toolkit and device
+/// plugin on), with `next` (toolkit off) beside it: the one the operator follows next.
+fn facts_with_next_policy() -> ClusterFacts {
+    use gpu_deploy_guard::core::facts::PolicySource;
+    use gpu_deploy_guard::k8s::cluster_policy::from_object;
+    let followed = from_object(&cluster_policy(true, true, json!({}))).unwrap();
+    let mut second = cluster_policy(false, true, json!({}));
+    second["metadata"]["name"] = json!("second");
+    let next = from_object(&second).unwrap();
+    ClusterFacts {
+        source: PolicySource::Found(followed.name),
+        next_policy: Some(Box::new((next.name, next.facts))),
+        ..followed.facts
+    }
+}
+
+#[tokio::test]
+async fn deleting_the_followed_cluster_policy_is_judged_as_the_hand_over_to_the_next_one() {
+    let nodes = [gpu_node("gpu-a"), gpu_node("gpu-b")];
+    let h = harness_with(&nodes, true, facts_with_next_policy());
+    let delete = |name: &str| {
+        let mut old = cluster_policy(name == "cluster-policy", true, json!({}));
+        old["metadata"]["name"] = json!(name);
+        review("ClusterPolicy", "DELETE", Value::Null, old)
+    };
+    let (_, answer) = post(&h, &delete("cluster-policy")).await;
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], false, "{answer}");
+    let msg = r["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("ClusterPolicy cluster-policy (deleted: the GPU Operator then follows ClusterPolicy second): spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running on 2 nodes (gpu-a, gpu-b)"),
+        "{msg}"
+    );
+    let text = h.metrics.encode();
+    assert!(
+        text.contains(r#"gpu_deploy_guard_policy_reviews_total{kind="ClusterPolicy",decision="denied",operation="DELETE"} 1"#),
+        "{text}"
+    );
+    // The ignored one goes: the operator follows the same ClusterPolicy as before.
+    let (_, answer) = post(&h, &delete("second")).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert!(answer["response"].get("warnings").is_none(), "{answer}");
+    // The only one goes: its DaemonSets go with it, or stay orphaned; no switch changes.
+    let alone = ClusterFacts {
+        next_policy: None,
+        ..facts_with_next_policy()
+    };
+    let h = harness_with(&nodes, true, alone);
+    let (_, answer) = post(&h, &delete("cluster-policy")).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+#[tokio::test]
+async fn a_first_cluster_policy_is_judged_against_the_operand_daemonsets_that_run() {
+    use gpu_deploy_guard::core::facts::PolicySource;
+    use gpu_deploy_guard::core::operands::{Operand, OperandSet};
+    let nodes = [gpu_node("gpu-a"), gpu_node("gpu-b")];
+    let create = review(
+        "ClusterPolicy",
+        "CREATE",
+        cluster_policy(false, true, json!({})),
+        Value::Null,
+    );
+    let no_policy = |daemonsets: Option<OperandSet>| ClusterFacts {
+        source: PolicySource::Missing("no ClusterPolicy object exists".into()),
+        daemonsets,
+        ..ClusterFacts::default()
+    };
+    // The DaemonSets of a ClusterPolicy deleted with --cascade=orphan run on: a new one with the
+    // toolkit off deletes the toolkit's under the running device plugins.
+    let orphans = OperandSet::of(&[
+        Operand::Driver,
+        Operand::ContainerToolkit,
+        Operand::DevicePlugin,
+        Operand::GpuFeatureDiscovery,
+        Operand::DcgmExporter,
+    ]);
+    let h = harness_with(&nodes, true, no_policy(Some(orphans)));
+    let (_, answer) = post(&h, &create).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    let msg = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("ClusterPolicy cluster-policy: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running on 2 nodes"),
+        "{msg}"
+    );
+    // Nothing runs yet (a first install): nothing is taken away.
+    let h = harness_with(&nodes, true, no_policy(Some(OperandSet::EMPTY)));
+    let (_, answer) = post(&h, &create).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    // The DaemonSets not listed: judged as if the operator's defaults ran.
+    let h = harness_with(&nodes, true, no_policy(None));
+    let (_, answer) = post(&h, &create).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+}
+
+#[tokio::test]
+async fn two_creations_in_a_row_are_judged_against_each_other_before_the_watch_shows_the_first() {
+    let driver = |name: &str| {
+        json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+            "metadata": {"name": name}, "spec": {"driverType": "gpu", "nodeSelector": {"nvidia.com/gpu.present": "true"}}})
+    };
+    let facts = ClusterFacts {
+        nvidia_drivers: Some(Vec::new()),
+        ..ClusterFacts::default()
+    };
+    let h = harness_with(&[gpu_node("gpu-a")], true, facts);
+    let create = |name: &str, dry_run: bool| {
+        let mut r = review("NVIDIADriver", "CREATE", driver(name), Value::Null);
+        r["request"]["dryRun"] = json!(dry_run);
+        r
+    };
+    // A dry run creates nothing: the next request does not meet it.
+    let (_, answer) = post(&h, &create("first", true)).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let (_, answer) = post(&h, &create("first", false)).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    // The watch (fixed here) never shows "first"; the second creation meets it all the same.
+    let (_, answer) = post(&h, &create("second", false)).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("NVIDIADriver second: its nodeSelector selects 1 node that NVIDIADriver first selects too (gpu-a)"),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn a_gpu_cluster_created_right_after_a_cluster_policy_is_refused() {
+    use gpu_deploy_guard::core::facts::PolicySource;
+    let facts = ClusterFacts {
+        source: PolicySource::Missing("no ClusterPolicy object exists".into()),
+        daemonsets: Some(Default::default()),
+        ..ClusterFacts::default()
+    };
+    let h = harness_with(&[gpu_node("gpu-a")], true, facts);
+    let (_, answer) = post(
+        &h,
+        &review(
+            "ClusterPolicy",
+            "CREATE",
+            cluster_policy(true, true, json!({})),
+            Value::Null,
+        ),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let gpu_cluster = json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"}, "spec": {}});
+    let (_, answer) = post(
+        &h,
+        &review("GPUCluster", "CREATE", gpu_cluster, Value::Null),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("GPUCluster gpu-cluster: ClusterPolicy cluster-policy exists"),
+        "{answer}"
+    );
+}

@@ -42,6 +42,10 @@ pub struct ClusterFacts {
     /// Which custom resource drives the operator: a ClusterPolicy, a GPUCluster (the DRA stack,
     /// v26.7+), or both (then neither is reconciled).
     pub stack: Stack,
+    /// The ClusterPolicy the operator follows once the followed one is deleted (the operator
+    /// follows one and marks the others `ignored`): its name and the facts its switches give.
+    /// `None`: no other ClusterPolicy exists (or they were not listed).
+    pub next_policy: Option<Box<(String, ClusterFacts)>>,
 }
 
 impl Default for ClusterFacts {
@@ -58,6 +62,7 @@ impl Default for ClusterFacts {
             nvidia_drivers: None,
             operator: Followed::default(),
             stack: Stack::ClusterPolicy,
+            next_policy: None,
         }
     }
 }

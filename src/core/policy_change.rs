@@ -217,7 +217,9 @@ pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Polic
         findings.push(conflict);
     } else if review.kind == PolicyKind::GpuCluster {
         // A GPUCluster alone is not judged over the fleet.
-    } else if review.operation != Operation::Delete || review.kind == PolicyKind::NvidiaDriver {
+    } else {
+        // A ClusterPolicy's DELETE reaches here only when it hands the operator to another
+        // ClusterPolicy (the webhook decides nothing of the others).
         match fleet {
             Fleet::Known { groups, keeps } => {
                 let outcomes: Vec<Outcome<'_, '_>> =

@@ -96,9 +96,17 @@ pub fn cluster_from(
     daemonsets: Option<&[&DaemonSetView]>,
 ) -> ClusterFacts {
     let policy_exists = matches!(policies, Ok(list) if !list.is_empty());
+    let mut next_policy = None;
     let (mut facts, source) = match policies {
         Ok(list) => match cluster_policy::choose(list).map(cluster_policy::from_object) {
-            Some(Ok(p)) => (p.facts, PolicySource::Found(p.name)),
+            Some(Ok(p)) => {
+                // The one followed next, should this one be deleted; unreadable, none.
+                next_policy = cluster_policy::in_turn(list)
+                    .get(1)
+                    .and_then(|next| cluster_policy::from_object(next).ok())
+                    .map(|next| Box::new((next.name, next.facts)));
+                (p.facts, PolicySource::Found(p.name))
+            }
             Some(Err(e)) => (operator_defaults(), PolicySource::Failed(e.to_string())),
             None => (
                 operator_defaults(),
@@ -108,6 +116,7 @@ pub fn cluster_from(
         Err(source) => (operator_defaults(), source),
     };
     facts.source = source;
+    facts.next_policy = next_policy;
     if let Some(gc) = gpu_clusters.and_then(gpu_cluster::first) {
         facts = match gc {
             Ok(gc) => facts.with_gpu_cluster(&gc.name, gc.disabled, policy_exists),
@@ -283,26 +292,77 @@ pub async fn snapshot_keeping(
 }
 
 /// Writes `body` with server-side apply, forcing: its fields belong to gpu-deploy-guard.
-/// `what` names the object in the error.
+/// `what` names the object in the error. With a [`Fence::At`], the write is made only if the
+/// object is still at that resourceVersion (409 Conflict otherwise). Returns the
+/// resourceVersion written.
 pub async fn apply(
     client: &Client,
     resource: &ApiResource,
     name: &str,
-    body: Value,
+    mut body: Value,
     what: &str,
-) -> Result<(), ClusterError> {
+    fence: &Fence,
+) -> Result<Option<String>, ClusterError> {
     let api = Api::<DynamicObject>::all_with(client.clone(), resource);
+    if let (Fence::At(version), Some(object)) = (fence, body.as_object_mut()) {
+        let metadata = object
+            .entry("metadata")
+            .or_insert_with(|| Value::Object(serde_json::Map::new()));
+        if let Some(metadata) = metadata.as_object_mut() {
+            metadata.insert("resourceVersion".to_owned(), Value::String(version.clone()));
+        }
+    }
     api.patch(
         name,
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(body),
     )
     .await
-    .map(|_| ())
+    .map(|object| object.metadata.resource_version)
     .map_err(|source| ClusterError::Write {
         what: what.to_owned(),
         source,
     })
+}
+
+/// The precondition of a write: what the writer last knew of the object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fence {
+    /// Write whatever is there.
+    None,
+    /// The object did not exist when read. Server-side apply cannot require an object to be
+    /// absent, so the first write has no precondition; every later one has.
+    Missing,
+    /// The object was at this resourceVersion (409 Conflict if it moved).
+    At(String),
+}
+
+impl Fence {
+    /// The fence of an object as just read.
+    pub async fn read(
+        client: &Client,
+        resource: &ApiResource,
+        name: &str,
+        what: &str,
+    ) -> Result<Fence, ClusterError> {
+        let api = Api::<DynamicObject>::all_with(client.clone(), resource);
+        match api.get_metadata_opt(name).await {
+            Ok(None) => Ok(Fence::Missing),
+            Ok(Some(object)) => Ok(object
+                .metadata
+                .resource_version
+                .map_or(Fence::None, Fence::At)),
+            Err(source) => Err(ClusterError::List {
+                what: what.to_owned(),
+                source,
+            }),
+        }
+    }
+}
+
+/// Whether a write failed on its fence: the object changed (or appeared) since it was read.
+pub fn fence_broken(error: &ClusterError) -> bool {
+    matches!(error, ClusterError::Write { source: KubeError::Api(status), .. } if status.code == 409)
 }
 
 #[cfg(test)]

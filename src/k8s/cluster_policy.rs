@@ -111,6 +111,12 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
 
 /// The one the operator acts on when there are several: it marks the others `ignored`.
 pub fn choose(objects: &[Value]) -> Option<&Value> {
+    in_turn(objects).into_iter().next()
+}
+
+/// The ClusterPolicies in the order the operator would follow them: the one it follows, then
+/// the one it follows once that is deleted, and so on (not `ignored` first, then by name).
+pub fn in_turn(objects: &[Value]) -> Vec<&Value> {
     let ignored = |o: &Value| o.pointer("/status/state").and_then(Value::as_str) == Some("ignored");
     let name = |o: &Value| {
         o.pointer("/metadata/name")
@@ -118,7 +124,9 @@ pub fn choose(objects: &[Value]) -> Option<&Value> {
             .unwrap_or_default()
             .to_owned()
     };
-    objects.iter().min_by_key(|o| (ignored(o), name(o)))
+    let mut all: Vec<&Value> = objects.iter().collect();
+    all.sort_by_cached_key(|o| (ignored(o), name(o)));
+    all
 }
 
 /// Reads `kubectl get clusterpolicy -o yaml|json`: one object, or a List of them.

@@ -321,6 +321,69 @@ pub struct FleetState {
     pub dirty: Dirty,
     /// The nodes have been listed: the records are the whole fleet.
     pub synced: bool,
+    /// Why the records may no longer be the fleet: the trouble, when it began and when it was
+    /// last seen; `None` while the watch follows.
+    pub trouble: Option<(Trouble, std::time::Instant, std::time::Instant)>,
+}
+
+/// How the node watch is failing.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Trouble {
+    /// 403: RBAC no longer lets this replica read the nodes. Until a list succeeds again the
+    /// records are as blind as before the first one.
+    Forbidden,
+    /// The watch is interrupted (the API server restarts, the network drops); the watcher
+    /// resumes where it was, so the records are stale only for as long as this lasts.
+    Interrupted,
+}
+
+/// How long an interrupted node watch leaves the records usable for a decision: beyond that
+/// a decision that needs the fleet takes it as unknown.
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long after its last error an interrupted watch counts as resumed even though no event
+/// came: the watcher retries at least this often while it fails (its backoff stops at 30 s, plus
+/// jitter), and a resumed watch of a quiet fleet may bring no event for minutes.
+pub const RESUMED_AFTER: std::time::Duration = std::time::Duration::from_secs(65);
+
+impl FleetState {
+    /// Why the records cannot be taken as the fleet now; `None` when they can.
+    pub fn blind(&self, now: std::time::Instant) -> Option<String> {
+        if !self.synced {
+            return Some("the nodes are not listed yet".to_owned());
+        }
+        match self.trouble {
+            Some((Trouble::Forbidden, ..)) => {
+                Some("RBAC forbids this replica to list the nodes".to_owned())
+            }
+            Some((Trouble::Interrupted, since, last))
+                if last.duration_since(since) >= STALE_AFTER
+                    && now.duration_since(last) < RESUMED_AFTER =>
+            {
+                Some(format!(
+                    "the node watch has been failing for {}s",
+                    now.duration_since(since).as_secs()
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// An event came: an interrupted watch follows again (access lost waits for a full list).
+    pub fn resumed(&mut self) {
+        if matches!(self.trouble, Some((Trouble::Interrupted, ..))) {
+            self.trouble = None;
+        }
+    }
+
+    /// Records the watch's trouble (`None`: it follows again), keeping when it began.
+    pub fn set_trouble(&mut self, trouble: Option<Trouble>, now: std::time::Instant) {
+        self.trouble = match (trouble, self.trouble) {
+            (None, _) => None,
+            (Some(t), Some((was, since, _))) if t == was => Some((was, since, now)),
+            (Some(t), _) => Some((t, now, now)),
+        };
+    }
 }
 
 impl Default for Fleet {
@@ -330,6 +393,7 @@ impl Default for Fleet {
                 nodes: NodeIndex::default(),
                 dirty: Dirty::All,
                 synced: false,
+                trouble: None,
             }),
             changed: tokio::sync::Notify::new(),
         }

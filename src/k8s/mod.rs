@@ -54,5 +54,7 @@ mod meta;
 pub mod node;
 pub mod nvidia_driver;
 pub mod pod;
+pub mod policy_object;
+pub(crate) mod pruned;
 pub mod read;
 pub mod split;

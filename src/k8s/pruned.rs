@@ -1,6 +1,7 @@
 //! A JSON object read with only the fields a caller names: everything else is skipped as it is
 //! read, so a large object costs the fields kept, not a tree of all of it. The GPU-policy
-//! review reads the ClusterPolicy or NVIDIADriver objects of a request this way.
+//! objects are read this way wherever they come from: a review's request, the watch
+//! ([`super::policy_object`]).
 
 use std::fmt;
 

@@ -211,16 +211,17 @@ async fn start_cluster_watch(
     watch.report = cluster.report;
     watch.operator_version = operator_version;
     watch.page_size = cluster.list_page_size;
+    watch.max_node_series = cluster.max_node_series;
     watch.lease = cluster.lease.config(&client);
     let election = elect(&client, &watch);
-    let leader = election.leader.clone();
+    let leadership = election.leadership();
     let task = tokio::spawn(watch_cluster(
         client,
         watch,
         facts_tx,
         metrics,
         fleet,
-        leader,
+        leadership,
         move || gate.open(),
     ));
     Some(ClusterWatch {

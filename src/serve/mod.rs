@@ -6,6 +6,7 @@ mod auditor;
 pub mod cmd;
 mod conn;
 mod idle;
+mod kept;
 pub mod lease;
 pub mod limits;
 pub mod logs;

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector as reflect};
@@ -40,8 +40,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::auditor;
-use super::lease::{Election, LeaseArgs, LeaseConfig};
-use crate::audit::metrics::AuditMetrics;
+use super::kept::{self, Bounds, Fit, Kept};
+use super::lease::{Election, Leadership, LeaseArgs, LeaseConfig};
+use crate::audit::metrics::{AuditMetrics, DEFAULT_MAX_NODE_SERIES};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::policy::Policy;
 use crate::core::policy_change::NvidiaDriver;
@@ -51,10 +52,11 @@ use crate::k8s::api::{
 };
 use crate::k8s::daemonset::DaemonSetView;
 use crate::k8s::deployment::{self, DeploymentView, Unread};
-use crate::k8s::fleet::{Fleet, LabelFilter};
+use crate::k8s::fleet::{Fleet, LabelFilter, Trouble};
 use crate::k8s::gpu_cluster;
 use crate::k8s::node::NodeView;
 use crate::k8s::nvidia_driver;
+use crate::k8s::policy_object::PolicyObject;
 use crate::metrics::Metrics;
 
 /// Objects per list page by default: a Node's metadata is ~10 KB and a Pod ~5–10 KB, so a page
@@ -80,6 +82,12 @@ pub struct ClusterArgs {
     pub report: bool,
     #[command(flatten)]
     pub lease: LeaseArgs,
+    /// Nodes with per-node audit series (operand_expected, operand_running) at most: failures
+    /// first, then by name; the others are counted in audit_nodes_not_itemized. Bounds the
+    /// auditor's series when every node has a finding.
+    #[arg(long, env = "GDG_MAX_NODE_SERIES", default_value_t = DEFAULT_MAX_NODE_SERIES,
+          display_order = 32)]
+    pub max_node_series: usize,
     /// Objects per page when listing the nodes and the operator's pods; one page is held in
     /// memory at a time.
     #[arg(long, env = "GDG_LIST_PAGE_SIZE", default_value_t = DEFAULT_PAGE_SIZE,
@@ -109,6 +117,8 @@ pub struct WatchConfig {
     pub page_size: u32,
     /// The Lease that elects the one auditor; `None`: this replica audits, unelected.
     pub lease: Option<LeaseConfig>,
+    /// Nodes with per-node audit series at most.
+    pub max_node_series: usize,
 }
 
 impl WatchConfig {
@@ -122,6 +132,7 @@ impl WatchConfig {
             operator_version: None,
             page_size: DEFAULT_PAGE_SIZE,
             lease: None,
+            max_node_series: DEFAULT_MAX_NODE_SERIES,
         }
     }
 }
@@ -142,6 +153,8 @@ pub(super) enum Health {
 pub(super) enum Unavailable {
     NotFound,
     Forbidden,
+    /// More objects (or larger) than the guard keeps of the kind ([`super::kept`]).
+    TooMany,
 }
 
 impl Health {
@@ -186,6 +199,19 @@ impl Kind {
         }
     }
 
+    /// The kind in `cluster_watch_readable`'s label.
+    fn label(self) -> &'static str {
+        match self {
+            Kind::ClusterPolicies => "clusterpolicies",
+            Kind::NvidiaDrivers => "nvidiadrivers",
+            Kind::GpuClusters => "gpuclusters",
+            Kind::DaemonSets => "daemonsets",
+            Kind::Pods => "pods",
+            Kind::Nodes => "nodes",
+            Kind::Deployments => "deployments",
+        }
+    }
+
     fn describe(self, namespace: &str) -> String {
         match self {
             Kind::ClusterPolicies => "clusterpolicies.nvidia.com".to_owned(),
@@ -219,7 +245,7 @@ fn unavailable(error: &watcher::Error) -> Option<Unavailable> {
 /// `facts_tx` receives new [`ClusterFacts`] whenever they change. `on_synced` is called once,
 /// after the ClusterPolicy, the DaemonSets and (unless a version is given) the Deployments have
 /// been read (or found unavailable) and the facts published, or after `config.sync_timeout` at
-/// the latest. The audit's metrics are registered in `metrics` on the way in; `election` says
+/// the latest. The audit's metrics are registered in `metrics` on the way in; `leadership` says
 /// when this replica audits.
 pub async fn watch_cluster(
     client: Client,
@@ -227,10 +253,10 @@ pub async fn watch_cluster(
     facts_tx: watch::Sender<Arc<ClusterFacts>>,
     metrics: Arc<Metrics>,
     fleet: Arc<Fleet>,
-    election: watch::Receiver<bool>,
+    leadership: Leadership,
     on_synced: impl FnOnce() + Send + 'static,
 ) {
-    let audit_metrics = AuditMetrics::register(&metrics);
+    let audit_metrics = AuditMetrics::register(&metrics, config.max_node_series);
     let namespace = config.namespace.clone();
     // With a version given, the Deployments are not watched: nothing to wait for.
     let watch_deployments = config.operator_version.is_none();
@@ -244,52 +270,53 @@ pub async fn watch_cluster(
     });
     let (dirty_tx, dirty_rx) = mpsc::channel::<()>(1);
 
-    let policy_ar = cluster_policy_resource();
-    let policy_writer = Writer::<DynamicObject>::new(policy_ar.clone());
-    let policies = policy_writer.as_reader();
-    let driver_ar = nvidia_driver::resource();
-    let driver_writer = Writer::<DynamicObject>::new(driver_ar.clone());
-    let drivers = driver_writer.as_reader();
-    let gpu_cluster_ar = gpu_cluster::resource();
-    let gpu_cluster_writer = Writer::<DynamicObject>::new(gpu_cluster_ar.clone());
-    let gpu_clusters = gpu_cluster_writer.as_reader();
     let (daemonsets, ds_writer) = reflector::store::<DaemonSetView>();
     let (deployments, deployment_writer) = reflector::store::<DeploymentView>();
     let cfg = watcher::Config::default().any_semantic();
     let paged = cfg.clone().page_size(config.page_size);
+    // A GPU-policy object can be as large as the API server lets it (1.5 MB): a few per page,
+    // so one page's body stays small whatever they hold.
+    let policy_pages = cfg.clone().page_size(POLICY_PAGE_SIZE);
 
     let stores = Stores {
-        policies,
-        drivers,
-        gpu_clusters,
+        policies: Kept::default(),
+        drivers: Kept::default(),
+        gpu_clusters: Kept::default(),
         daemonsets,
         deployments,
     };
+    let kept = |resource: &kube::api::ApiResource, kept, bounds, kind| Following {
+        api: Api::all_with(client.clone(), resource),
+        cfg: policy_pages.clone(),
+        kept,
+        bounds,
+        kind,
+        namespace: &namespace,
+        status: &status,
+        dirty: &dirty_tx,
+    };
     tokio::join!(
-        follow(
-            watcher(Api::all_with(client.clone(), &policy_ar), cfg.clone()),
-            policy_writer,
-            Kind::ClusterPolicies,
-            &namespace,
-            &status,
-            &dirty_tx,
-        ),
-        follow(
-            watcher(Api::all_with(client.clone(), &driver_ar), cfg.clone()),
-            driver_writer,
-            Kind::NvidiaDrivers,
-            &namespace,
-            &status,
-            &dirty_tx,
-        ),
-        follow(
-            watcher(Api::all_with(client.clone(), &gpu_cluster_ar), cfg.clone()),
-            gpu_cluster_writer,
-            Kind::GpuClusters,
-            &namespace,
-            &status,
-            &dirty_tx,
-        ),
+        kept(
+            &cluster_policy_resource(),
+            &stores.policies,
+            kept::POLICIES,
+            Kind::ClusterPolicies
+        )
+        .run(),
+        kept(
+            &nvidia_driver::resource(),
+            &stores.drivers,
+            kept::DRIVERS,
+            Kind::NvidiaDrivers
+        )
+        .run(),
+        kept(
+            &gpu_cluster::resource(),
+            &stores.gpu_clusters,
+            kept::GPU_CLUSTERS,
+            Kind::GpuClusters
+        )
+        .run(),
         follow(
             watcher(Api::namespaced(client.clone(), &namespace), cfg.clone()),
             ds_writer,
@@ -318,6 +345,7 @@ pub async fn watch_cluster(
             facts_tx.subscribe(),
             &status,
             &namespace,
+            &dirty_tx,
         ),
         Publisher {
             config: &config,
@@ -335,7 +363,7 @@ pub async fn watch_cluster(
             status: &status,
             facts: facts_tx.subscribe(),
             metrics: &audit_metrics,
-            leader: election,
+            leadership,
         }),
     );
 }
@@ -348,22 +376,133 @@ pub fn elect(client: &Client, config: &WatchConfig) -> Election {
     }
 }
 
+/// The longest pause before listing again a kind found missing or forbidden.
+const RELIST_PAUSE_MAX: Duration = Duration::from_secs(5);
+
+/// A watch of `api` that retries with backoff, and after a 404 or 403 starts again from a full
+/// list (after a pause of 0.5 s doubling up to [`RELIST_PAUSE_MAX`]): kube's watcher would
+/// resume the watch where it was and never list again, so a kind whose access came back would
+/// stay marked unavailable; this way it is readable again as soon as a list succeeds
+/// (`Event::InitDone`), and its store is the cluster's again.
 pub(super) fn watcher<K>(
     api: Api<K>,
     cfg: watcher::Config,
 ) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send
 where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    watcher::watcher(api, cfg).default_backoff()
+    type Inner<K> = futures::stream::BoxStream<'static, Result<Event<K>, watcher::Error>>;
+    let state: (Option<Inner<K>>, Duration) = (None, Duration::ZERO);
+    futures::stream::unfold(state, move |(inner, pause)| {
+        let api = api.clone();
+        let cfg = cfg.clone();
+        async move {
+            let mut inner = match inner {
+                Some(inner) => inner,
+                None => {
+                    if !pause.is_zero() {
+                        sleep(pause).await;
+                    }
+                    watcher::watcher(api, cfg).default_backoff().boxed()
+                }
+            };
+            let item = inner.next().await?;
+            let next = match &item {
+                Err(e) if unavailable(e).is_some() => {
+                    let pause = (pause * 2).clamp(Duration::from_millis(500), RELIST_PAUSE_MAX);
+                    (None, pause)
+                }
+                Ok(Event::InitDone) => (Some(inner), Duration::ZERO),
+                _ => (Some(inner), pause),
+            };
+            Some((item, next))
+        }
+    })
 }
 
 struct Stores {
-    policies: Store<DynamicObject>,
-    drivers: Store<DynamicObject>,
-    gpu_clusters: Store<DynamicObject>,
+    policies: Kept,
+    drivers: Kept,
+    gpu_clusters: Kept,
     daemonsets: Store<DaemonSetView>,
     deployments: Store<DeploymentView>,
+}
+
+/// GPU-policy objects per list page.
+const POLICY_PAGE_SIZE: u32 = 4;
+
+/// How long a kind past its bounds waits before it is listed again.
+const OVER_BOUNDS_PAUSE: Duration = Duration::from_secs(30);
+
+/// One kind of GPU-policy object followed into its [`Kept`] objects.
+struct Following<'a> {
+    api: Api<PolicyObject>,
+    cfg: watcher::Config,
+    kept: &'a Kept,
+    bounds: Bounds,
+    kind: Kind,
+    namespace: &'a str,
+    status: &'a Mutex<Status>,
+    dirty: &'a mpsc::Sender<()>,
+}
+
+impl Following<'_> {
+    /// Keeps the objects and records how the watch is doing; every change marks the state
+    /// dirty. Past the kind's bounds the kind is unavailable until a list fits again.
+    async fn run(self) {
+        let Following {
+            api,
+            cfg,
+            kept,
+            bounds,
+            kind,
+            namespace,
+            status,
+            dirty,
+        } = self;
+        loop {
+            let stream = watcher(api.clone(), cfg.clone());
+            futures::pin_mut!(stream);
+            let mut failing = false;
+            loop {
+                let Some(item) = stream.next().await else {
+                    return;
+                };
+                let changed = match item {
+                    Ok(event) => {
+                        if kept.apply(&event, bounds) == Fit::Over {
+                            break;
+                        }
+                        match event {
+                            Event::InitDone => {
+                                watch_synced(kind, namespace, status);
+                                failing = false;
+                                true
+                            }
+                            Event::Apply(_) | Event::Delete(_) => true,
+                            Event::Init | Event::InitApply(_) => false,
+                        }
+                    }
+                    Err(e) => watch_failed(&e, kind, namespace, status, &mut failing),
+                };
+                if changed {
+                    let _ = dirty.try_send(());
+                }
+            }
+            kept.clear();
+            let was = set_health(status, kind, Health::Unavailable(Unavailable::TooMany));
+            if was != Health::Unavailable(Unavailable::TooMany) {
+                tracing::warn!(
+                    what = %kind.describe(namespace),
+                    objects = bounds.objects,
+                    bytes = bounds.bytes,
+                    "more objects than the guard keeps: the decisions that need them refuse what could break nodes until they fit again; listing them again in 30s"
+                );
+            }
+            let _ = dirty.try_send(());
+            sleep(OVER_BOUNDS_PAUSE).await;
+        }
+    }
 }
 
 /// Feeds one reflector and records how its watch is doing; every change marks the state dirty.
@@ -419,6 +558,7 @@ pub(super) fn watch_failed(
                     Unavailable::Forbidden => {
                         tracing::warn!(%what, "forbidden by RBAC; retrying in the background")
                     }
+                    Unavailable::TooMany => {}
                 }
             }
             was != Health::Unavailable(why)
@@ -531,16 +671,32 @@ impl Publisher<'_> {
                 }
                 logged_version = Some(version);
             }
-            let settled = policies_health.settled()
-                && drivers_health.settled()
-                && gpu_clusters_health.settled()
-                && ds_health.settled()
-                && deployments_health.settled();
+            // Every kind a decision reads, the nodes included: a replica that took traffic
+            // before its nodes were listed could only refuse the policy changes that need them.
+            let kinds = [
+                (Kind::ClusterPolicies, &policies_health),
+                (Kind::NvidiaDrivers, &drivers_health),
+                (Kind::GpuClusters, &gpu_clusters_health),
+                (Kind::DaemonSets, &ds_health),
+                (Kind::Deployments, &deployments_health),
+                (Kind::Nodes, &health(status, Kind::Nodes)),
+            ]
+            .map(|(kind, health)| {
+                audit_metrics.set_watch_readable(kind.label(), *health == Health::Synced);
+                (kind, health.settled())
+            });
+            let settled = kinds.iter().all(|(_, settled)| *settled);
             if on_synced.is_some() && (settled || Instant::now() >= deadline) {
                 if !settled {
+                    let missing: Vec<String> = kinds
+                        .iter()
+                        .filter(|(_, settled)| !settled)
+                        .map(|(kind, _)| kind.describe(&config.namespace))
+                        .collect();
                     tracing::warn!(
                         timeout = ?config.sync_timeout,
-                        "ClusterPolicy, DaemonSets and the operator Deployment not read in time; ready with what is known for now"
+                        missing = %missing.join(", "),
+                        "not everything the decisions read was listed in time; ready with what is known, and the decisions that need what is missing refuse what could break nodes"
                     );
                 }
                 if let Some(f) = on_synced.take() {
@@ -561,6 +717,7 @@ async fn follow_nodes(
     mut facts: watch::Receiver<Arc<ClusterFacts>>,
     status: &Mutex<Status>,
     namespace: &str,
+    dirty: &mpsc::Sender<()>,
 ) {
     loop {
         let filter = LabelFilter::new(&facts.borrow_and_update());
@@ -602,13 +759,17 @@ async fn follow_nodes(
                         state.dirty.add(name);
                     }
                     state.synced = true;
+                    state.set_trouble(None, std::time::Instant::now());
                     drop(state);
                     watch_synced(Kind::Nodes, namespace, status);
                     failing = false;
                     fleet.changed.notify_one();
+                    // Readiness waits for the nodes too.
+                    let _ = dirty.try_send(());
                     continue;
                 }
                 Ok(Event::Apply(node)) => {
+                    state.resumed();
                     let changed = state.nodes.apply(&node);
                     if changed {
                         state.dirty.add(node.name());
@@ -616,6 +777,7 @@ async fn follow_nodes(
                     changed
                 }
                 Ok(Event::Delete(node)) => {
+                    state.resumed();
                     let changed = state.nodes.delete(node.name());
                     if changed {
                         state.dirty.add(node.name());
@@ -623,9 +785,15 @@ async fn follow_nodes(
                     changed
                 }
                 Err(e) => {
+                    let trouble = match unavailable(&e) {
+                        Some(_) => Trouble::Forbidden,
+                        None => Trouble::Interrupted,
+                    };
+                    state.set_trouble(Some(trouble), std::time::Instant::now());
                     drop(state);
                     if watch_failed(&e, Kind::Nodes, namespace, status, &mut failing) {
                         fleet.changed.notify_one();
+                        let _ = dirty.try_send(());
                     }
                     continue;
                 }
@@ -647,13 +815,9 @@ struct Healths<'a> {
     deployments: &'a Health,
 }
 
-/// A store's objects as JSON, as the custom resources' readers take them.
-fn values(store: &Store<DynamicObject>) -> Vec<Value> {
-    store
-        .state()
-        .iter()
-        .map(|o| serde_json::to_value(o.as_ref()).unwrap_or_default())
-        .collect()
+/// The kept objects as JSON, as the custom resources' readers take them.
+fn values(kept: &Kept) -> Vec<Value> {
+    kept.values()
 }
 
 /// The facts the stores give now; the operator version is the given one, else the one the
@@ -671,6 +835,10 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
         Health::Starting => Err(PolicySource::Failed("not read yet".to_owned())),
         Health::Unavailable(Unavailable::NotFound) => Err(unavailable_source(404)),
         Health::Unavailable(Unavailable::Forbidden) => Err(unavailable_source(403)),
+        Health::Unavailable(Unavailable::TooMany) => Err(PolicySource::Failed(format!(
+            "more ClusterPolicies than the guard keeps ({})",
+            kept::POLICIES.objects
+        ))),
     };
     let ds_state = stores.daemonsets.state();
     let ds_refs: Vec<&DaemonSetView> = ds_state.iter().map(AsRef::as_ref).collect();
@@ -686,6 +854,8 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
         Health::Starting => Err(&Unread::NotYet),
         Health::Unavailable(Unavailable::NotFound) => Err(&Unread::NotFound),
         Health::Unavailable(Unavailable::Forbidden) => Err(&Unread::Forbidden),
+        // Not a bound of the Deployments.
+        Health::Unavailable(Unavailable::TooMany) => Err(&Unread::NotYet),
     };
     facts.operator = version::resolve(
         config.operator_version.clone(),
@@ -696,7 +866,7 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
 
 /// The NVIDIADriver resources the store holds, by name; one that cannot be read (the CRD's
 /// schema makes that rare) is left out with a warning naming it.
-fn nvidia_drivers(store: &Store<DynamicObject>) -> Vec<NvidiaDriver> {
+fn nvidia_drivers(store: &Kept) -> Vec<NvidiaDriver> {
     let mut out: Vec<NvidiaDriver> = values(store)
         .iter()
         .filter_map(|value| match nvidia_driver::from_object(value) {
@@ -748,14 +918,14 @@ mod tests {
     fn the_watch_can_be_spawned(client: Client, tx: watch::Sender<Arc<ClusterFacts>>) {
         fn spawnable<F: std::future::Future<Output = ()> + Send + 'static>(_: F) {}
         let config = WatchConfig::new("gpu-operator", Policy::default());
-        let (_leader_tx, leader) = watch::channel(true);
+        let (_leader_tx, leadership) = Leadership::always();
         spawnable(watch_cluster(
             client,
             config,
             tx,
             Arc::new(Metrics::new()),
             Arc::new(Fleet::default()),
-            leader,
+            leadership,
             || {},
         ));
     }
@@ -806,18 +976,16 @@ mod tests {
     /// A listed GPUCluster, and no ClusterPolicy CRD: the DRA stack, which the facts say.
     #[test]
     fn a_listed_gpu_cluster_makes_the_dra_stack() {
-        let mut writer = Writer::<DynamicObject>::new(gpu_cluster::resource());
-        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+        let object: PolicyObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
             "metadata": {"name": "gpu-cluster"},
             "spec": {"dcgmExporter": {"enabled": true}}
         }))
         .unwrap();
-        writer.apply_watcher_event(&Event::Apply(object));
-        let stores = Stores {
-            gpu_clusters: writer.as_reader(),
-            ..empty_stores()
-        };
+        let stores = empty_stores();
+        stores
+            .gpu_clusters
+            .apply(&Event::Apply(object), kept::GPU_CLUSTERS);
         let config = WatchConfig::new("gpu-operator", Policy::default());
         let missing = Health::Unavailable(Unavailable::NotFound);
         let listed = |gpu_clusters: &Health| {
@@ -845,9 +1013,9 @@ mod tests {
 
     fn empty_stores() -> Stores {
         Stores {
-            policies: Writer::<DynamicObject>::new(cluster_policy_resource()).as_reader(),
-            drivers: Writer::<DynamicObject>::new(nvidia_driver::resource()).as_reader(),
-            gpu_clusters: Writer::<DynamicObject>::new(gpu_cluster::resource()).as_reader(),
+            policies: Kept::default(),
+            drivers: Kept::default(),
+            gpu_clusters: Kept::default(),
             daemonsets: reflector::store::<DaemonSetView>().0,
             deployments: reflector::store::<DeploymentView>().0,
         }

@@ -19,11 +19,11 @@ use axum::routing::post;
 use tokio::sync::{Semaphore, watch};
 use tower_http::timeout::TimeoutLayer;
 
+pub mod admitted;
 pub mod bad_request;
 mod body;
 pub mod node_review;
 pub mod policy_review;
-mod pruned;
 pub mod read;
 pub mod response;
 mod shares;
@@ -90,6 +90,9 @@ pub struct Webhook {
     /// whose objects are read into trees. The API server sends neither often; a client that
     /// sends many waits its turn, and the memory they take stays that of one body.
     slow_read: Arc<Semaphore>,
+    /// GPU-policy objects this replica let be created that the watch does not show yet: part
+    /// of the next policy decisions ([`admitted`]).
+    admitted: std::sync::Mutex<admitted::Admitted>,
 }
 
 impl Webhook {
@@ -114,7 +117,12 @@ impl Webhook {
             fleet: None,
             budget: body::Budget::new(&limits),
             slow_read: Arc::new(Semaphore::new(1)),
+            admitted: std::sync::Mutex::default(),
         }
+    }
+
+    fn admitted_lock(&self) -> std::sync::MutexGuard<'_, admitted::Admitted> {
+        self.admitted.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits for the one slow reading at a time ([`slow_read`](Self::slow_read)).

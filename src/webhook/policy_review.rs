@@ -14,7 +14,6 @@ use serde_json::Value;
 
 use super::bad_request::BadRequest;
 use super::body::Started;
-use super::pruned::Keep;
 use super::read::MAX_UID_CHARS;
 use super::read::UserInfo;
 use super::response::json_response;
@@ -22,14 +21,14 @@ use super::{Webhook, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::labels::MAX_NAME_CHARS;
-use crate::core::operands::{OPERANDS, Stack};
+use crate::core::operands::{Operand, OperandSet, Stack};
 use crate::core::policy::{self, Decision, Policy, Verdict};
 use crate::core::policy_change::{
     Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, NvidiaDriver, PolicyChange, PolicyKind,
     PolicyReview, Shift, decide_policy, shifts,
 };
 use crate::core::review::Operation;
-use crate::k8s::{cluster_policy, gpu_cluster, nvidia_driver};
+use crate::k8s::{cluster_policy, gpu_cluster, nvidia_driver, policy_object};
 use std::sync::Arc;
 
 #[derive(Deserialize)]
@@ -62,50 +61,9 @@ struct PolicyRequest {
     dry_run: bool,
 }
 
-/// A ClusterPolicy or NVIDIADriver with only the fields the decision reads
-/// (`cluster_policy::from_object`, `nvidia_driver::from_object`, the host-toolkit annotation):
-/// a large object costs those, not a tree of all of it.
+/// A GPU-policy object with only the fields the decision reads ([`policy_object::keeps`]).
 fn policy_fields<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    super::pruned::read(d, policy_keeps)
-}
-
-fn policy_keeps(path: &[String]) -> Keep {
-    let switch = |field: &str| {
-        field == crate::core::facts::SANDBOX_WORKLOADS
-            || OPERANDS
-                .iter()
-                .any(|i| i.switch.is_some_and(|s| s.field == field))
-    };
-    match path {
-        [top] if top == "apiVersion" || top == "kind" => Keep::Value,
-        [top] if top == "metadata" || top == "spec" => Keep::Fields,
-        [m, name] if m == "metadata" && name == "name" => Keep::Value,
-        [m, a] if m == "metadata" && a == "annotations" => Keep::Fields,
-        [m, a, key] if m == "metadata" && a == "annotations" && key == HOST_TOOLKIT_ANNOTATION => {
-            Keep::Value
-        }
-        // NVIDIADriver.
-        [s, f]
-            if s == "spec" && matches!(f.as_str(), "driverType" | "usePrecompiled" | "default") =>
-        {
-            Keep::Value
-        }
-        [s, f] if s == "spec" && f == "nodeSelector" => Keep::Fields,
-        [s, f, _] if s == "spec" && f == "nodeSelector" => Keep::Value,
-        // ClusterPolicy: the operand switches and the flags beside them.
-        [s, f] if s == "spec" && (switch(f) || f == "cdi") => Keep::Fields,
-        [s, f, e] if s == "spec" && switch(f) && e == "enabled" => Keep::Value,
-        [s, f, e] if s == "spec" && f == "driver" && e == "useNvidiaDriverCRD" => Keep::Value,
-        [s, f, e] if s == "spec" && f == "cdi" && e == "nriPluginEnabled" => Keep::Value,
-        [s, f, e]
-            if s == "spec"
-                && f == crate::core::facts::SANDBOX_WORKLOADS
-                && (e == "defaultWorkload" || e == "mode") =>
-        {
-            Keep::Value
-        }
-        _ => Keep::No,
-    }
+    policy_object::read(d)
 }
 
 #[derive(Deserialize)]
@@ -141,11 +99,26 @@ pub(super) async fn validate_policy(
             );
         }
     };
-    let facts = hook.facts.borrow().clone();
+    // The watch's facts, with the creations this replica allowed that it does not show yet.
+    // Reviews are decided one at a time (the turn above), so each one sees every earlier one.
+    let facts = {
+        let watched = hook.facts.borrow().clone();
+        hook.admitted_lock()
+            .overlay(&watched, std::time::Instant::now())
+    };
     let verdict = match review(&hook, &request, kind, &facts) {
         Ok(v) => v,
         Err(bad) => return refuse(&hook, bad, Some(request.uid.clone())),
     };
+    if request.operation == Operation::Create
+        && !request.dry_run
+        && request.sub_resource.is_none()
+        && verdict.decision != Decision::Denied
+        && let Some(object) = &request.object
+    {
+        hook.admitted_lock()
+            .record(kind, object, std::time::Instant::now());
+    }
     let response = super::response::respond_to(request.uid.clone(), &verdict);
     hook.metrics.observe_policy_review(
         kind,
@@ -213,20 +186,48 @@ fn with_policy(cluster: &ClusterFacts, object: &Value) -> Result<ClusterFacts, B
         path: "request.object".to_owned(),
         message: bounded_display(&e, super::MAX_ERROR_BYTES),
     })?;
+    Ok(with_switches(cluster, p.name, p.facts))
+}
+
+/// The facts of the cluster with the switches of ClusterPolicy `name` (`switches`, as
+/// `cluster_policy::from_object` reads it).
+fn with_switches(cluster: &ClusterFacts, name: String, switches: ClusterFacts) -> ClusterFacts {
     // A GPUCluster that exists stays: with this ClusterPolicy there are both.
     let stack = match cluster.stack {
         Stack::ClusterPolicy => Stack::ClusterPolicy,
         Stack::GpuCluster | Stack::Both => Stack::Both,
     };
-    Ok(ClusterFacts {
+    ClusterFacts {
         selectors: cluster.selectors.clone(),
         daemonsets: cluster.daemonsets,
         nvidia_drivers: cluster.nvidia_drivers.clone(),
         operator: cluster.operator.clone(),
-        source: PolicySource::Found(p.name),
+        source: PolicySource::Found(name),
         stack,
-        ..p.facts
-    })
+        next_policy: None,
+        ..switches
+    }
+}
+
+/// What runs before a first ClusterPolicy takes effect: the operand DaemonSets that exist
+/// (orphaned by a deleted ClusterPolicy, `kubectl delete --cascade=orphan`), which the operator
+/// adopts or deletes as the new one says. When the DaemonSets are not listed, the operator's
+/// defaults: the guard cannot know, so a first ClusterPolicy is judged as if its defaults ran.
+fn running_now(cluster: &ClusterFacts) -> ClusterFacts {
+    let Some(present) = cluster.daemonsets else {
+        return cluster.clone();
+    };
+    let mut absent = OperandSet::EMPTY;
+    for op in Operand::all() {
+        if !present.contains(op) {
+            absent.insert(op);
+        }
+    }
+    ClusterFacts {
+        toolkit_managed: true,
+        disabled: absent,
+        ..cluster.clone()
+    }
 }
 
 fn annotation<'v>(object: Option<&'v Value>, key: &str) -> Option<&'v str> {
@@ -343,28 +344,45 @@ fn on_review<R>(
     let all_drivers = facts.nvidia_drivers.clone().unwrap_or_default();
     match kind {
         PolicyKind::ClusterPolicy => {
-            let after_obj = match op {
-                Operation::Create | Operation::Update => {
-                    object.ok_or_else(|| missing(op, "object"))?
+            let followed = matches!(&facts.source, PolicySource::Found(n) if n == name);
+            let (before, after, others) = match op {
+                Operation::Create => {
+                    let after = with_policy(facts, object.ok_or_else(|| missing(op, "object"))?)?;
+                    match &facts.source {
+                        // A second one is ignored by the operator (said by the judge).
+                        PolicySource::Found(n) if n != name => {
+                            (after.clone(), after, vec![n.clone()])
+                        }
+                        // A first one takes over what runs now.
+                        _ => (running_now(facts), after, Vec::new()),
+                    }
                 }
-                _ => return Ok(None),
-            };
-            let after = with_policy(facts, after_obj)?;
-            // A first ClusterPolicy starts the operator's work: nothing of it ran before, so
-            // nothing is taken away. A second one is ignored by the operator (said below).
-            let before = match op {
-                Operation::Update => {
-                    with_policy(facts, old.ok_or_else(|| missing(op, "oldObject"))?)?
+                Operation::Update => (
+                    with_policy(facts, old.ok_or_else(|| missing(op, "oldObject"))?)?,
+                    with_policy(facts, object.ok_or_else(|| missing(op, "object"))?)?,
+                    Vec::new(),
+                ),
+                // Deleting the followed ClusterPolicy hands the operator to the next one, which
+                // it then reconciles whether the operand DaemonSets were deleted with it or
+                // orphaned. Deleting an ignored one, or the only one, changes no switch: the
+                // DaemonSets either stay (orphaned) or all go with it.
+                Operation::Delete => {
+                    let next = facts.next_policy.as_deref().filter(|_| followed);
+                    let Some((next_name, switches)) = next else {
+                        return Ok(None);
+                    };
+                    let before = match old {
+                        Some(old) => with_policy(facts, old)?,
+                        None => facts.clone(),
+                    };
+                    let after = with_switches(facts, next_name.clone(), switches.clone());
+                    (before, after, vec![next_name.clone()])
                 }
-                _ => after.clone(),
+                Operation::Connect => return Ok(None),
             };
             let host_toolkit = annotation(object, HOST_TOOLKIT_ANNOTATION)
                 .filter(|v| !v.trim().is_empty())
                 .filter(|v| annotation(old, HOST_TOOLKIT_ANNOTATION) != Some(*v));
-            let others: Vec<String> = match (&facts.source, op) {
-                (PolicySource::Found(n), Operation::Create) if n != name => vec![n.clone()],
-                _ => Vec::new(),
-            };
             let review = PolicyReview {
                 change: PolicyChange::ClusterPolicy {
                     before: &before,
@@ -459,9 +477,9 @@ fn over_groups<R>(
         ));
     };
     let state = fleet.lock();
-    if !state.synced {
+    if let Some(why) = state.blind(std::time::Instant::now()) {
         drop(state);
-        return then(Fleet::Unknown("the nodes are not listed yet"));
+        return then(Fleet::Unknown(&why));
     }
     let groups: Vec<NodeGroup<'_>> = state
         .nodes
@@ -505,64 +523,5 @@ fn log(req: &PolicyRequest, kind: PolicyKind, verdict: &Verdict) {
         _ => {
             tracing::debug!(uid, kind = kind.as_str(), name, user, operation = req.operation.as_str(), ?nodes, findings = %findings, decision = verdict.decision.as_str(), "policy review")
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    /// `object` read as the webhook reads it, with only `policy_keeps`' fields.
-    fn pruned(object: &Value) -> Value {
-        let text = serde_json::to_string(object).unwrap();
-        policy_fields(&mut serde_json::Deserializer::from_str(&text))
-            .unwrap()
-            .unwrap()
-    }
-
-    #[test]
-    fn the_kept_fields_are_every_field_the_decision_reads() {
-        // Every switch away from its default, and every other field the readers look at.
-        let mut spec = serde_json::Map::new();
-        for s in OPERANDS.iter().filter_map(|i| i.switch) {
-            spec.insert(
-                s.field.to_owned(),
-                json!({"enabled": !s.default, "image": "x"}),
-            );
-        }
-        spec.insert(
-            crate::core::facts::SANDBOX_WORKLOADS.to_owned(),
-            json!({"enabled": true, "defaultWorkload": "vm-vgpu", "mode": "kata", "other": 1}),
-        );
-        spec["driver"]["useNvidiaDriverCRD"] = json!(true);
-        spec.insert(
-            "cdi".into(),
-            json!({"enabled": true, "nriPluginEnabled": true}),
-        );
-        let policy = json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-            "metadata": {"name": "cp", "labels": {"a": "b"},
-                         "annotations": {HOST_TOOLKIT_ANNOTATION: "why", "other": "x"}},
-            "spec": spec, "status": {"state": "ready"}});
-        let kept = pruned(&policy);
-        assert_eq!(
-            cluster_policy::from_object(&kept).unwrap(),
-            cluster_policy::from_object(&policy).unwrap()
-        );
-        assert_eq!(
-            annotation(Some(&kept), HOST_TOOLKIT_ANNOTATION),
-            Some("why")
-        );
-        assert!(kept.pointer("/status").is_none() && kept.pointer("/metadata/labels").is_none());
-
-        let driver = json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
-            "metadata": {"name": "d"},
-            "spec": {"driverType": "vgpu-host-manager", "usePrecompiled": true, "default": true,
-                     "nodeSelector": {"pool": "a"}, "image": "driver"}});
-        assert_eq!(
-            nvidia_driver::from_object(&pruned(&driver)).unwrap(),
-            nvidia_driver::from_object(&driver).unwrap()
-        );
     }
 }

@@ -661,7 +661,16 @@ func TestClusterPolicyWithHostToolkitAllowsDevicePluginAlone(t *testing.T) {
 	expectResult(t, "no ClusterPolicy: kubectl label node lab-node-2 device-plugin=true --dry-run=server",
 		dryRunPluginOnLabNode2(), 1, "", labNode2Refusal)
 
-	applyClusterPolicy(t, `{"toolkit":{"enabled":false}}`)
+	// A first ClusterPolicy is judged against the operand DaemonSets that run
+	// (the lab's toolkit among them): switching the toolkit off under the
+	// running device plugins needs the word that the hosts bring their own.
+	if got := tryClusterPolicy(`{"toolkit":{"enabled":false}}`, "{}"); got.code != 1 ||
+		!strings.Contains(got.stderr, `denied the request: ClusterPolicy cluster-policy: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running on 2 nodes (lab-node-0, lab-node-1)`) {
+		t.Fatalf("a first ClusterPolicy with the toolkit off over the running toolkit DaemonSet: want refused naming the nodes, got %s", got)
+	}
+	if got := tryClusterPolicy(`{"toolkit":{"enabled":false}}`, `{"gpu-deploy-guard.nvidia.com/toolkit-on-hosts":"the lab's hosts"}`); got.code != 0 {
+		t.Fatalf("a first ClusterPolicy with the toolkit off and toolkit-on-hosts: want allowed, got %s", got)
+	}
 	policyAvailable(1)
 	waitDecision(t, "toolkit.enabled=false: allowed", result{"node/lab-node-2 labeled (server dry run)\n",
 		"Warning: lab-node-2: device-plugin runs on a node with no NVIDIA GPU label\n", 0})

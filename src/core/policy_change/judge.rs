@@ -50,7 +50,9 @@ pub(super) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
     let object = format!("{} {}", review.kind.as_str(), echo(review.name));
     let (facts, other, creates) = match review.change {
         PolicyChange::ClusterPolicy { after, .. } => {
-            if after.stack.in_era(after.operator.era()) != Stack::Both {
+            if after.stack.in_era(after.operator.era()) != Stack::Both
+                || review.operation == Operation::Delete
+            {
                 return None;
             }
             (
@@ -71,6 +73,31 @@ pub(super) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
                 format!("ClusterPolicy {}", echo(cp)),
                 review.operation == Operation::Create,
             )
+        }
+        PolicyChange::GpuCluster {
+            facts,
+            cluster_policy: None,
+            ..
+        } if facts.operator.era() >= Era::V26_7
+            && review.operation == Operation::Create
+            && matches!(
+                facts.source,
+                crate::core::facts::PolicySource::Forbidden(_)
+                    | crate::core::facts::PolicySource::Failed(_)
+                    | crate::core::facts::PolicySource::NoAccess(_)
+            ) =>
+        {
+            // Whether a ClusterPolicy exists is not known: the GPUCluster could make both.
+            let version = &facts.operator.version.text;
+            let why = facts.source.describe();
+            return Some(Found {
+                rule: Rule::GpuClusterConflict,
+                change: Change::New,
+                message: format!(
+                    "{object}: whether a ClusterPolicy exists is not known ({why}), and the GPU Operator ({version})                      reconciles neither while both exist: retry once the guard can read the ClusterPolicies."
+                ),
+                warning: format!("{object}: whether a ClusterPolicy exists is not known"),
+            });
         }
         _ => return None,
     };
@@ -121,6 +148,14 @@ pub(super) fn judge(
         ..
     } = review.change
     {
+        // A DELETE is judged as the hand-over to the ClusterPolicy followed next.
+        let object = match (review.operation, others.first()) {
+            (Operation::Delete, Some(next)) => format!(
+                "{object} (deleted: the GPU Operator then follows ClusterPolicy {})",
+                crate::core::echo::echo(next)
+            ),
+            _ => object.clone(),
+        };
         if review.operation == Operation::Create
             && let Some(first) = others.first()
         {
@@ -149,9 +184,26 @@ pub(super) fn judge(
         ..
     } = review.change
     {
-        overlap(&object, facts, this, others, outcomes, out);
+        if facts.nvidia_drivers.is_none() {
+            overlap_unknown(&object, out);
+        } else {
+            overlap(&object, facts, this, others, outcomes, out);
+        }
     }
     state_transitions(review, &object, outcomes, policy, out);
+}
+
+/// The other NVIDIADrivers are not known (not listed yet, RBAC forbids it, or not given
+/// offline): whether this one selects their nodes cannot be checked, so it is refused, since
+/// the operator reports an overlap only when it reconciles.
+fn overlap_unknown(object: &str, out: &mut Vec<Found>) {
+    out.push(finding(
+        Rule::NvidiaDriverOverlap,
+        format!(
+            "{object}: overlap not checked: the other NVIDIADrivers are not known (not listed yet, or RBAC forbids              listing nvidiadrivers.nvidia.com); the GPU Operator runs one driver per node and reports a conflict only              when it reconciles: retry once the guard has listed them (its log says why it has not), or, offline, give              them with --nvidia-drivers."
+        ),
+        format!("{object}: overlap with the other NVIDIADrivers not checked: they are not known"),
+    ));
 }
 
 fn toolkit_switched_off(
