@@ -131,6 +131,9 @@ bench-connections: build
 ## e2e control plane filled with SCALE_NODES large nodes (default 1000,5000,10000), each with 5 Running
 ## operand pods: peak and settled RSS, time to ready, CPU at rest and under N/300 status heartbeats/s,
 ## /metrics size, audit wall time and peak RSS. One table per N; target/bench-scale/results.{json,tsv}.
+## Each size ends with a custom-resource flood (40 NVIDIADrivers and 6 ClusterPolicies of 1 MB, then
+## deleted: the replicas' RSS with them and after). SCALE_ARGS=-broken leaves every toolkit pod Pending,
+## so every node fails (an operator upgrade gone wrong).
 ## SCALE_BIN measures another build (then nothing is built); SCALE_ARGS go to the command
 ## (tests/e2e/cmd/benchscale, -help). About 12 minutes for the three sizes. Not part of `make test`.
 SCALE_NODES ?= 1000,5000,10000

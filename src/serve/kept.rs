@@ -116,12 +116,12 @@ impl Kept {
                 Fit::Kept
             }
             Event::InitApply(object) => {
-                if let Some(listing) = &mut state.relist {
-                    if let Some(objects) = listing {
-                        objects.insert(object);
-                        if !objects.within(bounds) {
-                            *listing = None;
-                        }
+                if let Some(listing) = &mut state.relist
+                    && let Some(objects) = listing
+                {
+                    objects.insert(object);
+                    if !objects.within(bounds) {
+                        *listing = None;
                     }
                 }
                 Fit::Kept

@@ -353,9 +353,15 @@ fn nd_review<'a>(
     }
 }
 
+/// NVIDIADriver resources in charge and listed (the other NVIDIADrivers are known).
+fn listed_drivers(f: &mut ClusterFacts) {
+    f.driver_crd = true;
+    f.nvidia_drivers = Some(Vec::new());
+}
+
 #[test]
 fn overlapping_nvidiadrivers_are_denied_naming_both_and_a_node() {
-    let facts = switched(|f| f.driver_crd = true);
+    let facts = switched(listed_drivers);
     let pool = |p: &str| gpu_labels_with("example.com/pool", p);
     let groups = [
         group(pool("a"), &["a-0", "a-1"]),
@@ -408,7 +414,7 @@ fn overlapping_nvidiadrivers_are_denied_naming_both_and_a_node() {
 
 #[test]
 fn a_selector_on_a_label_the_records_lack_is_said_not_checked_and_never_refused() {
-    let facts = switched(|f| f.driver_crd = true);
+    let facts = switched(listed_drivers);
     let groups = [group(gpu_labels(), &["a-0"])];
     let existing = [driver("all", &[])];
     let by_host = driver("one", &[("kubernetes.io/hostname", "a-0")]);
@@ -834,9 +840,9 @@ fn a_vgpu_host_manager_driver_selects_the_driver_label_in_v23_9() {
 
 #[test]
 fn from_v26_7_a_default_nvidiadriver_shares_nodes_without_conflict_but_two_defaults_do_not() {
-    let v26_7 = switched(|f| f.driver_crd = true);
+    let v26_7 = switched(listed_drivers);
     let v26_3 = switched(|f| {
-        f.driver_crd = true;
+        listed_drivers(f);
         at("v26.3.3")(f);
     });
     let pool_a = gpu_labels_with("example.com/pool", "a");
@@ -957,4 +963,38 @@ fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
             .findings
             .is_empty()
     );
+}
+
+#[test]
+fn an_nvidiadriver_is_refused_while_the_others_are_not_known() {
+    let facts = switched(|f| f.driver_crd = true);
+    assert_eq!(facts.nvidia_drivers, None);
+    let groups = [group(gpu_labels(), &["a-0"])];
+    let pool = driver("pool", &[("example.com/pool", "a")]);
+    let v = decide_policy(
+        &nd_review(&facts, Operation::Create, None, Some(&pool), &[]),
+        Fleet::Known {
+            groups: &groups,
+            keeps: &|_| true,
+        },
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Denied);
+    let m = v.message.unwrap();
+    assert!(
+        m.starts_with(
+            "NVIDIADriver pool: overlap not checked: the other NVIDIADrivers are not known"
+        ),
+        "{m}"
+    );
+    // Deleting one cannot make an overlap.
+    let v = decide_policy(
+        &nd_review(&facts, Operation::Delete, Some(&pool), None, &[]),
+        Fleet::Known {
+            groups: &groups,
+            keeps: &|_| true,
+        },
+        &Policy::default(),
+    );
+    assert_ne!(v.decision, Decision::Denied);
 }

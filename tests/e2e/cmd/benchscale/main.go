@@ -73,6 +73,7 @@ type options struct {
 	env           envList
 	crFlood       int
 	crBytes       int
+	broken        bool
 }
 
 // envList is a repeatable -env KEY=VALUE flag.
@@ -110,6 +111,7 @@ func main() {
 	flag.IntVar(&o.apiInflight, "max-requests-inflight", 1600, "kube-apiserver --max-requests-inflight")
 	flag.IntVar(&o.apiMutInflght, "max-mutating-requests-inflight", 800, "kube-apiserver --max-mutating-requests-inflight")
 	flag.StringVar(&o.note, "note", "", "machine note recorded with the results")
+	flag.BoolVar(&o.broken, "broken", false, "a broken fleet: every node's container toolkit pod stays Pending under its Running device plugin, so every node has a failing finding (an operator upgrade gone wrong)")
 	flag.IntVar(&o.crFlood, "cr-flood", 40, "after the heartbeats, create this many large NVIDIADrivers (and a sixth as many ClusterPolicies), then delete them; 0: no flood")
 	flag.IntVar(&o.crBytes, "cr-bytes", 1000000, "bytes of an unread field in each flood object")
 	flag.Var(&o.env, "env", "KEY=VALUE added to serve's environment (repeatable), e.g. what a newer chart passes")
@@ -236,13 +238,13 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	f := &fleet{cs: cs, template: template, dsets: s.dsets, workers: o.workers, logf: logf}
+	f := &fleet{cs: cs, template: template, dsets: s.dsets, workers: o.workers, logf: logf, broken: o.broken}
 
 	res := results{
 		Date: time.Now().UTC().Format(time.RFC3339), Binary: bin, Version: version, SHA256: digest, Note: o.note,
 		Replicas: o.replicas, Fixture: o.fixture, FixtureBytes: fixtureBytes, Kubeconfig: s.identity,
 		QuietSeconds: o.quiet.Seconds(), HeartbeatSeconds: o.heartbeat.Seconds(), HeartbeatPeriod: o.hbPeriod.Seconds(),
-		LeaderMetric: o.leaderMetric, EtcdQuota: o.etcdQuota, Machine: machine(),
+		LeaderMetric: o.leaderMetric, EtcdQuota: o.etcdQuota, Machine: machine(), Broken: o.broken,
 	}
 	for _, n := range o.nodes {
 		logf("N=%d: growing the fleet from %d nodes", n, f.nodes)

@@ -18,6 +18,7 @@ type results struct {
 	SHA256           string      `json:"binary_sha256"`
 	Note             string      `json:"note"`
 	Machine          string      `json:"machine"`
+	Broken           bool        `json:"broken_fleet"`
 	Replicas         int         `json:"replicas"`
 	Fixture          string      `json:"fixture"`
 	FixtureBytes     int         `json:"fixture_bytes"`
@@ -77,7 +78,11 @@ func optional(v *float64) string {
 // table is the human-readable report of one fleet size.
 func table(res results, r runResult) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n== %d nodes, %d Running operand pods (%s; %s)\n", r.Nodes, r.Pods, res.Version, res.Machine)
+	fleetKind := "every operand pod Running"
+	if res.Broken {
+		fleetKind = "broken: every container toolkit pod Pending"
+	}
+	fmt.Fprintf(&b, "\n== %d nodes, %d operand pods, %s (%s; %s)\n", r.Nodes, r.Pods, fleetKind, res.Version, res.Machine)
 	fmt.Fprintf(&b, "fill: +%d nodes, +%d pods in %.0f s; etcd db %.0f MiB, kube-apiserver RSS %.0f MiB (peak %.0f), etcd RSS %.0f MiB\n",
 		r.Fill.Nodes, r.Fill.Pods, r.Fill.Seconds, r.ControlPlane.EtcdDBBytes/(1<<20),
 		r.ControlPlane.APIServerRSSMiB, r.ControlPlane.APIServerPeakMiB, r.ControlPlane.EtcdRSSMiB)
