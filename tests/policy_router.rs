@@ -187,6 +187,24 @@ async fn the_host_toolkit_annotation_in_the_same_request_lets_it_through_once() 
     )
     .await;
     assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    // A reason of blanks or invisible characters says nothing.
+    for blank in [" ", "\u{200b}", " \u{200b}\u{feff} "] {
+        let (_, answer) = post(
+            &h,
+            &review(
+                "ClusterPolicy",
+                "UPDATE",
+                cluster_policy(
+                    false,
+                    true,
+                    json!({"gpu-deploy-guard.nvidia.com/toolkit-on-hosts": blank}),
+                ),
+                cluster_policy(true, true, json!({})),
+            ),
+        )
+        .await;
+        assert_eq!(answer["response"]["allowed"], false, "{blank:?}: {answer}");
+    }
 }
 
 #[tokio::test]
@@ -534,4 +552,97 @@ async fn a_gpu_cluster_created_right_after_a_cluster_policy_is_refused() {
             .starts_with("GPUCluster gpu-cluster: ClusterPolicy cluster-policy exists"),
         "{answer}"
     );
+}
+
+/// A ClusterPolicy (`toolkit` as given) and a GPUCluster both exist (v26.7: the operator
+/// reconciles neither), with the lab's operand DaemonSets running.
+fn both_stacks(toolkit: bool) -> ClusterFacts {
+    use gpu_deploy_guard::core::facts::PolicySource;
+    use gpu_deploy_guard::core::operands::{Operand, OperandSet, Stack};
+    use gpu_deploy_guard::k8s::cluster_policy::from_object;
+    let policy = from_object(&cluster_policy(toolkit, true, json!({}))).unwrap();
+    ClusterFacts {
+        source: PolicySource::Found(policy.name),
+        stack: Stack::Both,
+        daemonsets: Some(OperandSet::of(&[
+            Operand::Driver,
+            Operand::ContainerToolkit,
+            Operand::DevicePlugin,
+        ])),
+        ..policy.facts
+    }
+}
+
+#[tokio::test]
+async fn while_both_stacks_exist_a_toolkit_switch_off_waiting_for_the_gpu_cluster_to_go_is_refused()
+{
+    let nodes = [gpu_node("gpu-a"), gpu_node("gpu-b")];
+    let h = harness_with(&nodes, true, both_stacks(true));
+    let (_, answer) = post(
+        &h,
+        &review(
+            "ClusterPolicy",
+            "UPDATE",
+            cluster_policy(false, true, json!({})),
+            cluster_policy(true, true, json!({})),
+        ),
+    )
+    .await;
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], false, "{answer}");
+    assert!(
+        r["status"]["message"].as_str().unwrap().starts_with(
+            "ClusterPolicy cluster-policy: spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running on 2 nodes (gpu-a, gpu-b)"
+        ),
+        "{answer}"
+    );
+    assert!(
+        r["warnings"].as_array().unwrap().iter().any(|w| w
+            .as_str()
+            .unwrap()
+            .contains("GPUCluster gpu-cluster exists too")),
+        "{answer}"
+    );
+    // Unrelated edits stay a warning about the conflict.
+    let (_, answer) = post(
+        &h,
+        &review(
+            "ClusterPolicy",
+            "UPDATE",
+            cluster_policy(true, true, json!({"note": "x"})),
+            cluster_policy(true, true, json!({})),
+        ),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+#[tokio::test]
+async fn deleting_the_gpu_cluster_beside_a_cluster_policy_is_judged_as_that_policy_taking_over() {
+    let nodes = [gpu_node("gpu-a"), gpu_node("gpu-b")];
+    let gpu_cluster = json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"}, "spec": {}});
+    // The ClusterPolicy beside it has the toolkit off: its taking over deletes the toolkit.
+    let h = harness_with(&nodes, true, both_stacks(false));
+    let (_, answer) = post(
+        &h,
+        &review("GPUCluster", "DELETE", Value::Null, gpu_cluster.clone()),
+    )
+    .await;
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], false, "{answer}");
+    assert!(
+        r["status"]["message"].as_str().unwrap().starts_with(
+            "GPUCluster gpu-cluster (deleted: the GPU Operator then follows ClusterPolicy cluster-policy): spec.toolkit.enabled true -> false deletes the container toolkit DaemonSet while the NVIDIA device plugin keeps running on 2 nodes (gpu-a, gpu-b)"
+        ),
+        "{answer}"
+    );
+    // With the toolkit on it takes nothing away.
+    let h = harness_with(&nodes, true, both_stacks(true));
+    let (_, answer) = post(
+        &h,
+        &review("GPUCluster", "DELETE", Value::Null, gpu_cluster),
+    )
+    .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
 }

@@ -171,6 +171,14 @@ impl ClusterFacts {
     /// `validatePrerequisites`; `controllers/clusterpolicy_controller.go`, `Reconcile`;
     /// `controllers/nodelabeling_controller.go`, `Reconcile`): the ClusterPolicy's facts stay,
     /// on [`Stack::Both`].
+    /// The facts once the GPUCluster beside a ClusterPolicy is gone: the ClusterPolicy's alone.
+    pub fn without_gpu_cluster(self) -> Self {
+        ClusterFacts {
+            stack: Stack::ClusterPolicy,
+            ..self
+        }
+    }
+
     pub fn with_gpu_cluster(self, name: &str, disabled: OperandSet, cluster_policy: bool) -> Self {
         if cluster_policy {
             return ClusterFacts {

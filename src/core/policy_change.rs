@@ -212,23 +212,44 @@ pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Polic
         PolicyChange::NvidiaDriver { facts, .. } | PolicyChange::GpuCluster { facts, .. } => facts,
     };
     if let Some(conflict) = stacks_conflict(review) {
-        // While both custom resources exist the operator reconciles nothing: what else the
-        // request would change does not happen.
+        // While both custom resources exist the operator reconciles nothing, so the request
+        // changes nothing now. A ClusterPolicy change made then takes effect as soon as the
+        // GPUCluster goes: it is judged as that, so that it cannot wait there to switch the
+        // toolkit off.
+        let existing = conflict.change == Change::Existing;
         findings.push(conflict);
-    } else if review.kind == PolicyKind::GpuCluster {
-        // A GPUCluster alone is not judged over the fleet.
+        if existing
+            && let PolicyChange::ClusterPolicy {
+                before,
+                after,
+                host_toolkit,
+                others,
+                drivers,
+            } = review.change
+        {
+            let before = before.clone().without_gpu_cluster();
+            let after = after.clone().without_gpu_cluster();
+            let alone = PolicyReview {
+                change: PolicyChange::ClusterPolicy {
+                    before: &before,
+                    after: &after,
+                    host_toolkit,
+                    others,
+                    drivers,
+                },
+                ..*review
+            };
+            judge_fleet(&alone, fleet, policy, &mut findings);
+        }
+    } else if review.kind == PolicyKind::GpuCluster
+        && !matches!(review.change, PolicyChange::ClusterPolicy { .. })
+    {
+        // A GPUCluster alone is not judged over the fleet (its DELETE that hands the operator
+        // to a ClusterPolicy is, as that ClusterPolicy's change).
     } else {
         // A ClusterPolicy's DELETE reaches here only when it hands the operator to another
         // ClusterPolicy (the webhook decides nothing of the others).
-        match fleet {
-            Fleet::Known { groups, keeps } => {
-                let outcomes: Vec<Outcome<'_, '_>> =
-                    groups.iter().map(|g| outcome(review, g)).collect();
-                judge(review, &outcomes, policy, &mut findings);
-                unkept_selector_keys(review, keeps, &mut findings);
-            }
-            Fleet::Unknown(why) => judge_blind(review, why, &mut findings),
-        }
+        judge_fleet(review, fleet, policy, &mut findings);
     }
     // A policy object a person creates changes what runs at once: judged like an UPDATE (a
     // Node's CREATE is the kubelet registering it, and is lowered).
@@ -270,6 +291,24 @@ pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Polic
         host_toolkit: override_note,
     });
     verdict
+}
+
+/// Judges `review` over the fleet, or on the policy alone when the nodes are not known.
+fn judge_fleet(
+    review: &PolicyReview<'_>,
+    fleet: Fleet<'_>,
+    policy: &Policy,
+    findings: &mut Vec<Found>,
+) {
+    match fleet {
+        Fleet::Known { groups, keeps } => {
+            let outcomes: Vec<Outcome<'_, '_>> =
+                groups.iter().map(|g| outcome(review, g)).collect();
+            judge(review, &outcomes, policy, findings);
+            unkept_selector_keys(review, keeps, findings);
+        }
+        Fleet::Unknown(why) => judge_blind(review, why, findings),
+    }
 }
 
 /// Where one operand runs before and after a change: the prediction `check-policy` and the

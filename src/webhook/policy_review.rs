@@ -381,7 +381,9 @@ fn on_review<R>(
                 Operation::Connect => return Ok(None),
             };
             let host_toolkit = annotation(object, HOST_TOOLKIT_ANNOTATION)
-                .filter(|v| !v.trim().is_empty())
+                // A reason says something: blanks and invisible characters (a zero-width
+                // space) alone do not.
+                .filter(|v| v.chars().any(char::is_alphanumeric))
                 .filter(|v| annotation(old, HOST_TOOLKIT_ANNOTATION) != Some(*v));
             let review = PolicyReview {
                 change: PolicyChange::ClusterPolicy {
@@ -400,6 +402,27 @@ fn on_review<R>(
                 PolicySource::Found(name) => Some(name.as_str()),
                 _ => None,
             };
+            // Deleting the GPUCluster while a ClusterPolicy exists too hands the operator to
+            // that ClusterPolicy: judged as a first ClusterPolicy over what runs now.
+            if op == Operation::Delete
+                && let Some(cp) = cluster_policy
+                && facts.stack.in_era(facts.operator.era()) == Stack::Both
+            {
+                let before = running_now(&facts.clone().without_gpu_cluster());
+                let after = facts.clone().without_gpu_cluster();
+                let others = vec![cp.to_owned()];
+                let review = PolicyReview {
+                    change: PolicyChange::ClusterPolicy {
+                        before: &before,
+                        after: &after,
+                        host_toolkit: None,
+                        others: &others,
+                        drivers: &all_drivers,
+                    },
+                    ..base
+                };
+                return Ok(Some(then(&review)));
+            }
             let after = match (op, object) {
                 (Operation::Create | Operation::Update, Some(object)) => {
                     let gc = gpu_cluster::from_object(object).map_err(|e| BadRequest::Invalid {

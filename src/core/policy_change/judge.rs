@@ -148,7 +148,8 @@ pub(super) fn judge(
         ..
     } = review.change
     {
-        // A DELETE is judged as the hand-over to the ClusterPolicy followed next.
+        // A DELETE is judged as the hand-over to the ClusterPolicy followed next (of a
+        // ClusterPolicy: the next one; of a GPUCluster beside a ClusterPolicy: that one).
         let object = match (review.operation, others.first()) {
             (Operation::Delete, Some(next)) => format!(
                 "{object} (deleted: the GPU Operator then follows ClusterPolicy {})",
