@@ -342,9 +342,9 @@ pub enum Trouble {
 pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long after its last error an interrupted watch counts as resumed even though no event
-/// came: the watcher retries at least this often while it fails (its backoff stops at 30 s, plus
-/// jitter), and a resumed watch of a quiet fleet may bring no event for minutes.
-pub const RESUMED_AFTER: std::time::Duration = std::time::Duration::from_secs(65);
+/// came: the watch retries at least every 5.25 s while it fails (`serve::watch`'s `Retry`), and
+/// a resumed watch of a quiet fleet may bring no event for minutes.
+pub const RESUMED_AFTER: std::time::Duration = std::time::Duration::from_secs(15);
 
 impl FleetState {
     /// Why the records cannot be taken as the fleet now; `None` when they can.
@@ -553,6 +553,43 @@ mod tests {
     use crate::audit::audit;
     use crate::core::facts::operator_defaults;
     use crate::k8s::read;
+
+    #[test]
+    fn records_are_blind_before_a_list_under_a_403_and_after_a_long_failure() {
+        use std::time::{Duration, Instant};
+        let fleet = Fleet::default();
+        let mut state = fleet.lock();
+        let t0 = Instant::now();
+        assert_eq!(
+            state.blind(t0).as_deref(),
+            Some("the nodes are not listed yet")
+        );
+        state.synced = true;
+        assert_eq!(state.blind(t0), None);
+        // Access lost: as blind as before the first list, until a list succeeds.
+        state.set_trouble(Some(Trouble::Forbidden), t0);
+        state.resumed();
+        assert_eq!(
+            state.blind(t0 + Duration::from_secs(600)).as_deref(),
+            Some("RBAC forbids this replica to list the nodes")
+        );
+        state.set_trouble(None, t0);
+        // Interrupted: usable for STALE_AFTER, then blind while the errors go on.
+        state.set_trouble(Some(Trouble::Interrupted), t0);
+        let later = t0 + STALE_AFTER + Duration::from_secs(1);
+        assert_eq!(state.blind(later), None, "one error is not a broken watch");
+        state.set_trouble(Some(Trouble::Interrupted), later);
+        assert_eq!(
+            state.blind(later).as_deref(),
+            Some("the node watch has been failing for 31s")
+        );
+        // No error for RESUMED_AFTER: the watch resumed, though no event came.
+        assert_eq!(state.blind(later + RESUMED_AFTER), None);
+        // An event: followed again.
+        state.set_trouble(Some(Trouble::Interrupted), later);
+        state.resumed();
+        assert_eq!(state.trouble, None);
+    }
 
     /// Every node fixture: the lab's, the published real ones, the large benchmark node.
     fn fixture_nodes() -> Vec<NodeView> {
