@@ -51,7 +51,12 @@ impl Incremental {
         };
         let mut audited = 0;
         let report_nodes = if whole {
-            let all: Vec<NodeAudit> = nodes.names().filter_map(audit_one).collect();
+            // The old audit goes before the new one is made: a pass over the whole fleet never
+            // holds two (when every node has findings, each audit is megabytes).
+            let mut all = self.report.take().map(|r| r.nodes).unwrap_or_default();
+            all.clear();
+            all.extend(nodes.names().filter_map(audit_one));
+            all.shrink_to_fit();
             audited = all.len();
             all
         } else {

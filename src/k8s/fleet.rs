@@ -79,6 +79,26 @@ impl LabelFilter {
     pub fn covers(&self, other: &LabelFilter) -> bool {
         other.selector_keys.is_subset(&self.selector_keys)
     }
+
+    /// The selector keys `other` keeps and `self` does not.
+    pub fn missing_from(&self, other: &LabelFilter) -> Vec<String> {
+        other
+            .selector_keys
+            .difference(&self.selector_keys)
+            .cloned()
+            .collect()
+    }
+
+    /// What both keep.
+    pub fn union(&self, other: &LabelFilter) -> LabelFilter {
+        LabelFilter {
+            selector_keys: self
+                .selector_keys
+                .union(&other.selector_keys)
+                .cloned()
+                .collect(),
+        }
+    }
 }
 
 /// A node's labels that the decision reads, sorted by key.

@@ -746,7 +746,8 @@ impl Publisher<'_> {
 
 /// Keeps `fleet`'s node records current from a metadata-only watch of the nodes. The records
 /// keep the labels the facts' selectors read too: when new facts read a label the records do
-/// not hold, the nodes are listed again (the old records serve until the list completes).
+/// not hold, it is read from the nodes that carry it (a labelled list), not from the whole
+/// fleet; only if that fails are the nodes listed again (the old records serve meanwhile).
 async fn follow_nodes(
     client: &Client,
     cfg: watcher::Config,
@@ -757,7 +758,7 @@ async fn follow_nodes(
     dirty: &mpsc::Sender<()>,
 ) {
     loop {
-        let filter = LabelFilter::new(&facts.borrow_and_update());
+        let mut filter = LabelFilter::new(&facts.borrow_and_update());
         fleet.lock().nodes.set_filter(filter.clone());
         let stream = watcher(Api::<NodeView>::all(client.clone()), cfg.clone());
         futures::pin_mut!(stream);
@@ -776,8 +777,22 @@ async fn follow_nodes(
                     if filter.covers(&wanted) {
                         continue;
                     }
-                    tracing::info!("an operand nodeSelector reads a label the node records do not keep: listing the nodes again");
-                    break;
+                    // Keep the new keys from now on (every event from here carries them), and
+                    // read them from the nodes that have them: a labelled list, not the fleet.
+                    let keys = filter.missing_from(&wanted);
+                    filter = filter.union(&wanted);
+                    fleet.lock().nodes.set_filter(filter.clone());
+                    match learn_keys(client, &cfg, fleet, &keys).await {
+                        Ok(read) => {
+                            tracing::info!(keys = %keys.join(","), nodes = read, "an operand nodeSelector reads labels the node records did not keep: read them from the nodes that carry them");
+                            fleet.changed.notify_one();
+                            continue;
+                        }
+                        Err(error) => {
+                            tracing::warn!(keys = %keys.join(","), %error, "cannot read the new selector labels from the nodes that carry them: listing the nodes again");
+                            break;
+                        }
+                    }
                 }
             };
             let mut state = fleet.lock();
@@ -841,6 +856,41 @@ async fn follow_nodes(
             }
         }
     }
+}
+
+/// Reads `keys` into the node records from the nodes that carry them (one labelled list per
+/// key, in pages), and returns how many nodes were read. The records' filter keeps the keys
+/// already, so every later event carries them too.
+async fn learn_keys(
+    client: &Client,
+    cfg: &watcher::Config,
+    fleet: &Fleet,
+    keys: &[String],
+) -> Result<usize, kube::Error> {
+    let api = Api::<NodeView>::all(client.clone());
+    let mut read = 0;
+    for key in keys {
+        let mut params = kube::api::ListParams::default()
+            .labels(key)
+            .limit(cfg.page_size.unwrap_or(DEFAULT_PAGE_SIZE));
+        loop {
+            let list = api.list(&params).await?;
+            let next = list.metadata.continue_.clone().filter(|c| !c.is_empty());
+            let mut state = fleet.lock();
+            for node in &list.items {
+                if state.nodes.apply(node) {
+                    state.dirty.add(node.name());
+                }
+                read += 1;
+            }
+            drop(state);
+            match next {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
+        }
+    }
+    Ok(read)
 }
 
 /// How the watched kinds that make the facts are doing.
