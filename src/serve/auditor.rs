@@ -159,13 +159,15 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
                 }
                 paused_logged = false;
                 let current = facts.borrow_and_update().clone();
-                let (pass, report) = {
+                // A pass over a broken fleet is CPU for a while: the runtime moves the other
+                // tasks (the reviews) off this worker thread meanwhile.
+                let (pass, report) = cpu_bound(|| {
                     let mut state = fleet.lock();
                     let mut todo = std::mem::take(&mut state.dirty);
                     todo.merge(std::mem::take(&mut dirty));
                     let pass = incremental.update(&state.nodes, &pods, &current, &config.policy, todo);
                     (pass, incremental.report())
-                };
+                });
                 let Some(report) = report else { continue };
                 let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
                 let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
@@ -235,4 +237,13 @@ async fn write_report(
     let written = apply_report(client, report, &current).await?;
     *fence = written.map(Fence::At);
     Ok(true)
+}
+
+/// Runs `work` where it does not hold up the runtime's other tasks: in place, with the runtime
+/// told to move them off this worker thread (on a multi-threaded runtime, as `serve`'s is).
+fn cpu_bound<R>(work: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
 }
