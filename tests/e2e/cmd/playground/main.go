@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"gpu-deploy-guard/tests/e2e/framework"
 )
@@ -74,7 +75,25 @@ func run(dir, bin string) error {
 	if err != nil {
 		return err
 	}
-	guard, err := framework.StartGuard(framework.GuardConfig{Bin: bin, Dir: guardDir, LogDir: cp.LogDir, ConfigFile: configFile})
+	// The webhook watches the playground's cluster as the chart's pods do:
+	// deploy/base's service account and RBAC, a token of that account, the
+	// operator's CRDs (stand-ins) and the report's.
+	testdata := filepath.Join(root, "tests", "e2e", "testdata")
+	if _, stderr, code := cp.Kubectl("apply", "-f", filepath.Join(testdata, "watched-crds.yaml")); code != 0 {
+		return fmt.Errorf("kubectl apply -f watched-crds.yaml: exit %d: %s", code, stderr)
+	}
+	if _, stderr, code := cp.Kubectl("wait", "--for=condition=Established", "--timeout=60s",
+		"crd/clusterpolicies.nvidia.com", "crd/nvidiadrivers.nvidia.com", "crd/gpuclusters.nvidia.com",
+		"crd/clusterpolicyreports.wgpolicyk8s.io"); code != 0 {
+		return fmt.Errorf("the watched CRDs are not established: %s", stderr)
+	}
+	watchKubeconfig, err := serviceAccountKubeconfig(cp, root)
+	if err != nil {
+		return err
+	}
+	guard, err := framework.StartGuard(framework.GuardConfig{Bin: bin, Dir: guardDir, LogDir: cp.LogDir, ConfigFile: configFile,
+		Env:       []string{"KUBECONFIG=" + watchKubeconfig, "POD_NAME=gpu-deploy-guard-playground", "POD_NAMESPACE=" + guardNamespace},
+		ExtraArgs: []string{"--report"}})
 	if guard != nil {
 		cp.AddCleanup(guard.Stop)
 	}
@@ -84,11 +103,17 @@ func run(dir, bin string) error {
 	if err := cp.RegisterGuard(root, guard); err != nil {
 		return err
 	}
-	testdata := filepath.Join(root, "tests", "e2e", "testdata")
 	for _, f := range []string{"gpu-operator-daemonsets.yaml", "gpu-operator-rbac.yaml", "lab-nodes.yaml"} {
 		if _, stderr, code := cp.Kubectl("apply", "-f", filepath.Join(testdata, f)); code != 0 {
 			return fmt.Errorf("kubectl apply -f %s: exit %d: %s", f, code, stderr)
 		}
+	}
+	// What Node Feature Discovery says of a node with an NVIDIA PCI device: the
+	// operator's labelling pass keeps the deploy labels of lab-node-0 and
+	// lab-node-1 only with it, so a ClusterPolicy decision sees their operands.
+	if _, stderr, code := cp.Kubectl("label", "node", "lab-node-0", "lab-node-1",
+		"feature.node.kubernetes.io/pci-10de.present=true"); code != 0 {
+		return fmt.Errorf("kubectl label node lab-node-0 lab-node-1 pci-10de.present=true: %s", stderr)
 	}
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	data, err := os.ReadFile(cp.KubeconfigPath)
@@ -107,10 +132,50 @@ func run(dir, bin string) error {
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	fmt.Print(instructions(os.Getpid(), kubeconfig, kubectl, guard, cp.LogDir))
+	fmt.Print(instructions(os.Getpid(), kubeconfig, kubectl, bin, guard, cp.LogDir))
 	s := <-sigs
 	fmt.Printf("playground: %v: stopping\n", s)
 	return nil
+}
+
+// The namespace of deploy/base: the webhook's service account and its Lease.
+const guardNamespace = "gpu-deploy-guard"
+
+// serviceAccountKubeconfig applies deploy/base's Namespace, ServiceAccount and
+// RBAC and returns a kubeconfig with a token of that account, once RBAC lets
+// it watch the nodes.
+func serviceAccountKubeconfig(cp *framework.ControlPlane, root string) (string, error) {
+	objs, err := cp.Kustomize(filepath.Join(root, "deploy", "base"))
+	if err != nil {
+		return "", err
+	}
+	for _, o := range objs {
+		switch o.Kind {
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
+			if _, stderr, code := cp.KubectlWithInput(string(o.YAML), "apply", "-f", "-"); code != 0 {
+				return "", fmt.Errorf("kubectl apply of deploy/base's %s: %s", o.Kind, stderr)
+			}
+		}
+	}
+	token, stderr, code := cp.Kubectl("create", "token", "gpu-deploy-guard", "-n", guardNamespace, "--duration=24h")
+	if code != 0 {
+		return "", fmt.Errorf("kubectl create token: %s", stderr)
+	}
+	kubeconfig, err := cp.WriteTokenKubeconfig("gpu-deploy-guard-playground", strings.TrimSpace(token))
+	if err != nil {
+		return "", err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		answer, _, code := cp.KubectlAs(kubeconfig, "", "auth", "can-i", "watch", "nodes")
+		if code == 0 {
+			return kubeconfig, nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("the webhook's service account cannot watch nodes after 30s: %s", strings.TrimSpace(answer))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // runningPid reads a pid file and reports whether that process still exists.
@@ -126,7 +191,7 @@ func runningPid(pidFile string) (int, bool) {
 	return pid, syscall.Kill(pid, 0) == nil
 }
 
-func instructions(pid int, kubeconfig, kubectl string, g *framework.Guard, logDir string) string {
+func instructions(pid int, kubeconfig, kubectl, bin string, g *framework.Guard, logDir string) string {
 	return fmt.Sprintf(`ready: gpu-deploy-guard playground running (pid %d)
 
 Try it (kubectl 1.27 or newer; this one is known to work: %s):
@@ -134,6 +199,11 @@ Try it (kubectl 1.27 or newer; this one is known to work: %s):
   export KUBECONFIG=%s
   kubectl get nodes -L nvidia.com/gpu.deploy.container-toolkit,nvidia.com/gpu.deploy.device-plugin
   kubectl -n gpu-operator get daemonsets
+
+  # the GPU policy, decided over every node the webhook watches
+  kubectl apply -f tests/e2e/testdata/policy-clusterpolicy.yaml
+  # refused, naming the nodes whose device plugins would lose their toolkit
+  kubectl patch clusterpolicy cluster-policy --type merge -p '{"spec":{"toolkit":{"enabled":false}}}'
 
   # refused: the device plugin without the container toolkit
   kubectl label node lab-node-2 nvidia.com/gpu.deploy.device-plugin=true
@@ -144,8 +214,12 @@ Try it (kubectl 1.27 or newer; this one is known to work: %s):
   # allowed for the operator's service account (audited, not judged)
   kubectl label node lab-node-2 nvidia.com/gpu.deploy.device-plugin=true --as=system:serviceaccount:gpu-operator:gpu-operator
 
+  # what every node runs now, and the continuous audit's report
+  %s audit
+  kubectl get clusterpolicyreport gpu-deploy-guard -o jsonpath='{.summary}{"\n"}'
+
 Webhook: %s (metrics: curl -s %s/metrics | grep admission_reviews)
 Logs:    %s
 Stop:    make playground-down
-`, pid, kubectl, kubeconfig, g.URL(), g.AdminURL(), logDir)
+`, pid, kubectl, kubeconfig, bin, g.URL(), g.AdminURL(), logDir)
 }
