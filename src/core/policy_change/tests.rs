@@ -880,7 +880,8 @@ fn from_v26_7_a_default_nvidiadriver_shares_nodes_without_conflict_but_two_defau
 
 /// v26.7: a ClusterPolicy created while a GPUCluster exists, or a GPUCluster while a
 /// ClusterPolicy exists, stops the operator: refused, and nothing else is judged; a change of
-/// either while both exist is said, not refused; before v26.7 a GPUCluster means nothing.
+/// either while both exist is said, and a ClusterPolicy change is judged too as it will act once
+/// the GPUCluster goes; before v26.7 a GPUCluster means nothing.
 #[test]
 fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
     use crate::core::facts::PolicySource;
@@ -903,18 +904,27 @@ fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
          reconciles neither while both exist: it labels no node and deploys nothing until one is \
          deleted; delete GPUCluster gpu-cluster first, or do not create ClusterPolicy cluster-policy."
     );
-    // Its toolkit switched off while both exist: nothing happens, so no toolkit refusal.
+    // Its toolkit switched off while both exist: nothing happens now, but it takes effect as
+    // soon as the GPUCluster goes, so it is judged as if the ClusterPolicy were alone.
     let tk_off = switched(|f| {
         toolkit_off(f);
         f.stack = Stack::Both;
     });
     let v = over(&cp_review(&both, &tk_off, None), &groups);
+    assert_eq!(v.decision, Decision::Denied);
+    assert_eq!(
+        v.findings.iter().map(|f| f.rule).collect::<Vec<_>>(),
+        [Rule::GpuClusterConflict, Rule::ToolkitSwitchedOff]
+    );
+    assert_eq!(v.findings[0].action, Action::Warn);
+    assert_eq!(v.findings[1].action, Action::Deny);
+    // An edit that changes nothing the decision reads is only said.
+    let v = over(&cp_review(&both, &both, None), &groups);
     assert_eq!(v.decision, Decision::Allowed);
     assert_eq!(
         v.findings.iter().map(|f| f.rule).collect::<Vec<_>>(),
         [Rule::GpuClusterConflict]
     );
-    assert_eq!(v.findings[0].action, Action::Warn);
     // Before v26.7 the operator knows no GPUCluster: the ClusterPolicy is judged as ever.
     let old = switched(|f| {
         f.stack = Stack::Both;
