@@ -174,7 +174,7 @@ func expectCommonObjects(t *testing.T) {
 	expectGet(t,
 		"enforce.gpu-deploy-guard.io Fail UPDATE nodes,nodes/status gpu-deploy-guard/gpu-deploy-guard:443/validate\n"+
 			"observe.gpu-deploy-guard.io Ignore CREATE,UPDATE nodes gpu-deploy-guard/gpu-deploy-guard:443/validate\n"+
-			"policy.gpu-deploy-guard.io Fail CREATE,UPDATE clusterpolicies gpu-deploy-guard/gpu-deploy-guard:443/validate/gpu-policy\n",
+			"policy.gpu-deploy-guard.io Fail CREATE,UPDATE,DELETE clusterpolicies gpu-deploy-guard/gpu-deploy-guard:443/validate/gpu-policy\n",
 		`{range .webhooks[*]}{.name} {.failurePolicy} {.rules[0].operations[0]}{range .rules[0].operations[1:]},{@}{end} `+
 			`{.rules[0].resources[0]}{range .rules[0].resources[1:]},{@}{end} `+
 			`{.clientConfig.service.namespace}/{.clientConfig.service.name}:{.clientConfig.service.port}{.clientConfig.service.path}{"\n"}{end}`,

@@ -87,6 +87,10 @@ func run(dir, bin string) error {
 		"crd/clusterpolicyreports.wgpolicyk8s.io"); code != 0 {
 		return fmt.Errorf("the watched CRDs are not established: %s", stderr)
 	}
+	// deploy/base's Role for the operand DaemonSets lives in the operator's namespace.
+	if _, stderr, code := cp.Kubectl("create", "namespace", "gpu-operator"); code != 0 {
+		return fmt.Errorf("kubectl create namespace gpu-operator: %s", stderr)
+	}
 	watchKubeconfig, err := serviceAccountKubeconfig(cp, root)
 	if err != nil {
 		return err
