@@ -21,10 +21,9 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+use super::follow::{health, set_health, watch_failed, watch_synced, watcher};
 use super::lease::{Leadership, Term};
-use super::watch::{
-    Health, Kind, Status, WatchConfig, health, set_health, watch_failed, watch_synced, watcher,
-};
+use super::watch::{Health, Kind, Status, WatchConfig};
 use crate::audit::apply::{apply_report, read_fence};
 use crate::audit::incremental::{Dirty, Incremental};
 use crate::audit::metrics::AuditMetrics;

@@ -5,11 +5,13 @@
 mod auditor;
 pub mod cmd;
 mod conn;
+mod follow;
 mod idle;
 mod kept;
 pub mod lease;
 pub mod limits;
 pub mod logs;
+mod nodes;
 mod parse;
 mod pool;
 pub mod readiness;

@@ -8,7 +8,7 @@
 //!   Deployment's image tag names), re-computed at most once per debounce
 //!   interval after a change and published on a `watch` channel; it also opens
 //!   readiness;
-//! - the node follower: a metadata-only watch of the nodes (no spec, status or
+//! - the node follower ([`super::nodes`]): a metadata-only watch of the nodes (no spec, status or
 //!   images on the wire, pages of [`WatchConfig::page_size`]) kept as one
 //!   [`NodeRecord`](crate::k8s::fleet::NodeRecord) per node with only the labels the
 //!   decision reads; a heartbeat that changes none of them costs nothing more;
@@ -16,6 +16,10 @@
 //!   Lease: it watches the operator's pods and keeps the continuous audit on
 //!   `/metrics` (and, when asked, the ClusterPolicyReport) current, re-auditing
 //!   only the nodes a change touched.
+//!
+//! Every kind is read through [`super::follow`]'s stream (retried within seconds, listed again
+//! from scratch after a 403 or 404); the GPU-policy objects are kept as what the decisions read
+//! ([`super::kept`]).
 //!
 //! A missing ClusterPolicy CRD (404) or missing RBAC (403) is not an error:
 //! the operator's defaults are used, the log says so once,
@@ -29,19 +33,19 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use kube::Client;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store, store::Writer};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, reflector as reflect};
-use kube::{Client, Resource};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::auditor;
-use super::kept::{self, Bounds, Fit, Kept};
+use super::follow::{Following, POLICY_PAGE_SIZE, follow, health, watcher as stream};
+use super::kept::{self, Kept};
 use super::lease::{Election, Leadership, LeaseArgs, LeaseConfig};
+use super::nodes::follow_nodes;
 use crate::audit::metrics::{AuditMetrics, DEFAULT_MAX_NODE_SERIES};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::policy::Policy;
@@ -52,11 +56,9 @@ use crate::k8s::api::{
 };
 use crate::k8s::daemonset::DaemonSetView;
 use crate::k8s::deployment::{self, DeploymentView, Unread};
-use crate::k8s::fleet::{Fleet, LabelFilter, Trouble};
+use crate::k8s::fleet::Fleet;
 use crate::k8s::gpu_cluster;
-use crate::k8s::node::NodeView;
 use crate::k8s::nvidia_driver;
-use crate::k8s::policy_object::PolicyObject;
 use crate::metrics::Metrics;
 
 /// Objects per list page by default: a Node's metadata is ~10 KB and a Pod ~5–10 KB, so a page
@@ -187,7 +189,7 @@ pub(super) enum Kind {
 }
 
 impl Kind {
-    fn health(self, status: &mut Status) -> &mut Health {
+    pub(super) fn health(self, status: &mut Status) -> &mut Health {
         match self {
             Kind::ClusterPolicies => &mut status.policies,
             Kind::NvidiaDrivers => &mut status.drivers,
@@ -212,7 +214,7 @@ impl Kind {
         }
     }
 
-    fn describe(self, namespace: &str) -> String {
+    pub(super) fn describe(self, namespace: &str) -> String {
         match self {
             Kind::ClusterPolicies => "clusterpolicies.nvidia.com".to_owned(),
             Kind::NvidiaDrivers => "nvidiadrivers.nvidia.com".to_owned(),
@@ -226,7 +228,7 @@ impl Kind {
 }
 
 /// A 404 or 403 from a list or watch: the resource or the permission is missing.
-fn unavailable(error: &watcher::Error) -> Option<Unavailable> {
+pub(super) fn unavailable(error: &watcher::Error) -> Option<Unavailable> {
     let status = match error {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
         | watcher::Error::WatchStartFailed(kube::Error::Api(s))
@@ -318,7 +320,7 @@ pub async fn watch_cluster(
         )
         .run(),
         follow(
-            watcher(Api::namespaced(client.clone(), &namespace), cfg.clone()),
+            stream(Api::namespaced(client.clone(), &namespace), cfg.clone()),
             ds_writer,
             Kind::DaemonSets,
             &namespace,
@@ -328,7 +330,7 @@ pub async fn watch_cluster(
         async {
             if watch_deployments {
                 follow(
-                    watcher(Api::namespaced(client.clone(), &namespace), cfg.clone()),
+                    stream(Api::namespaced(client.clone(), &namespace), cfg.clone()),
                     deployment_writer,
                     Kind::Deployments,
                     &namespace,
@@ -376,258 +378,12 @@ pub fn elect(client: &Client, config: &WatchConfig) -> Election {
     }
 }
 
-/// Pauses between the retries of a failing watch: 0.5 s doubling to [`RETRY_MAX`], plus up to
-/// a quarter second of jitter. client-go's default (0.8 s doubling to 30 s) is kind to a
-/// struggling API server, but a guard that decides on what it watches must follow the cluster
-/// again within seconds of an API-server restart (with the default, new nodes were seen 16-18 s
-/// after it). One request per kind every 5 s per replica is no burden while the API is down.
-struct Retry {
-    next: Duration,
-}
-
-const RETRY_START: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(5);
-
-impl Default for Retry {
-    fn default() -> Self {
-        Retry { next: RETRY_START }
-    }
-}
-
-impl Iterator for Retry {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let pause = self.next;
-        self.next = (pause * 2).min(RETRY_MAX);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        Some(pause + Duration::from_nanos(u64::from(nanos % 250_000_000)))
-    }
-}
-
-impl kube::runtime::utils::Backoff for Retry {
-    fn reset(&mut self) {
-        self.next = RETRY_START;
-    }
-}
-
-/// The longest pause before listing again a kind found missing or forbidden.
-const RELIST_PAUSE_MAX: Duration = Duration::from_secs(5);
-
-/// A watch of `api` that retries with backoff, and after a 404 or 403 starts again from a full
-/// list (after a pause of 0.5 s doubling up to [`RELIST_PAUSE_MAX`]): kube's watcher would
-/// resume the watch where it was and never list again, so a kind whose access came back would
-/// stay marked unavailable; this way it is readable again as soon as a list succeeds
-/// (`Event::InitDone`), and its store is the cluster's again.
-pub(super) fn watcher<K>(
-    api: Api<K>,
-    cfg: watcher::Config,
-) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-{
-    type Inner<K> = futures::stream::BoxStream<'static, Result<Event<K>, watcher::Error>>;
-    let state: (Option<Inner<K>>, Duration) = (None, Duration::ZERO);
-    futures::stream::unfold(state, move |(inner, pause)| {
-        let api = api.clone();
-        let cfg = cfg.clone();
-        async move {
-            let mut inner = match inner {
-                Some(inner) => inner,
-                None => {
-                    if !pause.is_zero() {
-                        sleep(pause).await;
-                    }
-                    watcher::watcher(api, cfg).backoff(Retry::default()).boxed()
-                }
-            };
-            let item = inner.next().await?;
-            let next = match &item {
-                Err(e) if unavailable(e).is_some() => {
-                    let pause = (pause * 2).clamp(Duration::from_millis(500), RELIST_PAUSE_MAX);
-                    (None, pause)
-                }
-                Ok(Event::InitDone) => (Some(inner), Duration::ZERO),
-                _ => (Some(inner), pause),
-            };
-            Some((item, next))
-        }
-    })
-}
-
 struct Stores {
     policies: Kept,
     drivers: Kept,
     gpu_clusters: Kept,
     daemonsets: Store<DaemonSetView>,
     deployments: Store<DeploymentView>,
-}
-
-/// GPU-policy objects per list page.
-const POLICY_PAGE_SIZE: u32 = 4;
-
-/// How long a kind past its bounds waits before it is listed again.
-const OVER_BOUNDS_PAUSE: Duration = Duration::from_secs(30);
-
-/// One kind of GPU-policy object followed into its [`Kept`] objects.
-struct Following<'a> {
-    api: Api<PolicyObject>,
-    cfg: watcher::Config,
-    kept: &'a Kept,
-    bounds: Bounds,
-    kind: Kind,
-    namespace: &'a str,
-    status: &'a Mutex<Status>,
-    dirty: &'a mpsc::Sender<()>,
-}
-
-impl Following<'_> {
-    /// Keeps the objects and records how the watch is doing; every change marks the state
-    /// dirty. Past the kind's bounds the kind is unavailable until a list fits again.
-    async fn run(self) {
-        let Following {
-            api,
-            cfg,
-            kept,
-            bounds,
-            kind,
-            namespace,
-            status,
-            dirty,
-        } = self;
-        loop {
-            let stream = watcher(api.clone(), cfg.clone());
-            futures::pin_mut!(stream);
-            let mut failing = false;
-            loop {
-                let Some(item) = stream.next().await else {
-                    return;
-                };
-                let changed = match item {
-                    Ok(event) => {
-                        if kept.apply(&event, bounds) == Fit::Over {
-                            break;
-                        }
-                        match event {
-                            Event::InitDone => {
-                                watch_synced(kind, namespace, status);
-                                failing = false;
-                                true
-                            }
-                            Event::Apply(_) | Event::Delete(_) => true,
-                            Event::Init | Event::InitApply(_) => false,
-                        }
-                    }
-                    Err(e) => watch_failed(&e, kind, namespace, status, &mut failing),
-                };
-                if changed {
-                    let _ = dirty.try_send(());
-                }
-            }
-            kept.clear();
-            let was = set_health(status, kind, Health::Unavailable(Unavailable::TooMany));
-            if was != Health::Unavailable(Unavailable::TooMany) {
-                tracing::warn!(
-                    what = %kind.describe(namespace),
-                    objects = bounds.objects,
-                    bytes = bounds.bytes,
-                    "more objects than the guard keeps: the decisions that need them refuse what could break nodes until they fit again; listing them again in 30s"
-                );
-            }
-            let _ = dirty.try_send(());
-            sleep(OVER_BOUNDS_PAUSE).await;
-        }
-    }
-}
-
-/// Feeds one reflector and records how its watch is doing; every change marks the state dirty.
-async fn follow<K>(
-    stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
-    writer: Writer<K>,
-    kind: Kind,
-    namespace: &str,
-    status: &Mutex<Status>,
-    dirty: &mpsc::Sender<()>,
-) where
-    K: reflector::Lookup + Clone,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    let stream = reflect(writer, stream);
-    futures::pin_mut!(stream);
-    let mut failing = false;
-    while let Some(item) = stream.next().await {
-        let changed = match item {
-            Ok(Event::InitDone) => {
-                watch_synced(kind, namespace, status);
-                failing = false;
-                true
-            }
-            Ok(Event::Apply(_) | Event::Delete(_)) => true,
-            Ok(Event::Init | Event::InitApply(_)) => false,
-            Err(e) => watch_failed(&e, kind, namespace, status, &mut failing),
-        };
-        if changed {
-            let _ = dirty.try_send(());
-        }
-    }
-}
-
-/// Records a watch error: a 404 or 403 makes the kind unavailable (said once); other trouble
-/// passes (said once per bout). True when the kind's health changed.
-pub(super) fn watch_failed(
-    e: &watcher::Error,
-    kind: Kind,
-    namespace: &str,
-    status: &Mutex<Status>,
-    failing: &mut bool,
-) -> bool {
-    match unavailable(e) {
-        Some(why) => {
-            let was = set_health(status, kind, Health::Unavailable(why));
-            if was != Health::Unavailable(why) {
-                let what = kind.describe(namespace);
-                match why {
-                    Unavailable::NotFound => {
-                        tracing::warn!(%what, "not found (is the CRD installed?); retrying in the background")
-                    }
-                    Unavailable::Forbidden => {
-                        tracing::warn!(%what, "forbidden by RBAC; retrying in the background")
-                    }
-                    Unavailable::TooMany => {}
-                }
-            }
-            was != Health::Unavailable(why)
-        }
-        None => {
-            // Passing trouble (a dropped connection, an expired resourceVersion): the
-            // watcher recovers by itself; say so once per bout.
-            if !*failing {
-                tracing::warn!(what = %kind.describe(namespace), error = %e, "watch interrupted; retrying");
-                *failing = true;
-            }
-            false
-        }
-    }
-}
-
-/// The list is complete: the kind is synced (said when it was unavailable before).
-pub(super) fn watch_synced(kind: Kind, namespace: &str, status: &Mutex<Status>) {
-    let was = set_health(status, kind, Health::Synced);
-    if let Health::Unavailable(_) = was {
-        tracing::info!(what = %kind.describe(namespace), "now readable");
-    }
-}
-
-pub(super) fn health(status: &Mutex<Status>, kind: Kind) -> Health {
-    let mut s = status.lock().unwrap_or_else(|e| e.into_inner());
-    kind.health(&mut s).clone()
-}
-
-pub(super) fn set_health(status: &Mutex<Status>, kind: Kind, health: Health) -> Health {
-    let mut s = status.lock().unwrap_or_else(|e| e.into_inner());
-    std::mem::replace(kind.health(&mut s), health)
 }
 
 /// What the facts publisher reads and writes, besides its own state.
@@ -744,155 +500,6 @@ impl Publisher<'_> {
     }
 }
 
-/// Keeps `fleet`'s node records current from a metadata-only watch of the nodes. The records
-/// keep the labels the facts' selectors read too: when new facts read a label the records do
-/// not hold, it is read from the nodes that carry it (a labelled list), not from the whole
-/// fleet; only if that fails are the nodes listed again (the old records serve meanwhile).
-async fn follow_nodes(
-    client: &Client,
-    cfg: watcher::Config,
-    fleet: &Fleet,
-    mut facts: watch::Receiver<Arc<ClusterFacts>>,
-    status: &Mutex<Status>,
-    namespace: &str,
-    dirty: &mpsc::Sender<()>,
-) {
-    loop {
-        let mut filter = LabelFilter::new(&facts.borrow_and_update());
-        fleet.lock().nodes.set_filter(filter.clone());
-        let stream = watcher(Api::<NodeView>::all(client.clone()), cfg.clone());
-        futures::pin_mut!(stream);
-        let mut failing = false;
-        loop {
-            let item = tokio::select! {
-                item = stream.next() => match item {
-                    Some(item) => item,
-                    None => return,
-                },
-                changed = facts.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    let wanted = LabelFilter::new(&facts.borrow_and_update());
-                    if filter.covers(&wanted) {
-                        continue;
-                    }
-                    // Keep the new keys from now on (every event from here carries them), and
-                    // read them from the nodes that have them: a labelled list, not the fleet.
-                    let keys = filter.missing_from(&wanted);
-                    filter = filter.union(&wanted);
-                    fleet.lock().nodes.set_filter(filter.clone());
-                    match learn_keys(client, &cfg, fleet, &keys).await {
-                        Ok(read) => {
-                            tracing::info!(keys = %keys.join(","), nodes = read, "an operand nodeSelector reads labels the node records did not keep: read them from the nodes that carry them");
-                            fleet.changed.notify_one();
-                            continue;
-                        }
-                        Err(error) => {
-                            tracing::warn!(keys = %keys.join(","), %error, "cannot read the new selector labels from the nodes that carry them: listing the nodes again");
-                            break;
-                        }
-                    }
-                }
-            };
-            let mut state = fleet.lock();
-            let changed = match item {
-                Ok(Event::Init) => {
-                    state.nodes.start_relist();
-                    false
-                }
-                Ok(Event::InitApply(node)) => {
-                    state.nodes.relist_apply(&node);
-                    false
-                }
-                Ok(Event::InitDone) => {
-                    let changed = state.nodes.finish_relist();
-                    for name in &changed {
-                        state.dirty.add(name);
-                    }
-                    state.synced = true;
-                    state.set_trouble(None, std::time::Instant::now());
-                    drop(state);
-                    watch_synced(Kind::Nodes, namespace, status);
-                    failing = false;
-                    fleet.changed.notify_one();
-                    // Readiness waits for the nodes too.
-                    let _ = dirty.try_send(());
-                    continue;
-                }
-                Ok(Event::Apply(node)) => {
-                    state.resumed();
-                    let changed = state.nodes.apply(&node);
-                    if changed {
-                        state.dirty.add(node.name());
-                    }
-                    changed
-                }
-                Ok(Event::Delete(node)) => {
-                    state.resumed();
-                    let changed = state.nodes.delete(node.name());
-                    if changed {
-                        state.dirty.add(node.name());
-                    }
-                    changed
-                }
-                Err(e) => {
-                    let trouble = match unavailable(&e) {
-                        Some(_) => Trouble::Forbidden,
-                        None => Trouble::Interrupted,
-                    };
-                    state.set_trouble(Some(trouble), std::time::Instant::now());
-                    drop(state);
-                    if watch_failed(&e, Kind::Nodes, namespace, status, &mut failing) {
-                        fleet.changed.notify_one();
-                        let _ = dirty.try_send(());
-                    }
-                    continue;
-                }
-            };
-            drop(state);
-            if changed {
-                fleet.changed.notify_one();
-            }
-        }
-    }
-}
-
-/// Reads `keys` into the node records from the nodes that carry them (one labelled list per
-/// key, in pages), and returns how many nodes were read. The records' filter keeps the keys
-/// already, so every later event carries them too.
-async fn learn_keys(
-    client: &Client,
-    cfg: &watcher::Config,
-    fleet: &Fleet,
-    keys: &[String],
-) -> Result<usize, kube::Error> {
-    let api = Api::<NodeView>::all(client.clone());
-    let mut read = 0;
-    for key in keys {
-        let mut params = kube::api::ListParams::default()
-            .labels(key)
-            .limit(cfg.page_size.unwrap_or(DEFAULT_PAGE_SIZE));
-        loop {
-            let list = api.list(&params).await?;
-            let next = list.metadata.continue_.clone().filter(|c| !c.is_empty());
-            let mut state = fleet.lock();
-            for node in &list.items {
-                if state.nodes.apply(node) {
-                    state.dirty.add(node.name());
-                }
-                read += 1;
-            }
-            drop(state);
-            match next {
-                Some(token) => params = params.continue_token(&token),
-                None => break,
-            }
-        }
-    }
-    Ok(read)
-}
-
 /// How the watched kinds that make the facts are doing.
 #[derive(Copy, Clone)]
 struct Healths<'a> {
@@ -989,7 +596,9 @@ mod tests {
     use super::*;
     use crate::core::operator::OperatorVersion;
     use crate::core::version::VersionSource;
+    use crate::k8s::policy_object::PolicyObject;
     use kube::core::Status as ApiStatus;
+    use kube::runtime::watcher::Event;
 
     fn api(code: u16, reason: &str) -> kube::Error {
         kube::Error::Api(Box::new(ApiStatus {
@@ -1015,23 +624,6 @@ mod tests {
             leadership,
             || {},
         ));
-    }
-
-    #[test]
-    fn a_failing_watch_is_retried_within_seconds_and_from_the_start_once_it_works() {
-        use kube::runtime::utils::Backoff;
-        let mut retry = Retry::default();
-        let floor: Vec<u64> = (0..6)
-            .map(|_| retry.next().unwrap().as_millis() as u64)
-            .collect();
-        for (got, base) in floor.iter().zip([500, 1000, 2000, 4000, 5000, 5000]) {
-            assert!(
-                (base..base + 250).contains(got),
-                "{floor:?}: each pause is its base plus under 250 ms of jitter"
-            );
-        }
-        retry.reset();
-        assert!(retry.next().unwrap() < Duration::from_millis(750));
     }
 
     #[test]

@@ -1,0 +1,165 @@
+//! The node follower: every replica's compact record of every node ([`Fleet`]), from a
+//! metadata-only watch of the nodes.
+
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::{mpsc, watch};
+
+use super::follow::{watch_failed, watch_synced, watcher};
+use super::watch::{DEFAULT_PAGE_SIZE, Kind, Status, unavailable};
+use crate::core::facts::ClusterFacts;
+use crate::k8s::fleet::{Fleet, LabelFilter, Trouble};
+use crate::k8s::node::NodeView;
+
+/// Keeps `fleet`'s node records current from a metadata-only watch of the nodes. The records
+/// keep the labels the facts' selectors read too: when new facts read a label the records do
+/// not hold, it is read from the nodes that carry it (a labelled list), not from the whole
+/// fleet; only if that fails are the nodes listed again (the old records serve meanwhile).
+pub(super) async fn follow_nodes(
+    client: &Client,
+    cfg: watcher::Config,
+    fleet: &Fleet,
+    mut facts: watch::Receiver<Arc<ClusterFacts>>,
+    status: &Mutex<Status>,
+    namespace: &str,
+    dirty: &mpsc::Sender<()>,
+) {
+    loop {
+        let mut filter = LabelFilter::new(&facts.borrow_and_update());
+        fleet.lock().nodes.set_filter(filter.clone());
+        let stream = watcher(Api::<NodeView>::all(client.clone()), cfg.clone());
+        futures::pin_mut!(stream);
+        let mut failing = false;
+        loop {
+            let item = tokio::select! {
+                item = stream.next() => match item {
+                    Some(item) => item,
+                    None => return,
+                },
+                changed = facts.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let wanted = LabelFilter::new(&facts.borrow_and_update());
+                    if filter.covers(&wanted) {
+                        continue;
+                    }
+                    // Keep the new keys from now on (every event from here carries them), and
+                    // read them from the nodes that have them: a labelled list, not the fleet.
+                    let keys = filter.missing_from(&wanted);
+                    filter = filter.union(&wanted);
+                    fleet.lock().nodes.set_filter(filter.clone());
+                    match learn_keys(client, &cfg, fleet, &keys).await {
+                        Ok(read) => {
+                            tracing::info!(keys = %keys.join(","), nodes = read, "an operand nodeSelector reads labels the node records did not keep: read them from the nodes that carry them");
+                            fleet.changed.notify_one();
+                            continue;
+                        }
+                        Err(error) => {
+                            tracing::warn!(keys = %keys.join(","), %error, "cannot read the new selector labels from the nodes that carry them: listing the nodes again");
+                            break;
+                        }
+                    }
+                }
+            };
+            let mut state = fleet.lock();
+            let changed = match item {
+                Ok(Event::Init) => {
+                    state.nodes.start_relist();
+                    false
+                }
+                Ok(Event::InitApply(node)) => {
+                    state.nodes.relist_apply(&node);
+                    false
+                }
+                Ok(Event::InitDone) => {
+                    let changed = state.nodes.finish_relist();
+                    for name in &changed {
+                        state.dirty.add(name);
+                    }
+                    state.synced = true;
+                    state.set_trouble(None, std::time::Instant::now());
+                    drop(state);
+                    watch_synced(Kind::Nodes, namespace, status);
+                    failing = false;
+                    fleet.changed.notify_one();
+                    // Readiness waits for the nodes too.
+                    let _ = dirty.try_send(());
+                    continue;
+                }
+                Ok(Event::Apply(node)) => {
+                    state.resumed();
+                    let changed = state.nodes.apply(&node);
+                    if changed {
+                        state.dirty.add(node.name());
+                    }
+                    changed
+                }
+                Ok(Event::Delete(node)) => {
+                    state.resumed();
+                    let changed = state.nodes.delete(node.name());
+                    if changed {
+                        state.dirty.add(node.name());
+                    }
+                    changed
+                }
+                Err(e) => {
+                    let trouble = match unavailable(&e) {
+                        Some(_) => Trouble::Forbidden,
+                        None => Trouble::Interrupted,
+                    };
+                    state.set_trouble(Some(trouble), std::time::Instant::now());
+                    drop(state);
+                    if watch_failed(&e, Kind::Nodes, namespace, status, &mut failing) {
+                        fleet.changed.notify_one();
+                        let _ = dirty.try_send(());
+                    }
+                    continue;
+                }
+            };
+            drop(state);
+            if changed {
+                fleet.changed.notify_one();
+            }
+        }
+    }
+}
+
+/// Reads `keys` into the node records from the nodes that carry them (one labelled list per
+/// key, in pages), and returns how many nodes were read. The records' filter keeps the keys
+/// already, so every later event carries them too.
+async fn learn_keys(
+    client: &Client,
+    cfg: &watcher::Config,
+    fleet: &Fleet,
+    keys: &[String],
+) -> Result<usize, kube::Error> {
+    let api = Api::<NodeView>::all(client.clone());
+    let mut read = 0;
+    for key in keys {
+        let mut params = kube::api::ListParams::default()
+            .labels(key)
+            .limit(cfg.page_size.unwrap_or(DEFAULT_PAGE_SIZE));
+        loop {
+            let list = api.list(&params).await?;
+            let next = list.metadata.continue_.clone().filter(|c| !c.is_empty());
+            let mut state = fleet.lock();
+            for node in &list.items {
+                if state.nodes.apply(node) {
+                    state.dirty.add(node.name());
+                }
+                read += 1;
+            }
+            drop(state);
+            match next {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
+        }
+    }
+    Ok(read)
+}
