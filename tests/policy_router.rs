@@ -102,6 +102,13 @@ fn review(kind: &str, operation: &str, object: Value, old: Value) -> Value {
         "object": object, "oldObject": old}})
 }
 
+/// A ClusterPolicy UPDATE from `old` to `new`, as the webhook answers it.
+async fn update(h: &Harness, new: Value, old: Value) -> Value {
+    post(h, &review("ClusterPolicy", "UPDATE", new, old))
+        .await
+        .1
+}
+
 async fn post(h: &Harness, body: &Value) -> (StatusCode, Value) {
     let req = Request::post("/validate/gpu-policy")
         .header(header::CONTENT_TYPE, "application/json")
@@ -160,14 +167,10 @@ async fn turning_the_toolkit_off_is_refused_naming_the_nodes_and_counted_as_a_po
 async fn the_host_toolkit_annotation_in_the_same_request_lets_it_through_once() {
     let h = harness(&[gpu_node("gpu-a")], true);
     let said = json!({"gpu-deploy-guard.nvidia.com/toolkit-on-hosts": "baked into the image"});
-    let (_, answer) = post(
+    let answer = update(
         &h,
-        &review(
-            "ClusterPolicy",
-            "UPDATE",
-            cluster_policy(false, true, said.clone()),
-            cluster_policy(true, true, json!({})),
-        ),
+        cluster_policy(false, true, said.clone()),
+        cluster_policy(true, true, json!({})),
     )
     .await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
@@ -176,14 +179,10 @@ async fn the_host_toolkit_annotation_in_the_same_request_lets_it_through_once() 
         "gpu-deploy-guard.nvidia.com/toolkit-on-hosts=baked into the image"
     );
     // Left on the object from an earlier request, it says nothing about this one.
-    let (_, answer) = post(
+    let answer = update(
         &h,
-        &review(
-            "ClusterPolicy",
-            "UPDATE",
-            cluster_policy(false, true, said.clone()),
-            cluster_policy(true, true, said),
-        ),
+        cluster_policy(false, true, said.clone()),
+        cluster_policy(true, true, said),
     )
     .await;
     assert_eq!(answer["response"]["allowed"], false, "{answer}");
@@ -210,14 +209,10 @@ async fn the_host_toolkit_annotation_in_the_same_request_lets_it_through_once() 
 #[tokio::test]
 async fn before_the_nodes_are_listed_the_policy_alone_decides_and_says_so() {
     let h = harness(&[], false);
-    let (_, answer) = post(
+    let answer = update(
         &h,
-        &review(
-            "ClusterPolicy",
-            "UPDATE",
-            cluster_policy(false, true, json!({})),
-            cluster_policy(true, true, json!({})),
-        ),
+        cluster_policy(false, true, json!({})),
+        cluster_policy(true, true, json!({})),
     )
     .await;
     let r = &answer["response"];
@@ -237,14 +232,10 @@ async fn consistent_and_unrelated_changes_pass_and_status_is_not_judged() {
     let h = harness(&[gpu_node("gpu-a")], true);
     // Toolkit and device plugin off together: nothing runs without the toolkit; allowed, with
     // the warning that the node's GPUs are no longer advertised.
-    let (_, answer) = post(
+    let answer = update(
         &h,
-        &review(
-            "ClusterPolicy",
-            "UPDATE",
-            cluster_policy(false, false, json!({})),
-            cluster_policy(true, true, json!({})),
-        ),
+        cluster_policy(false, false, json!({})),
+        cluster_policy(true, true, json!({})),
     )
     .await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
@@ -256,14 +247,10 @@ async fn consistent_and_unrelated_changes_pass_and_status_is_not_judged() {
         "{answer}"
     );
     // An unrelated change: nothing said.
-    let (_, answer) = post(
+    let answer = update(
         &h,
-        &review(
-            "ClusterPolicy",
-            "UPDATE",
-            cluster_policy(true, true, json!({"team": "gpu"})),
-            cluster_policy(true, true, json!({})),
-        ),
+        cluster_policy(true, true, json!({"team": "gpu"})),
+        cluster_policy(true, true, json!({})),
     )
     .await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
@@ -578,14 +565,10 @@ async fn while_both_stacks_exist_a_toolkit_switch_off_waiting_for_the_gpu_cluste
 {
     let nodes = [gpu_node("gpu-a"), gpu_node("gpu-b")];
     let h = harness_with(&nodes, true, both_stacks(true));
-    let (_, answer) = post(
+    let answer = update(
         &h,
-        &review(
-            "ClusterPolicy",
-            "UPDATE",
-            cluster_policy(false, true, json!({})),
-            cluster_policy(true, true, json!({})),
-        ),
+        cluster_policy(false, true, json!({})),
+        cluster_policy(true, true, json!({})),
     )
     .await;
     let r = &answer["response"];
@@ -604,14 +587,10 @@ async fn while_both_stacks_exist_a_toolkit_switch_off_waiting_for_the_gpu_cluste
         "{answer}"
     );
     // Unrelated edits stay a warning about the conflict.
-    let (_, answer) = post(
+    let answer = update(
         &h,
-        &review(
-            "ClusterPolicy",
-            "UPDATE",
-            cluster_policy(true, true, json!({"note": "x"})),
-            cluster_policy(true, true, json!({})),
-        ),
+        cluster_policy(true, true, json!({"note": "x"})),
+        cluster_policy(true, true, json!({})),
     )
     .await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
