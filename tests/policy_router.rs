@@ -625,3 +625,38 @@ async fn deleting_the_gpu_cluster_beside_a_cluster_policy_is_judged_as_that_poli
     .await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
 }
+
+#[tokio::test]
+async fn a_cluster_policy_is_refused_while_whether_a_gpu_cluster_exists_is_not_known() {
+    use gpu_deploy_guard::core::facts::PolicySource;
+    let facts = ClusterFacts {
+        source: PolicySource::Missing("no ClusterPolicy object exists".into()),
+        daemonsets: Some(Default::default()),
+        gpu_clusters_unknown: Some("RBAC forbids listing gpuclusters.nvidia.com".into()),
+        ..ClusterFacts::default()
+    };
+    let h = harness_with(&[gpu_node("gpu-a")], true, facts.clone());
+    let create = review(
+        "ClusterPolicy",
+        "CREATE",
+        cluster_policy(true, true, json!({})),
+        Value::Null,
+    );
+    let (_, answer) = post(&h, &create).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("ClusterPolicy cluster-policy: whether a GPUCluster exists is not known (RBAC forbids listing gpuclusters.nvidia.com)"),
+        "{answer}"
+    );
+    // Known (listed, or no such CRD): created as before.
+    let known = ClusterFacts {
+        gpu_clusters_unknown: None,
+        ..facts
+    };
+    let h = harness_with(&[gpu_node("gpu-a")], true, known);
+    let (_, answer) = post(&h, &create).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}

@@ -46,6 +46,9 @@ pub struct ClusterFacts {
     /// follows one and marks the others `ignored`): its name and the facts its switches give.
     /// `None`: no other ClusterPolicy exists (or they were not listed).
     pub next_policy: Option<Box<(String, ClusterFacts)>>,
+    /// Why it is not known whether a GPUCluster exists (not listed yet, RBAC forbids it, more
+    /// than the guard keeps); `None` when it is known (listed, or no such CRD).
+    pub gpu_clusters_unknown: Option<String>,
 }
 
 impl Default for ClusterFacts {
@@ -63,6 +66,7 @@ impl Default for ClusterFacts {
             operator: Followed::default(),
             stack: Stack::ClusterPolicy,
             next_policy: None,
+            gpu_clusters_unknown: None,
         }
     }
 }

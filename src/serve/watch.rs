@@ -523,6 +523,7 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
         daemonsets,
         deployments,
     } = *healths;
+    let gpu_clusters_health = gpu_clusters;
     let objects = values(&stores.policies);
     let policies = match policies {
         Health::Synced => Ok(objects.as_slice()),
@@ -541,6 +542,17 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
     let gpu_cluster_objects = values(&stores.gpu_clusters);
     let gpu_clusters = (*gpu_clusters == Health::Synced).then_some(gpu_cluster_objects.as_slice());
     let mut facts = cluster_from(policies, gpu_clusters, daemonsets);
+    facts.gpu_clusters_unknown = match gpu_clusters_health {
+        Health::Synced | Health::Unavailable(Unavailable::NotFound) => None,
+        Health::Starting => Some("gpuclusters.nvidia.com are not listed yet".to_owned()),
+        Health::Unavailable(Unavailable::Forbidden) => {
+            Some("RBAC forbids listing gpuclusters.nvidia.com".to_owned())
+        }
+        Health::Unavailable(Unavailable::TooMany) => Some(format!(
+            "more GPUClusters than the guard keeps ({})",
+            kept::GPU_CLUSTERS.objects
+        )),
+    };
     let state = stores.deployments.state();
     let refs: Vec<&DeploymentView> = state.iter().map(AsRef::as_ref).collect();
     let listed = match deployments {

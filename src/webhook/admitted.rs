@@ -83,6 +83,7 @@ impl Created {
                     source: PolicySource::Found(p.name.clone()),
                     stack,
                     next_policy: None,
+                    gpu_clusters_unknown: facts.gpu_clusters_unknown,
                     ..p.facts.clone()
                 }
             }

@@ -205,6 +205,7 @@ fn with_switches(cluster: &ClusterFacts, name: String, switches: ClusterFacts) -
         source: PolicySource::Found(name),
         stack,
         next_policy: None,
+        gpu_clusters_unknown: cluster.gpu_clusters_unknown.clone(),
         ..switches
     }
 }

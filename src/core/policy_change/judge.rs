@@ -50,6 +50,23 @@ pub(super) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
     let object = format!("{} {}", review.kind.as_str(), echo(review.name));
     let (facts, other, creates) = match review.change {
         PolicyChange::ClusterPolicy { after, .. } => {
+            // Whether a GPUCluster exists is not known: this ClusterPolicy could make both.
+            if review.operation == Operation::Create
+                && after.operator.era() >= Era::V26_7
+                && after.stack == Stack::ClusterPolicy
+                && let Some(why) = &after.gpu_clusters_unknown
+            {
+                let version = &after.operator.version.text;
+                return Some(Found {
+                    rule: Rule::GpuClusterConflict,
+                    change: Change::New,
+                    message: format!(
+                        "{object}: whether a GPUCluster exists is not known ({why}), and the GPU Operator \
+                         ({version}) reconciles neither while both exist: retry once the guard can read the GPUClusters."
+                    ),
+                    warning: format!("{object}: whether a GPUCluster exists is not known"),
+                });
+            }
             if after.stack.in_era(after.operator.era()) != Stack::Both
                 || review.operation == Operation::Delete
             {
