@@ -22,7 +22,7 @@ fn what() -> String {
 }
 
 /// Writes the report with server-side apply: the report's fields belong to gpu-deploy-guard.
-/// With a `fence` other than [`Fence::None`], only if the report is still as the writer last
+/// With a `fence` other than [`Fence::Any`], only if the report is still as the writer last
 /// knew it (see [`api::fence_broken`]). Returns the resourceVersion written.
 pub async fn apply_report(
     client: &Client,

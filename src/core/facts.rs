@@ -167,14 +167,28 @@ impl ClusterFacts {
         }
     }
 
-    /// These facts (a ClusterPolicy's, or the defaults when none exists) once a GPUCluster
-    /// named `name`, switching off `disabled` ([`gpu_cluster_switched_off`]), is known to
-    /// exist too. Without a ClusterPolicy it is the DRA stack: its switches, its NVIDIADriver
-    /// drivers (`usesNvidiaDriverCRD`), no sandbox workloads. With one, the operator reconciles
-    /// neither (gpu-operator@v26.7.0 `controllers/gpucluster_controller.go`,
-    /// `validatePrerequisites`; `controllers/clusterpolicy_controller.go`, `Reconcile`;
-    /// `controllers/nodelabeling_controller.go`, `Reconcile`): the ClusterPolicy's facts stay,
-    /// on [`Stack::Both`].
+    /// The cluster's facts under ClusterPolicy `name`'s switches (`switches`, as
+    /// `cluster_policy::from_object` reads them): what the cluster shows (selectors, DaemonSets,
+    /// NVIDIADrivers, operator version, what is not known) stays; a GPUCluster that exists
+    /// makes both stacks.
+    pub fn with_cluster_policy(&self, name: &str, switches: &ClusterFacts) -> Self {
+        let stack = match self.stack {
+            Stack::ClusterPolicy => Stack::ClusterPolicy,
+            Stack::GpuCluster | Stack::Both => Stack::Both,
+        };
+        ClusterFacts {
+            selectors: self.selectors.clone(),
+            daemonsets: self.daemonsets,
+            nvidia_drivers: self.nvidia_drivers.clone(),
+            operator: self.operator.clone(),
+            source: PolicySource::Found(name.to_owned()),
+            stack,
+            next_policy: None,
+            gpu_clusters_unknown: self.gpu_clusters_unknown.clone(),
+            ..switches.clone()
+        }
+    }
+
     /// The facts once the GPUCluster beside a ClusterPolicy is gone: the ClusterPolicy's alone.
     pub fn without_gpu_cluster(self) -> Self {
         ClusterFacts {
@@ -183,6 +197,14 @@ impl ClusterFacts {
         }
     }
 
+    /// These facts (a ClusterPolicy's, or the defaults when none exists) once a GPUCluster
+    /// named `name`, switching off `disabled` ([`gpu_cluster_switched_off`]), is known to
+    /// exist too. Without a ClusterPolicy it is the DRA stack: its switches, its NVIDIADriver
+    /// drivers (`usesNvidiaDriverCRD`), no sandbox workloads. With one, the operator reconciles
+    /// neither (gpu-operator@v26.7.0 `controllers/gpucluster_controller.go`,
+    /// `validatePrerequisites`; `controllers/clusterpolicy_controller.go`, `Reconcile`;
+    /// `controllers/nodelabeling_controller.go`, `Reconcile`): the ClusterPolicy's facts stay,
+    /// on [`Stack::Both`].
     pub fn with_gpu_cluster(self, name: &str, disabled: OperandSet, cluster_policy: bool) -> Self {
         if cluster_policy {
             return ClusterFacts {

@@ -98,21 +98,25 @@ pub fn cluster_from(
     let policy_exists = matches!(policies, Ok(list) if !list.is_empty());
     let mut next_policy = None;
     let (mut facts, source) = match policies {
-        Ok(list) => match cluster_policy::choose(list).map(cluster_policy::from_object) {
-            Some(Ok(p)) => {
-                // The one followed next, should this one be deleted; unreadable, none.
-                next_policy = cluster_policy::in_turn(list)
-                    .get(1)
-                    .and_then(|next| cluster_policy::from_object(next).ok())
-                    .map(|next| Box::new((next.name, next.facts)));
-                (p.facts, PolicySource::Found(p.name))
+        Ok(list) => {
+            // The one the operator follows, then the one it follows once that is deleted.
+            let turn = cluster_policy::in_turn(list);
+            match turn.first().map(|p| cluster_policy::from_object(p)) {
+                Some(Ok(p)) => {
+                    // Unreadable, there is no next one to judge a hand-over by.
+                    next_policy = turn
+                        .get(1)
+                        .and_then(|next| cluster_policy::from_object(next).ok())
+                        .map(|next| Box::new((next.name, next.facts)));
+                    (p.facts, PolicySource::Found(p.name))
+                }
+                Some(Err(e)) => (operator_defaults(), PolicySource::Failed(e.to_string())),
+                None => (
+                    operator_defaults(),
+                    PolicySource::Missing("no ClusterPolicy object exists".to_owned()),
+                ),
             }
-            Some(Err(e)) => (operator_defaults(), PolicySource::Failed(e.to_string())),
-            None => (
-                operator_defaults(),
-                PolicySource::Missing("no ClusterPolicy object exists".to_owned()),
-            ),
-        },
+        }
         Err(source) => (operator_defaults(), source),
     };
     facts.source = source;
@@ -184,11 +188,22 @@ pub fn deployments_unread(error: &KubeError) -> Unread {
 pub const SNAPSHOT_PAGE: u32 = 250;
 
 /// Lists every object of `api` in pages of `page`, handing each to `each` as it arrives.
-async fn list_pages<K>(api: &Api<K>, page: u32, mut each: impl FnMut(K)) -> Result<(), KubeError>
+async fn list_pages<K>(api: &Api<K>, page: u32, each: impl FnMut(K)) -> Result<(), KubeError>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut params = ListParams::default().limit(page);
+    list_pages_with(api, ListParams::default().limit(page), each).await
+}
+
+/// [`list_pages`] with the caller's list parameters (a label selector, the page size).
+pub async fn list_pages_with<K>(
+    api: &Api<K>,
+    mut params: ListParams,
+    mut each: impl FnMut(K),
+) -> Result<(), KubeError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     loop {
         let list = api.list(&params).await?;
         let next = list.metadata.continue_.clone().filter(|c| !c.is_empty());
@@ -328,11 +343,10 @@ pub async fn apply(
 /// The precondition of a write: what the writer last knew of the object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fence {
-    /// Write whatever is there.
-    None,
-    /// The object did not exist when read. Server-side apply cannot require an object to be
-    /// absent, so the first write has no precondition; every later one has.
-    Missing,
+    /// Write whatever is there: the writer does not care, or the object did not exist when
+    /// read (server-side apply cannot require an object to be absent, so a first write has no
+    /// precondition; every later one has).
+    Any,
     /// The object was at this resourceVersion (409 Conflict if it moved).
     At(String),
 }
@@ -347,11 +361,9 @@ impl Fence {
     ) -> Result<Fence, ClusterError> {
         let api = Api::<DynamicObject>::all_with(client.clone(), resource);
         match api.get_metadata_opt(name).await {
-            Ok(None) => Ok(Fence::Missing),
-            Ok(Some(object)) => Ok(object
-                .metadata
-                .resource_version
-                .map_or(Fence::None, Fence::At)),
+            Ok(object) => Ok(object
+                .and_then(|o| o.metadata.resource_version)
+                .map_or(Fence::Any, Fence::At)),
             Err(source) => Err(ClusterError::List {
                 what: what.to_owned(),
                 source,

@@ -157,12 +157,16 @@ impl Term {
     /// True while this replica's term lasts: false once the renew deadline has passed, even if
     /// the election has not run since (a process back from a pause).
     pub fn holds(&self) -> bool {
-        self.until().is_some_and(|until| Instant::now() < until)
+        match &*self.0 {
+            TermState::Always => true,
+            TermState::Until(_) => self.until().is_some_and(|until| Instant::now() < until),
+        }
     }
 
+    /// When an elected term ends; `None` when it is not held (and for no election).
     fn until(&self) -> Option<Instant> {
         match &*self.0 {
-            TermState::Always => Some(Instant::now() + Duration::from_secs(3600)),
+            TermState::Always => None,
             TermState::Until(until) => *until.lock().unwrap_or_else(|e| e.into_inner()),
         }
     }
@@ -410,10 +414,8 @@ async fn run(
     loop {
         let started = Instant::now();
         // An attempt never outlives the term it would renew, nor the renew deadline.
-        let limit = term
-            .until()
-            .unwrap_or(started + timing.renew_deadline)
-            .min(started + timing.renew_deadline);
+        let deadline = started + timing.renew_deadline;
+        let limit = term.until().map_or(deadline, |until| until.min(deadline));
         let outcome = tokio::select! {
             outcome = tokio::time::timeout_at(limit, attempt(&api, &config.name, &mut elector)) => outcome,
             _ = &mut stopped => break,

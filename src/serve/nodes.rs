@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, watch};
 use super::follow::{watch_failed, watch_synced, watcher};
 use super::watch::{DEFAULT_PAGE_SIZE, Kind, Status, unavailable};
 use crate::core::facts::ClusterFacts;
+use crate::k8s::api::list_pages_with;
 use crate::k8s::fleet::{Fleet, LabelFilter, Trouble};
 use crate::k8s::node::NodeView;
 
@@ -141,25 +142,17 @@ async fn learn_keys(
     let api = Api::<NodeView>::all(client.clone());
     let mut read = 0;
     for key in keys {
-        let mut params = kube::api::ListParams::default()
+        let params = kube::api::ListParams::default()
             .labels(key)
             .limit(cfg.page_size.unwrap_or(DEFAULT_PAGE_SIZE));
-        loop {
-            let list = api.list(&params).await?;
-            let next = list.metadata.continue_.clone().filter(|c| !c.is_empty());
+        list_pages_with(&api, params, |node| {
             let mut state = fleet.lock();
-            for node in &list.items {
-                if state.nodes.apply(node) {
-                    state.dirty.add(node.name());
-                }
-                read += 1;
+            if state.nodes.apply(&node) {
+                state.dirty.add(node.name());
             }
-            drop(state);
-            match next {
-                Some(token) => params = params.continue_token(&token),
-                None => break,
-            }
-        }
+            read += 1;
+        })
+        .await?;
     }
     Ok(read)
 }

@@ -37,7 +37,6 @@ use kube::Client;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
-use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
@@ -509,11 +508,6 @@ struct Healths<'a> {
     deployments: &'a Health,
 }
 
-/// The kept objects as JSON, as the custom resources' readers take them.
-fn values(kept: &Kept) -> Vec<Value> {
-    kept.values()
-}
-
 /// The facts the stores give now; the operator version is the given one, else the one the
 /// Deployments show.
 fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -> ClusterFacts {
@@ -524,7 +518,7 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
         deployments,
     } = *healths;
     let gpu_clusters_health = gpu_clusters;
-    let objects = values(&stores.policies);
+    let objects = stores.policies.values();
     let policies = match policies {
         Health::Synced => Ok(objects.as_slice()),
         Health::Starting => Err(PolicySource::Failed("not read yet".to_owned())),
@@ -539,7 +533,7 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
     let ds_refs: Vec<&DaemonSetView> = ds_state.iter().map(AsRef::as_ref).collect();
     let daemonsets = (*daemonsets == Health::Synced).then_some(ds_refs.as_slice());
     // The GPUClusters count once listed; unavailable (no CRD before v26.7, no RBAC) is none.
-    let gpu_cluster_objects = values(&stores.gpu_clusters);
+    let gpu_cluster_objects = stores.gpu_clusters.values();
     let gpu_clusters = (*gpu_clusters == Health::Synced).then_some(gpu_cluster_objects.as_slice());
     let mut facts = cluster_from(policies, gpu_clusters, daemonsets);
     facts.gpu_clusters_unknown = match gpu_clusters_health {
@@ -573,7 +567,8 @@ fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -
 /// The NVIDIADriver resources the store holds, by name; one that cannot be read (the CRD's
 /// schema makes that rare) is left out with a warning naming it.
 fn nvidia_drivers(store: &Kept) -> Vec<NvidiaDriver> {
-    let mut out: Vec<NvidiaDriver> = values(store)
+    let mut out: Vec<NvidiaDriver> = store
+        .values()
         .iter()
         .filter_map(|value| match nvidia_driver::from_object(value) {
             Ok(d) => Some(d),

@@ -13,6 +13,7 @@
 //! Across replicas it is not: a creation answered by another replica reaches this one through
 //! the watch only (README, "Two creations at once").
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -71,21 +72,7 @@ impl Created {
                     // A second ClusterPolicy: the operator keeps following the first.
                     return facts;
                 }
-                let stack = match facts.stack {
-                    Stack::ClusterPolicy => Stack::ClusterPolicy,
-                    Stack::GpuCluster | Stack::Both => Stack::Both,
-                };
-                ClusterFacts {
-                    selectors: facts.selectors,
-                    daemonsets: facts.daemonsets,
-                    nvidia_drivers: facts.nvidia_drivers,
-                    operator: facts.operator,
-                    source: PolicySource::Found(p.name.clone()),
-                    stack,
-                    next_policy: None,
-                    gpu_clusters_unknown: facts.gpu_clusters_unknown,
-                    ..p.facts.clone()
-                }
+                facts.with_cluster_policy(&p.name, &p.facts)
             }
             Created::GpuCluster(g) => {
                 let policy = matches!(facts.source, PolicySource::Found(_));
@@ -113,13 +100,20 @@ pub struct Admitted {
 impl Admitted {
     /// Forgets what the watch shows now and what is older than [`KEPT_FOR`], and returns the
     /// watch's facts with the rest added, oldest first.
-    pub fn overlay(&mut self, watched: &ClusterFacts, now: Instant) -> ClusterFacts {
+    pub fn overlay(&mut self, watched: &Arc<ClusterFacts>, now: Instant) -> Arc<ClusterFacts> {
         self.kept.retain(|(at, created)| {
             now.duration_since(*at) < KEPT_FOR && !created.seen_in(watched)
         });
-        self.kept
-            .iter()
-            .fold(watched.clone(), |facts, (_, created)| created.add_to(facts))
+        if self.kept.is_empty() {
+            return Arc::clone(watched);
+        }
+        Arc::new(
+            self.kept
+                .iter()
+                .fold((**watched).clone(), |facts, (_, created)| {
+                    created.add_to(facts)
+                }),
+        )
     }
 
     /// Records an allowed creation of `object` (one the decision could read; another is not
@@ -147,12 +141,9 @@ impl Admitted {
         self.kept.push((now, created));
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.kept.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.kept.is_empty()
     }
 }
 
@@ -175,12 +166,12 @@ mod tests {
         json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": name}, "spec": {}})
     }
 
-    fn no_policy() -> ClusterFacts {
-        ClusterFacts {
+    fn no_policy() -> Arc<ClusterFacts> {
+        Arc::new(ClusterFacts {
             source: PolicySource::Missing("none".into()),
             nvidia_drivers: Some(Vec::new()),
             ..ClusterFacts::default()
-        }
+        })
     }
 
     #[test]
@@ -195,16 +186,16 @@ mod tests {
         a.record(PolicyKind::GpuCluster, &gpu_cluster("gc"), t0);
         assert_eq!(a.overlay(&no_policy(), t0).stack, Stack::Both);
         // The watch shows the ClusterPolicy: only the GPUCluster is still added.
-        let watched = ClusterFacts {
+        let watched = Arc::new(ClusterFacts {
             source: PolicySource::Found("cp".into()),
-            ..no_policy()
-        };
+            ..(*no_policy()).clone()
+        });
         let facts = a.overlay(&watched, t0 + Duration::from_secs(1));
         assert_eq!(a.len(), 1);
         assert_eq!(facts.stack, Stack::Both);
         // Not shown within the bound: forgotten.
         let facts = a.overlay(&no_policy(), t0 + KEPT_FOR);
-        assert!(a.is_empty());
+        assert_eq!(a.len(), 0);
         assert_eq!(facts, no_policy());
     }
 
@@ -218,21 +209,22 @@ mod tests {
         let names: Vec<String> = a
             .overlay(&no_policy(), t0)
             .nvidia_drivers
+            .clone()
             .unwrap()
             .into_iter()
             .map(|d| d.name)
             .collect();
         assert_eq!(names, ["one", "two"]);
         // Not listed: one creation does not make the list known.
-        let unknown = ClusterFacts {
+        let unknown = Arc::new(ClusterFacts {
             nvidia_drivers: None,
-            ..no_policy()
-        };
+            ..(*no_policy()).clone()
+        });
         assert_eq!(a.overlay(&unknown, t0).nvidia_drivers, None);
-        let followed = ClusterFacts {
+        let followed = Arc::new(ClusterFacts {
             source: PolicySource::Found("first".into()),
-            ..no_policy()
-        };
+            ..(*no_policy()).clone()
+        });
         a.record(PolicyKind::ClusterPolicy, &policy("second"), t0);
         let facts = a.overlay(&followed, t0);
         assert_eq!(facts.source, PolicySource::Found("first".into()));
@@ -248,6 +240,6 @@ mod tests {
         }
         assert_eq!(a.len(), MAX_KEPT);
         let facts = a.overlay(&no_policy(), t0);
-        assert_eq!(facts.nvidia_drivers.unwrap()[0].name, "d10");
+        assert_eq!(facts.nvidia_drivers.as_ref().unwrap()[0].name, "d10");
     }
 }

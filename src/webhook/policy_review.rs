@@ -21,7 +21,7 @@ use super::{Webhook, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::labels::MAX_NAME_CHARS;
-use crate::core::operands::{Operand, OperandSet, Stack};
+use crate::core::operands::{Operand, Stack};
 use crate::core::policy::{self, Decision, Policy, Verdict};
 use crate::core::policy_change::{
     Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, NvidiaDriver, PolicyChange, PolicyKind,
@@ -186,28 +186,7 @@ fn with_policy(cluster: &ClusterFacts, object: &Value) -> Result<ClusterFacts, B
         path: "request.object".to_owned(),
         message: bounded_display(&e, super::MAX_ERROR_BYTES),
     })?;
-    Ok(with_switches(cluster, p.name, p.facts))
-}
-
-/// The facts of the cluster with the switches of ClusterPolicy `name` (`switches`, as
-/// `cluster_policy::from_object` reads it).
-fn with_switches(cluster: &ClusterFacts, name: String, switches: ClusterFacts) -> ClusterFacts {
-    // A GPUCluster that exists stays: with this ClusterPolicy there are both.
-    let stack = match cluster.stack {
-        Stack::ClusterPolicy => Stack::ClusterPolicy,
-        Stack::GpuCluster | Stack::Both => Stack::Both,
-    };
-    ClusterFacts {
-        selectors: cluster.selectors.clone(),
-        daemonsets: cluster.daemonsets,
-        nvidia_drivers: cluster.nvidia_drivers.clone(),
-        operator: cluster.operator.clone(),
-        source: PolicySource::Found(name),
-        stack,
-        next_policy: None,
-        gpu_clusters_unknown: cluster.gpu_clusters_unknown.clone(),
-        ..switches
-    }
+    Ok(cluster.with_cluster_policy(&p.name, &p.facts))
 }
 
 /// What runs before a first ClusterPolicy takes effect: the operand DaemonSets that exist
@@ -218,15 +197,9 @@ fn running_now(cluster: &ClusterFacts) -> ClusterFacts {
     let Some(present) = cluster.daemonsets else {
         return cluster.clone();
     };
-    let mut absent = OperandSet::EMPTY;
-    for op in Operand::all() {
-        if !present.contains(op) {
-            absent.insert(op);
-        }
-    }
     ClusterFacts {
         toolkit_managed: true,
-        disabled: absent,
+        disabled: Operand::all().filter(|op| !present.contains(*op)).collect(),
         ..cluster.clone()
     }
 }
@@ -376,7 +349,7 @@ fn on_review<R>(
                         Some(old) => with_policy(facts, old)?,
                         None => facts.clone(),
                     };
-                    let after = with_switches(facts, next_name.clone(), switches.clone());
+                    let after = facts.with_cluster_policy(next_name, switches);
                     (before, after, vec![next_name.clone()])
                 }
                 Operation::Connect => return Ok(None),

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,7 +61,6 @@ func TestPlaygroundCommandsAnswerAsPrinted(t *testing.T) {
 			lines <- sc.Text()
 		}
 		close(lines)
-		_, _ = io.Copy(io.Discard, stdout)
 	}()
 	var text []string
 	deadline := time.After(3 * time.Minute)
@@ -93,6 +91,13 @@ read:
 	}()
 	t.Logf("the playground's instructions:\n%s", strings.Join(text, "\n"))
 
+	binDir := filepath.Join(dir, "bin")
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(cp.KubectlPath, filepath.Join(binDir, "kubectl")); err != nil {
+		t.Fatal(err)
+	}
 	var kubeconfig, expect string
 	ran := 0
 	for _, line := range text {
@@ -106,19 +111,10 @@ read:
 			if kubeconfig == "" {
 				t.Fatalf("%q comes before the KUBECONFIG export", line)
 			}
-			// As printed, with the suite's kubectl first on PATH.
+			// As printed, with the suite's kubectl first on PATH as `kubectl`.
 			run := exec.Command("bash", "-c", line)
 			run.Dir = root
-			run.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig,
-				"PATH="+filepath.Dir(cp.KubectlPath)+":"+os.Getenv("PATH"))
-			if filepath.Base(cp.KubectlPath) != "kubectl" {
-				link := filepath.Join(dir, "bin", "kubectl")
-				if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				_ = os.Symlink(cp.KubectlPath, link)
-				run.Env = append(run.Env, "PATH="+filepath.Dir(link)+":"+os.Getenv("PATH"))
-			}
+			run.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "PATH="+binDir+":"+os.Getenv("PATH"))
 			out, err := run.CombinedOutput()
 			code := 0
 			if exit, ok := err.(*exec.ExitError); ok {

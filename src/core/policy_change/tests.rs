@@ -981,13 +981,9 @@ fn an_nvidiadriver_is_refused_while_the_others_are_not_known() {
     assert_eq!(facts.nvidia_drivers, None);
     let groups = [group(gpu_labels(), &["a-0"])];
     let pool = driver("pool", &[("example.com/pool", "a")]);
-    let v = decide_policy(
+    let v = over(
         &nd_review(&facts, Operation::Create, None, Some(&pool), &[]),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
+        &groups,
     );
     assert_eq!(v.decision, Decision::Denied);
     let m = v.message.unwrap();
@@ -998,13 +994,9 @@ fn an_nvidiadriver_is_refused_while_the_others_are_not_known() {
         "{m}"
     );
     // Deleting one cannot make an overlap.
-    let v = decide_policy(
+    let v = over(
         &nd_review(&facts, Operation::Delete, Some(&pool), None, &[]),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &|_| true,
-        },
-        &Policy::default(),
+        &groups,
     );
     assert_ne!(v.decision, Decision::Denied);
 }
