@@ -178,6 +178,13 @@ func TestAccessLostAndRestoredIsFollowedAtOnce(t *testing.T) {
 		}
 		return v
 	}
+	nodesReadable := func() float64 {
+		v, err := g.Counter(metricPrefix+"cluster_watch_readable", map[string]string{"kind": "nodes"})
+		if err != nil {
+			return -1
+		}
+		return v
+	}
 
 	cp.MustKubectl(t, "delete", "clusterrolebinding", "gpu-deploy-guard")
 	if err := cp.RestartAPIServer(time.Second); err != nil {
@@ -197,6 +204,10 @@ func TestAccessLostAndRestoredIsFollowedAtOnce(t *testing.T) {
 		v := policyAvailable()
 		return v == 0, fmt.Sprintf("cluster_policy_available %v", v)
 	})
+	framework.WaitFor(t, watchFollow, `cluster_watch_readable{kind="nodes"} 0`, func() (bool, string) {
+		v := nodesReadable()
+		return v == 0, fmt.Sprintf("cluster_watch_readable{kind=nodes} %v", v)
+	})
 
 	restore()
 	back := time.Now()
@@ -204,6 +215,10 @@ func TestAccessLostAndRestoredIsFollowedAtOnce(t *testing.T) {
 	framework.WaitFor(t, watchFollow, "cluster_policy_available 1", func() (bool, string) {
 		v := policyAvailable()
 		return v == 1, fmt.Sprintf("cluster_policy_available %v", v)
+	})
+	framework.WaitFor(t, watchFollow, `cluster_watch_readable{kind="nodes"} 1`, func() (bool, string) {
+		v := nodesReadable()
+		return v == 1, fmt.Sprintf("cluster_watch_readable{kind=nodes} %v", v)
 	})
 	took := time.Since(back)
 	t.Logf("the guard follows the nodes and the ClusterPolicy again %s after the binding is back", took.Round(100*time.Millisecond))

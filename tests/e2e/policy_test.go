@@ -407,6 +407,12 @@ func TestNVIDIADriverOverlapIsRefusedAndARemovedDriverWarned(t *testing.T) {
 		t.Errorf("denied NVIDIADriver CREATE reviews went from %v to %v, want +1", denied, now)
 	}
 	expectResult(t, "kubectl get nvidiadrivers", kubectl("get", "nvidiadrivers", "-o", "name"), 0, "nvidiadriver.nvidia.com/pool-a\n", "")
+	// pool-a's selector key was read from the nodes that carry it, not by listing the fleet again.
+	if log, err := os.ReadFile(g.LogPath()); err != nil {
+		t.Fatal(err)
+	} else if !strings.Contains(string(log), "read them from the nodes that carry them") || strings.Contains(string(log), "listing the nodes again") {
+		t.Errorf("the watching guard's log should say it read %s from the nodes that carry it, and never list the nodes again:\n%s", driverPoolKey, log)
+	}
 
 	expectResult(t, "kubectl create NVIDIADriver pool-b", kubectlWithInput(nvidiaDriver("pool-b", `{"`+driverPoolKey+`":"b"}`), "create", "-f", "-"),
 		0, "nvidiadriver.nvidia.com/pool-b created\n", "")
