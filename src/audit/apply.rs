@@ -26,19 +26,11 @@ fn what() -> String {
 /// knew it (see [`api::fence_broken`]). Returns the resourceVersion written.
 pub async fn apply_report(
     client: &Client,
-    report: &PolicyReport,
+    report: &mut PolicyReport,
     fence: &Fence,
 ) -> Result<Option<String>, ClusterError> {
-    let body = serde_json::to_value(report).unwrap_or_default();
-    api::apply(
-        client,
-        &report_resource(),
-        report::NAME,
-        body,
-        &what(),
-        fence,
-    )
-    .await
+    report.metadata.resource_version = fence.version().map(str::to_owned);
+    api::apply(client, &report_resource(), report::NAME, &*report, &what()).await
 }
 
 /// Where the report stands now, as the fence of the next write.

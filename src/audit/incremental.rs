@@ -5,16 +5,16 @@
 //! Pure, like [`super::audit`], and held to give the same [`AuditReport`]: the tests compare
 //! the two after every step.
 
-use super::{AuditReport, Context, NodeAudit};
+use super::{Context, FleetAudit, NodeAudit, NodeSummary};
 use crate::core::facts::ClusterFacts;
 use crate::core::policy::Policy;
 pub use crate::k8s::fleet::Dirty;
 use crate::k8s::fleet::{NodeIndex, PodIndex};
 
-/// The last pass's report and what its nodes' audits shared.
+/// The last pass's audit, kept as summaries, and what its nodes' audits shared.
 #[derive(Debug, Default)]
 pub struct Incremental {
-    report: Option<AuditReport>,
+    audit: Option<FleetAudit>,
     context: Option<Context>,
 }
 
@@ -28,12 +28,28 @@ pub struct Pass {
 }
 
 impl Incremental {
-    pub fn report(&self) -> Option<&AuditReport> {
-        self.report.as_ref()
+    pub fn audit(&self) -> Option<&FleetAudit> {
+        self.audit.as_ref()
     }
 
-    /// Brings the report up to date with `nodes` and `pods`, re-auditing the `dirty` nodes, or
-    /// every node when the shared context changed.
+    /// One node's whole audit, messages included, made again from the same records and
+    /// context as its summary (when `nodes` and `pods` are those of the last
+    /// [`Incremental::update`]).
+    pub fn detail(
+        &self,
+        name: &str,
+        nodes: &NodeIndex,
+        pods: &PodIndex,
+        policy: &Policy,
+    ) -> Option<NodeAudit> {
+        let context = self.context.as_ref()?;
+        let record = nodes.get(name)?;
+        Some(context.node(name, &record.labels(), &pods.on_node(name), policy))
+    }
+
+    /// Brings the audit up to date with `nodes` and `pods`, re-auditing the `dirty` nodes, or
+    /// every node when the shared context changed. Each node's whole audit is made and reduced
+    /// to its summary at once: a pass holds one node's messages at a time.
     pub fn update(
         &mut self,
         nodes: &NodeIndex,
@@ -44,26 +60,30 @@ impl Incremental {
     ) -> Pass {
         let context = Context::new(facts, pods.seen(), policy);
         let whole =
-            dirty == Dirty::All || self.report.is_none() || self.context.as_ref() != Some(&context);
-        let audit_one = |name: &str| -> Option<NodeAudit> {
+            dirty == Dirty::All || self.audit.is_none() || self.context.as_ref() != Some(&context);
+        let audit_one = |name: &str| -> Option<NodeSummary> {
             let record = nodes.get(name)?;
-            Some(context.node(name, &record.labels(), &pods.on_node(name), policy))
+            Some(
+                context
+                    .node(name, &record.labels(), &pods.on_node(name), policy)
+                    .summary(),
+            )
         };
         let mut audited = 0;
-        let report_nodes = if whole {
+        let summaries = if whole {
             // The old audit goes before the new one is made: a pass over the whole fleet never
-            // holds two (when every node has findings, each audit is megabytes).
-            let mut all = self.report.take().map(|r| r.nodes).unwrap_or_default();
+            // holds two.
+            let mut all = self.audit.take().map(|r| r.nodes).unwrap_or_default();
             all.clear();
             all.extend(nodes.names().filter_map(audit_one));
             all.shrink_to_fit();
             audited = all.len();
             all
         } else {
-            let mut current = self.report.take().map(|r| r.nodes).unwrap_or_default();
+            let mut current = self.audit.take().map(|r| r.nodes).unwrap_or_default();
             if let Dirty::Nodes(names) = &dirty {
                 for name in names {
-                    let at = current.binary_search_by(|n| n.name.as_str().cmp(name));
+                    let at = current.binary_search_by(|n| (*n.name).cmp(&**name));
                     match (audit_one(name), at) {
                         (Some(audit), Ok(i)) => current[i] = audit,
                         (Some(audit), Err(i)) => current.insert(i, audit),
@@ -77,8 +97,8 @@ impl Incremental {
             }
             current
         };
-        self.report = Some(AuditReport {
-            nodes: report_nodes,
+        self.audit = Some(FleetAudit {
+            nodes: summaries,
             columns: context.columns.clone(),
             running_daemonset_pods: pods.running_daemonset_pods(),
             facts: context.facts.clone(),
@@ -111,11 +131,23 @@ mod tests {
         p
     }
 
-    /// The incremental report equals the batch audit of the same nodes and pods.
-    fn same_as_batch(inc: &Incremental, nodes: &[NodeView], pods: &[PodView]) {
+    /// The incremental audit equals the batch audit of the same nodes and pods, and each
+    /// node's audit made again equals the batch's, messages included.
+    fn same_as_batch(
+        inc: &Incremental,
+        (index, pod_index): (&NodeIndex, &PodIndex),
+        nodes: &[NodeView],
+        pods: &[PodView],
+    ) {
         let facts = operator_defaults();
-        let batch = audit(nodes, pods, &facts, &Policy::default());
-        assert_eq!(inc.report(), Some(&batch));
+        let policy = Policy::default();
+        let batch = audit(nodes, pods, &facts, &policy);
+        assert_eq!(inc.audit(), Some(&batch.summary()));
+        for node in &batch.nodes {
+            let made = inc.detail(&node.name, index, pod_index, &policy);
+            assert_eq!(made.as_ref(), Some(node));
+        }
+        assert_eq!(inc.detail("no-such-node", index, pod_index, &policy), None);
     }
 
     #[test]
@@ -171,7 +203,7 @@ mod tests {
                 whole: true
             }
         );
-        same_as_batch(&inc, &nodes, &pods);
+        same_as_batch(&inc, (&index, &pod_index), &nodes, &pods);
 
         // A heartbeat: the same labels plus one no rule reads. Nothing is dirty.
         let mut beat = nodes[2].clone();
@@ -195,7 +227,7 @@ mod tests {
                 whole: false
             }
         );
-        same_as_batch(&inc, &nodes, &pods);
+        same_as_batch(&inc, (&index, &pod_index), &nodes, &pods);
 
         // b gets the toolkit label; c is deleted; d is added.
         nodes[1] = node(
@@ -220,7 +252,7 @@ mod tests {
                 whole: false
             }
         );
-        same_as_batch(&inc, &nodes, &pods);
+        same_as_batch(&inc, (&index, &pod_index), &nodes, &pods);
 
         // The first pod of an operand the defaults switch off (the node status exporter)
         // enables it and adds a column: the whole fleet again.
@@ -237,16 +269,17 @@ mod tests {
         pods.push(gfd);
         let pass = inc.update(&index, &pod_index, &facts, &policy, dirty);
         assert!(pass.whole);
-        same_as_batch(&inc, &nodes, &pods);
+        same_as_batch(&inc, (&index, &pod_index), &nodes, &pods);
 
         // A pod deleted.
         let mut dirty = Dirty::default();
-        for n in pod_index.delete("dp-b") {
+        let gone = pods.iter().find(|p| p.name() == "dp-b").cloned();
+        for n in pod_index.delete(&gone.expect("dp-b is there")) {
             dirty.add(&n);
         }
         pods.retain(|p| p.name() != "dp-b");
         inc.update(&index, &pod_index, &facts, &policy, dirty);
-        same_as_batch(&inc, &nodes, &pods);
+        same_as_batch(&inc, (&index, &pod_index), &nodes, &pods);
     }
 
     #[test]

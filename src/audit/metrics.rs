@@ -16,7 +16,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::{AuditReport, Level};
+use super::FleetAudit;
 use crate::core::rules::Rule;
 use crate::metrics::Metrics;
 
@@ -200,19 +200,15 @@ impl AuditMetrics {
     }
 
     /// Publishes one audit, done at `unix_seconds`.
-    pub fn record(&self, report: &AuditReport, unix_seconds: i64) {
+    pub fn record(&self, report: &FleetAudit, unix_seconds: i64) {
         let mut now = HashSet::new();
         let mut counts: HashMap<OperandState, i64> = HashMap::new();
         // The nodes with a problem that get series: failures first, then by name.
         let mut problems: Vec<(bool, &str)> = report
             .nodes
             .iter()
-            .filter(|n| !n.findings.is_empty() || n.missing().next().is_some())
-            .map(|n| {
-                let fails = n.missing().next().is_some()
-                    || n.findings.iter().any(|f| f.level == Level::Fail);
-                (!fails, n.name.as_str())
-            })
+            .filter(|n| !n.findings.is_empty() || !n.missing().is_empty())
+            .map(|n| (!n.fails(), &*n.name))
             .collect();
         problems.sort_unstable();
         let itemized: HashSet<&str> = problems
@@ -223,13 +219,14 @@ impl AuditMetrics {
         self.not_itemized
             .set(i64::try_from(problems.len().saturating_sub(self.max_nodes)).unwrap_or(i64::MAX));
         for node in &report.nodes {
-            let problem = itemized.contains(node.name.as_str());
-            for s in node.operands.iter().filter(|s| s.expected || s.running) {
-                let operand = s.operand.name();
+            let problem = itemized.contains(&*node.name);
+            for op in node.expected.union(node.running).iter() {
+                let operand = op.name();
+                let (expected, running) = (node.expected.contains(op), node.running.contains(op));
                 for (state, yes) in [
-                    ("expected", s.expected),
-                    ("running", s.running),
-                    ("missing", s.expected && !s.running),
+                    ("expected", expected),
+                    ("running", running),
+                    ("missing", expected && !running),
                 ] {
                     if yes {
                         *counts.entry(OperandState { operand, state }).or_default() += 1;
@@ -239,15 +236,13 @@ impl AuditMetrics {
                     continue;
                 }
                 let labels = NodeOperand {
-                    node: node.name.clone(),
+                    node: node.name.to_string(),
                     operand,
                 };
                 self.expected
                     .get_or_create(&labels)
-                    .set(i64::from(s.expected));
-                self.running
-                    .get_or_create(&labels)
-                    .set(i64::from(s.running));
+                    .set(i64::from(expected));
+                self.running.get_or_create(&labels).set(i64::from(running));
                 now.insert(labels);
             }
         }
@@ -351,7 +346,7 @@ mod tests {
         ];
         let pods = [plugin_pod("a"), plugin_pod("b")];
         let report = audit(&nodes, &pods, &operator_defaults(), &Policy::default());
-        am.record(&report, 1_796_032_800);
+        am.record(&report.summary(), 1_796_032_800);
         am.set_cluster_policy_available(true);
         let mut got = samples(&metrics);
         got.sort();
@@ -385,7 +380,7 @@ mod tests {
             &operator_defaults(),
             &Policy::default(),
         );
-        am.record(&report, 1_796_032_860);
+        am.record(&report.summary(), 1_796_032_860);
         let text = samples(&metrics).join("\n");
         assert!(!text.contains("node=\"b\""), "{text}");
         assert!(
@@ -427,7 +422,7 @@ mod tests {
         ];
         let pods = [plugin_pod("a"), plugin_pod("b"), plugin_pod("c")];
         let report = audit(&nodes, &pods, &operator_defaults(), &Policy::default());
-        am.record(&report, 1);
+        am.record(&report.summary(), 1);
         let text = metrics.encode();
         let with_series: std::collections::BTreeSet<&str> = ["a", "b", "c", "d"]
             .into_iter()

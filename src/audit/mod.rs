@@ -110,6 +110,103 @@ impl NodeAudit {
     }
 }
 
+/// What the gauges, the exit code and the report's counts read of one node's audit: its
+/// operands as three sets and its findings without their messages. A fleet's audit is kept as
+/// these (about 80 bytes a node); a node's whole [`NodeAudit`] is made again when its messages
+/// are needed ([`Context::node`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSummary {
+    pub name: Box<str>,
+    pub gpu: bool,
+    pub expected: OperandSet,
+    pub running: OperandSet,
+    /// Operands with a pod here, whatever its phase.
+    pub with_pod: OperandSet,
+    /// Each finding's rule, level and basis, in the audit's order.
+    pub findings: Box<[(Rule, Level, Basis)]>,
+}
+
+impl NodeSummary {
+    /// Expected operands without a Running pod.
+    pub fn missing(&self) -> OperandSet {
+        self.expected.without(self.running)
+    }
+
+    pub fn has(&self, rule: Rule) -> bool {
+        self.findings.iter().any(|f| f.0 == rule)
+    }
+
+    /// The level of the node's first finding of `rule`.
+    pub fn level(&self, rule: Rule) -> Option<Level> {
+        self.findings.iter().find(|f| f.0 == rule).map(|f| f.1)
+    }
+
+    /// Nothing missing, nothing broken ([`NodeAudit::is_ok`]).
+    pub fn is_ok(&self) -> bool {
+        self.missing().is_empty()
+            && !self
+                .findings
+                .iter()
+                .any(|f| f.0 == Rule::DevicePluginWithoutToolkit && f.2 == Basis::Pods)
+    }
+
+    /// A missing operand, or a finding that fails.
+    pub fn fails(&self) -> bool {
+        !self.missing().is_empty() || self.findings.iter().any(|f| f.1 == Level::Fail)
+    }
+
+    /// The report lists the node ([`NodeAudit::is_relevant`]).
+    pub fn is_relevant(&self) -> bool {
+        self.gpu
+            || !self.findings.is_empty()
+            || !self.expected.is_empty()
+            || !self.with_pod.is_empty()
+    }
+}
+
+impl NodeAudit {
+    pub fn summary(&self) -> NodeSummary {
+        let set = |keep: fn(&OperandState) -> bool| -> OperandSet {
+            self.operands
+                .iter()
+                .filter(|s| keep(s))
+                .map(|s| s.operand)
+                .collect()
+        };
+        NodeSummary {
+            name: self.name.as_str().into(),
+            gpu: self.gpu,
+            expected: set(|s| s.expected),
+            running: set(|s| s.running),
+            with_pod: set(|s| s.pod.is_some()),
+            findings: self
+                .findings
+                .iter()
+                .map(|f| (f.rule, f.level, f.basis))
+                .collect(),
+        }
+    }
+}
+
+/// A fleet's audit as kept by the continuous audit: every node's [`NodeSummary`], and what
+/// their audits shared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FleetAudit {
+    /// Sorted by name.
+    pub nodes: Vec<NodeSummary>,
+    pub columns: Vec<Operand>,
+    pub running_daemonset_pods: usize,
+    pub facts: ClusterFacts,
+    pub rules: Vec<Rule>,
+}
+
+impl FleetAudit {
+    /// Number of nodes with a finding of `rule`.
+    pub fn count(&self, rule: Rule) -> usize {
+        self.nodes.iter().filter(|n| n.has(rule)).count()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuditReport {
     /// Sorted by name.
@@ -144,6 +241,17 @@ impl AuditReport {
     /// Number of nodes with a finding of `rule`.
     pub fn count(&self, rule: Rule) -> usize {
         self.nodes.iter().filter(|n| n.has(rule)).count()
+    }
+
+    /// The report as the continuous audit keeps it.
+    pub fn summary(&self) -> FleetAudit {
+        FleetAudit {
+            nodes: self.nodes.iter().map(NodeAudit::summary).collect(),
+            columns: self.columns.clone(),
+            running_daemonset_pods: self.running_daemonset_pods,
+            facts: self.facts.clone(),
+            rules: self.rules.clone(),
+        }
     }
 }
 
@@ -212,7 +320,7 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
         if let Some(node) = pod.node.as_deref() {
             by_node.entry(node).or_default().push(PodOnNode {
                 operand: op,
-                name: pod.name(),
+                name: pod.name().into(),
                 phase: pod.phase,
             });
         }
@@ -257,12 +365,12 @@ fn audit_node(
             let pod = pods
                 .iter()
                 .filter(|p| p.operand == op)
-                .min_by(|a, b| (a.phase, a.name).cmp(&(b.phase, b.name)));
+                .min_by(|a, b| (a.phase, &a.name).cmp(&(b.phase, &b.name)));
             OperandState {
                 operand: op,
                 expected: expected.contains(op),
                 running: pod.is_some_and(|p| p.phase == PodPhase::Running),
-                pod: pod.map(|p| p.name.to_owned()),
+                pod: pod.map(|p| p.name.to_string()),
                 phase: pod.map(|p| p.phase),
             }
         })

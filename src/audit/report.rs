@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{AuditReport, Level, NodeAudit};
+use super::{AuditReport, FleetAudit, Level, NodeAudit, NodeSummary};
 use crate::core::operands::{GPU_CLUSTER_NAME, Stack};
 use crate::core::rules::{Rule, Severity};
 
@@ -45,11 +45,15 @@ pub struct PolicyReport {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Metadata {
     pub name: &'static str,
     pub labels: BTreeMap<&'static str, &'static str>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<&'static str, String>,
+    /// Set only on a write that must find the report as its writer last saw it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -101,9 +105,7 @@ fn passed(rule: Rule, node: &str) -> String {
 impl NodeAudit {
     /// The node takes part in the GPU stack: worth a line in the report.
     pub fn is_relevant(&self) -> bool {
-        self.gpu
-            || !self.findings.is_empty()
-            || self.operands.iter().any(|s| s.expected || s.pod.is_some())
+        self.summary().is_relevant()
     }
 }
 
@@ -115,36 +117,58 @@ fn count(summary: &mut Summary, outcome: Outcome) {
     }
 }
 
-/// The result of one rule on one node, its message made.
-fn result(node: &NodeAudit, rule: Rule, now: Timestamp) -> ReportResult {
-    let finding = node.findings.iter().find(|f| f.rule == rule);
-    let (result, message, properties) = match finding {
-        Some(f) => (
-            match f.level {
-                Level::Fail => Outcome::Fail,
-                Level::Warn => Outcome::Warn,
-            },
-            f.message.clone(),
+fn outcome(level: Option<Level>) -> Outcome {
+    match level {
+        Some(Level::Fail) => Outcome::Fail,
+        Some(Level::Warn) => Outcome::Warn,
+        None => Outcome::Pass,
+    }
+}
+
+/// The result of one rule on one node, its message taken from the node's whole audit
+/// (`detail`; `None` only if the node's audit could not be made again).
+fn result(
+    node: &NodeSummary,
+    detail: Option<&NodeAudit>,
+    rule: Rule,
+    now: Timestamp,
+) -> ReportResult {
+    let found = node.findings.iter().find(|f| f.0 == rule);
+    let (message, properties) = match found {
+        Some(&(_, level, basis)) => (
+            detail
+                .and_then(|d| d.findings.iter().find(|f| f.rule == rule))
+                .map_or_else(
+                    || {
+                        format!(
+                            "node {}: {} ({}); its details were not available when the report was made",
+                            node.name,
+                            rule.id(),
+                            if level == Level::Fail { "fail" } else { "warn" }
+                        )
+                    },
+                    |f| f.message.clone(),
+                ),
             BTreeMap::from([(
                 "basis",
-                match f.basis {
+                match basis {
                     super::Basis::Pods => "pods",
                     super::Basis::Labels => "labels",
                 },
             )]),
         ),
-        None => (Outcome::Pass, passed(rule, &node.name), BTreeMap::new()),
+        None => (passed(rule, &node.name), BTreeMap::new()),
     };
     ReportResult {
         policy: NAME,
         rule: rule.id(),
-        result,
+        result: outcome(found.map(|f| f.1)),
         severity: rule.spec().severity,
         message,
         resources: vec![ResourceRef {
             api_version: "v1",
             kind: "Node",
-            name: node.name.clone(),
+            name: node.name.to_string(),
         }],
         properties,
         source: NAME,
@@ -154,6 +178,16 @@ fn result(node: &NodeAudit, rule: Rule, now: Timestamp) -> ReportResult {
 
 /// Builds the report of one audit.
 pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
+    build_from(&report.summary(), |name| report.node(name).cloned(), now)
+}
+
+/// Builds the report of an audit kept as summaries: `detail` makes a node's whole audit again,
+/// asked only for the nodes whose results are listed (at most [`MAX_RESULTS`]).
+pub fn build_from(
+    report: &FleetAudit,
+    mut detail: impl FnMut(&str) -> Option<NodeAudit>,
+    now: Timestamp,
+) -> PolicyReport {
     let mut results = Vec::new();
     let source = &report.facts.source;
     if source.is_unavailable() {
@@ -199,13 +233,14 @@ pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
             .filter(|n| n.is_relevant())
             .flat_map(|node| report.rules.iter().map(move |rule| (node, *rule)))
     };
-    let outcome = |node: &NodeAudit, rule: Rule| match node.findings.iter().find(|f| f.rule == rule)
-    {
-        Some(f) => match f.level {
-            Level::Fail => Outcome::Fail,
-            Level::Warn => Outcome::Warn,
-        },
-        None => Outcome::Pass,
+    let outcome = |node: &NodeSummary, rule: Rule| outcome(node.level(rule));
+    // The last node made again: a node's listed results are consecutive in each pass below.
+    let mut made: Option<NodeAudit> = None;
+    let mut result_of = |node: &NodeSummary, rule: Rule| {
+        if made.as_ref().is_none_or(|m| m.name.as_str() != &*node.name) {
+            made = detail(&node.name);
+        }
+        result(node, made.as_ref(), rule, now)
     };
     let mut summary = Summary::default();
     for r in &results {
@@ -235,14 +270,14 @@ pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
                     break;
                 }
                 if outcome(node, rule) == wanted {
-                    results.push(result(node, rule, now));
+                    results.push(result_of(node, rule));
                 }
             }
         }
         annotations.insert(OMITTED_ANNOTATION, (total - MAX_RESULTS).to_string());
     } else {
         for (node, rule) in cells() {
-            results.push(result(node, rule, now));
+            results.push(result_of(node, rule));
         }
     }
     PolicyReport {
@@ -252,6 +287,7 @@ pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
             name: NAME,
             labels: BTreeMap::from([("app.kubernetes.io/managed-by", NAME)]),
             annotations,
+            resource_version: None,
         },
         results,
         summary,
@@ -265,16 +301,41 @@ impl PolicyReport {
         serde_norway::to_string(self).unwrap_or_default()
     }
 
-    /// The same report with every timestamp zeroed: two audits that found the same things
-    /// compare equal, so an unchanged report is not written again.
-    pub fn without_timestamps(&self) -> PolicyReport {
-        let mut copy = self.clone();
-        for r in &mut copy.results {
-            r.timestamp = Timestamp {
-                seconds: 0,
-                nanos: 0,
-            };
-        }
-        copy
+    /// Whether two reports say the same, whenever they were made and whatever resourceVersion
+    /// they were written over: an unchanged report is not written again.
+    pub fn says_the_same(&self, other: &PolicyReport) -> bool {
+        let results = self.results.len() == other.results.len()
+            && self.results.iter().zip(&other.results).all(|(a, b)| {
+                let ReportResult {
+                    policy,
+                    rule,
+                    result,
+                    severity,
+                    message,
+                    resources,
+                    properties,
+                    source,
+                    timestamp: _,
+                } = a;
+                (
+                    policy, rule, result, severity, message, resources, properties, source,
+                ) == (
+                    &b.policy,
+                    &b.rule,
+                    &b.result,
+                    &b.severity,
+                    &b.message,
+                    &b.resources,
+                    &b.properties,
+                    &b.source,
+                )
+            });
+        results
+            && self.api_version == other.api_version
+            && self.kind == other.kind
+            && self.metadata.name == other.metadata.name
+            && self.metadata.labels == other.metadata.labels
+            && self.metadata.annotations == other.metadata.annotations
+            && self.summary == other.summary
     }
 }

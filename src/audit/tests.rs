@@ -557,6 +557,36 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
             .iter()
             .all(|x| x.result == Outcome::Fail)
     );
+
+    // Kept as summaries, the same report: each listed node's audit is made again only for its
+    // results (the 1,000 failures, then the passes of the first 167 nodes, 6 rules each), never
+    // for the nodes left out.
+    let summary = r.summary();
+    let mut made = Vec::new();
+    let again = report::build_from(
+        &summary,
+        |name| {
+            made.push(name.to_owned());
+            r.node(name).cloned()
+        },
+        at(),
+    );
+    assert_eq!(again, rep);
+    assert_eq!(made.len(), 1000 + 167);
+    assert_eq!(made[1000], "gpu-0000");
+    assert_eq!(made.last().map(String::as_str), Some("gpu-0166"));
+
+    // A node whose audit cannot be made again keeps its outcome, and says so.
+    let blind = report::build_from(&summary, |_| None, at());
+    assert_eq!(blind.summary, rep.summary);
+    assert_eq!(blind.results[0].result, Outcome::Fail);
+    assert!(
+        blind.results[0]
+            .message
+            .contains("details were not available"),
+        "{}",
+        blind.results[0].message
+    );
 }
 
 #[test]
@@ -567,9 +597,23 @@ fn an_unchanged_audit_gives_an_equal_report_apart_from_time() {
         nanos: 0,
     };
     let a = report::build(&r, at());
-    let b = report::build(&r, later);
+    let mut b = report::build(&r, later);
     assert_ne!(a, b);
-    assert_eq!(a.without_timestamps(), b.without_timestamps());
+    assert!(a.says_the_same(&b));
+    b.metadata.resource_version = Some("12".into());
+    assert!(
+        a.says_the_same(&b),
+        "written over a resourceVersion, still the same"
+    );
+    // Any other difference counts: one message, one annotation.
+    let mut c = b.clone();
+    c.results[0].message.push('.');
+    assert!(!a.says_the_same(&c));
+    let mut d = b.clone();
+    d.metadata
+        .annotations
+        .insert(report::OMITTED_ANNOTATION, "1".into());
+    assert!(!a.says_the_same(&d));
 }
 
 /// A ClusterPolicy and a GPUCluster at once (v26.7+): the report fails the cluster once, and

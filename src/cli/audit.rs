@@ -184,7 +184,7 @@ async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         version::resolve(args.operator_version.given(&config), snap.facts.operator);
     let result = audit(&snap.nodes, &snap.pods, &snap.facts, &config.policy);
     if args.report {
-        apply_report(&client, &report::build(&result, now()), &Fence::Any).await?;
+        apply_report(&client, &mut report::build(&result, now()), &Fence::Any).await?;
     }
     Ok(result)
 }

@@ -307,27 +307,20 @@ pub async fn snapshot_keeping(
 }
 
 /// Writes `body` with server-side apply, forcing: its fields belong to gpu-deploy-guard.
-/// `what` names the object in the error. With a [`Fence::At`], the write is made only if the
-/// object is still at that resourceVersion (409 Conflict otherwise). Returns the
-/// resourceVersion written.
-pub async fn apply(
+/// `what` names the object in the error. A body with `metadata.resourceVersion` (see
+/// [`Fence::version`]) is written only if the object is still at that resourceVersion (409
+/// Conflict otherwise). The body is serialized as it is, and only the object's metadata comes
+/// back (a report of thousands of results is not parsed again). Returns the resourceVersion
+/// written.
+pub async fn apply<T: serde::Serialize + std::fmt::Debug>(
     client: &Client,
     resource: &ApiResource,
     name: &str,
-    mut body: Value,
+    body: &T,
     what: &str,
-    fence: &Fence,
 ) -> Result<Option<String>, ClusterError> {
     let api = Api::<DynamicObject>::all_with(client.clone(), resource);
-    if let (Fence::At(version), Some(object)) = (fence, body.as_object_mut()) {
-        let metadata = object
-            .entry("metadata")
-            .or_insert_with(|| Value::Object(serde_json::Map::new()));
-        if let Some(metadata) = metadata.as_object_mut() {
-            metadata.insert("resourceVersion".to_owned(), Value::String(version.clone()));
-        }
-    }
-    api.patch(
+    api.patch_metadata(
         name,
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(body),
@@ -352,6 +345,14 @@ pub enum Fence {
 }
 
 impl Fence {
+    /// The resourceVersion a write under this fence carries in its metadata.
+    pub fn version(&self) -> Option<&str> {
+        match self {
+            Fence::Any => None,
+            Fence::At(version) => Some(version),
+        }
+    }
+
     /// The fence of an object as just read.
     pub async fn read(
         client: &Client,

@@ -10,7 +10,6 @@
 //! only; a node status heartbeat, which changes no label read, touches none.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, btree_map};
-use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::core::facts::ClusterFacts;
@@ -426,22 +425,75 @@ impl Fleet {
     }
 }
 
+/// A pod's name as its generateName prefix, interned (every pod of a DaemonSet shares it), and
+/// its short random suffix, inline: a DaemonSet pod's name costs no allocation of its own. A
+/// name without such a suffix is all prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PodName {
+    prefix: Sym,
+    suffix_len: u8,
+    suffix: [u8; PodName::SUFFIX],
+}
+
+impl PodName {
+    /// The longest suffix kept inline, its dash included (a DaemonSet pod's is 6 bytes): 12
+    /// keeps a record at 32 bytes.
+    const SUFFIX: usize = 12;
+
+    fn new(name: &str, strings: &mut Interner) -> PodName {
+        let mut suffix = [0; Self::SUFFIX];
+        match name.rfind('-') {
+            Some(at) if name.len() - at <= Self::SUFFIX => {
+                let tail = &name.as_bytes()[at..];
+                suffix[..tail.len()].copy_from_slice(tail);
+                PodName {
+                    prefix: strings.get(&name[..at]),
+                    // At most SUFFIX: fits.
+                    suffix_len: tail.len() as u8,
+                    suffix,
+                }
+            }
+            _ => PodName {
+                prefix: strings.get(name),
+                suffix_len: 0,
+                suffix,
+            },
+        }
+    }
+
+    fn suffix(&self) -> &str {
+        // Cut from a `str` at a `-` (ASCII), so always whole characters.
+        std::str::from_utf8(&self.suffix[..usize::from(self.suffix_len)]).unwrap_or_default()
+    }
+
+    fn is(&self, name: &str) -> bool {
+        name.strip_prefix(&*self.prefix) == Some(self.suffix())
+    }
+
+    fn text(&self) -> String {
+        format!("{}{}", self.prefix, self.suffix())
+    }
+}
+
 /// What the audit keeps of one operator pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct PodRecord {
-    node: Option<Sym>,
+    name: PodName,
     operand: Option<Operand>,
     phase: PodPhase,
     /// Owned by a DaemonSet, or labelled like an operand's (the matrix's `TOTAL_PODS`).
     daemonset_pod: bool,
 }
 
-/// The operator namespace's pods as the audit reads them, indexed by node.
+/// The operator namespace's pods as the audit reads them, indexed by node: about 40 bytes a
+/// pod. A pod is found by its node (`spec.nodeName`, set once and never changed, and carried by
+/// every event of the pod, its deletion included) and then by name among that node's few pods.
 #[derive(Debug, Default)]
 pub struct PodIndex {
-    pods: HashMap<Box<str>, PodRecord>,
-    /// (node, pod name) of every scheduled operand pod.
-    by_node: BTreeSet<(Sym, Box<str>)>,
+    /// Scheduled pods, by node.
+    by_node: HashMap<Sym, Vec<PodRecord>>,
+    /// Pods not scheduled yet.
+    unscheduled: Vec<PodRecord>,
     /// Pods per operand (any node, scheduled or not).
     per_operand: BTreeMap<Operand, usize>,
     running_daemonset_pods: usize,
@@ -452,7 +504,7 @@ pub struct PodIndex {
 
 impl PodIndex {
     pub fn is_empty(&self) -> bool {
-        self.pods.is_empty()
+        self.by_node.is_empty() && self.unscheduled.is_empty()
     }
 
     /// The operands that have at least one pod.
@@ -466,27 +518,45 @@ impl PodIndex {
     }
 
     /// The operand pods scheduled on `node`, sorted by name.
-    pub fn on_node(&self, node: &str) -> Vec<PodOnNode<'_>> {
-        let from: (Sym, Box<str>) = (Arc::from(node), Box::from(""));
-        self.by_node
-            .range((Bound::Included(from), Bound::Unbounded))
-            .take_while(|(n, _)| &**n == node)
-            .filter_map(|(_, name)| {
-                let pod = self.pods.get(name)?;
+    pub fn on_node(&self, node: &str) -> Vec<PodOnNode<'static>> {
+        let mut out: Vec<PodOnNode<'static>> = self
+            .by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|pod| {
                 Some(PodOnNode {
                     operand: pod.operand?,
-                    name,
+                    name: pod.name.text().into(),
                     phase: pod.phase,
                 })
             })
-            .collect()
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
     }
 
-    fn forget(&mut self, name: &str) -> Option<PodRecord> {
-        let old = self.pods.remove(name)?;
-        if let Some(node) = &old.node {
-            self.by_node.remove(&(node.clone(), Box::from(name)));
+    /// Removes the pod `name` of `node` (or not scheduled, or just scheduled there); returns
+    /// its record and the node it was on.
+    fn forget(&mut self, name: &str, node: Option<&str>) -> Option<(PodRecord, Option<Sym>)> {
+        let mut found = None;
+        if let Some(node) = node
+            && let Some((key, pods)) = self.by_node.get_key_value(node)
+            && let Some(at) = pods.iter().position(|p| p.name.is(name))
+        {
+            let key = key.clone();
+            let pods = self.by_node.get_mut(node)?;
+            let old = pods.swap_remove(at);
+            if pods.is_empty() {
+                self.by_node.remove(node);
+            } else if pods.capacity() > 2 * pods.len() {
+                pods.shrink_to_fit();
+            }
+            found = Some((old, Some(key)));
+        } else if let Some(at) = self.unscheduled.iter().position(|p| p.name.is(name)) {
+            found = Some((self.unscheduled.swap_remove(at), None));
         }
+        let (old, _) = found.as_ref()?;
         if let Some(op) = old.operand
             && let btree_map::Entry::Occupied(mut e) = self.per_operand.entry(op)
         {
@@ -498,33 +568,38 @@ impl PodIndex {
         if old.daemonset_pod && old.phase == PodPhase::Running {
             self.running_daemonset_pods -= 1;
         }
-        Some(old)
+        found
     }
 
-    fn insert(&mut self, pod: &PodView) -> PodRecord {
+    fn insert(&mut self, pod: &PodView) -> (PodRecord, Option<Sym>) {
         let record = PodRecord {
-            node: pod.node.as_deref().map(|n| self.strings.get(n)),
+            name: PodName::new(pod.name(), &mut self.strings),
             operand: operand_of_pod(pod),
             phase: pod.phase,
             daemonset_pod: is_daemonset_pod(pod),
         };
-        if let (Some(node), Some(_)) = (&record.node, record.operand) {
-            self.by_node.insert((node.clone(), pod.name().into()));
-        }
         if let Some(op) = record.operand {
             *self.per_operand.entry(op).or_default() += 1;
         }
         if record.daemonset_pod && record.phase == PodPhase::Running {
             self.running_daemonset_pods += 1;
         }
-        self.pods.insert(pod.name().into(), record.clone());
-        record
+        let node = pod.node.as_deref().map(|n| self.strings.get(n));
+        match &node {
+            Some(node) => self
+                .by_node
+                .entry(node.clone())
+                .or_default()
+                .push(record.clone()),
+            None => self.unscheduled.push(record.clone()),
+        }
+        (record, node)
     }
 
     /// A pod was added or changed. Returns the nodes whose audit it may change (its node
     /// before and after); none when nothing the audit reads changed.
     pub fn apply(&mut self, pod: &PodView) -> Vec<Sym> {
-        let old = self.forget(pod.name());
+        let old = self.forget(pod.name(), pod.node.as_deref());
         let new = self.insert(pod);
         self.strings.sweep_if_grown();
         if old.as_ref() == Some(&new) {
@@ -533,9 +608,9 @@ impl PodIndex {
         touched(old.as_ref(), Some(&new))
     }
 
-    /// A pod was deleted: the node it was on.
-    pub fn delete(&mut self, name: &str) -> Vec<Sym> {
-        let old = self.forget(name);
+    /// A pod was deleted (its last state, as the watch gives it): the node it was on.
+    pub fn delete(&mut self, pod: &PodView) -> Vec<Sym> {
+        let old = self.forget(pod.name(), pod.node.as_deref());
         self.strings.sweep_if_grown();
         touched(old.as_ref(), None)
     }
@@ -551,17 +626,24 @@ impl PodIndex {
 
     /// The re-list is complete: it replaces every pod.
     pub fn finish_relist(&mut self) {
-        let next = self.relist.take().unwrap_or_default();
+        let mut next = self.relist.take().unwrap_or_default();
+        for pods in next.by_node.values_mut() {
+            pods.shrink_to_fit();
+        }
+        next.unscheduled.shrink_to_fit();
         *self = *next;
     }
 }
 
-fn touched(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<Sym> {
+fn touched(
+    old: Option<&(PodRecord, Option<Sym>)>,
+    new: Option<&(PodRecord, Option<Sym>)>,
+) -> Vec<Sym> {
     let mut nodes: Vec<Sym> = old
-        .iter()
-        .chain(new.iter())
-        .filter(|p| p.operand.is_some())
-        .filter_map(|p| p.node.clone())
+        .into_iter()
+        .chain(new)
+        .filter(|(p, _)| p.operand.is_some())
+        .filter_map(|(_, node)| node.clone())
         .collect();
     nodes.dedup();
     nodes
@@ -745,9 +827,9 @@ mod tests {
     #[test]
     fn pods_are_indexed_by_node_and_counted() {
         let mut pods = PodIndex::default();
-        let mk = |name: &str, node: &str, phase: PodPhase| {
+        let mk = |name: &str, node: Option<&str>, phase: PodPhase| {
             let mut p = PodView {
-                node: Some(node.to_owned()),
+                node: node.map(str::to_owned),
                 phase,
                 daemonset: Some("nvidia-device-plugin-daemonset".to_owned()),
                 owned: true,
@@ -756,20 +838,56 @@ mod tests {
             p.metadata.name = Some(name.to_owned());
             p
         };
-        assert_eq!(pods.apply(&mk("p1", "a", PodPhase::Pending)).len(), 1);
-        assert_eq!(pods.running_daemonset_pods(), 0);
-        assert!(pods.apply(&mk("p1", "a", PodPhase::Pending)).is_empty());
-        let moved: Vec<String> = pods
-            .apply(&mk("p1", "b", PodPhase::Running))
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        assert_eq!(moved, ["a", "b"]);
-        assert!(pods.on_node("a").is_empty());
-        assert_eq!(pods.on_node("b")[0].name, "p1");
-        assert_eq!(pods.running_daemonset_pods(), 1);
+        let names =
+            |nodes: Vec<Sym>| -> Vec<String> { nodes.iter().map(|s| s.to_string()).collect() };
+        // Created, not scheduled yet: counted, on no node.
+        let p1 = "nvidia-device-plugin-daemonset-x7k2q";
+        assert!(pods.apply(&mk(p1, None, PodPhase::Pending)).is_empty());
         assert!(pods.seen().contains(Operand::DevicePlugin));
-        assert_eq!(pods.delete("p1").len(), 1);
+        assert!(!pods.is_empty());
+        // Bound to b: b's audit changes, and the pod is no longer unscheduled.
+        assert_eq!(
+            names(pods.apply(&mk(p1, Some("b"), PodPhase::Pending))),
+            ["b"]
+        );
+        assert_eq!(pods.unscheduled.len(), 0);
+        assert_eq!(pods.running_daemonset_pods(), 0);
+        assert!(pods.apply(&mk(p1, Some("b"), PodPhase::Pending)).is_empty());
+        assert_eq!(
+            names(pods.apply(&mk(p1, Some("b"), PodPhase::Running))),
+            ["b"]
+        );
+        assert!(pods.on_node("a").is_empty());
+        assert_eq!(pods.on_node("b")[0].name, p1);
+        assert_eq!(pods.running_daemonset_pods(), 1);
+        // A pod of a name with no short suffix, and one with no dash at all, keep their names.
+        let long = "gpu-operator-node-feature-discovery-worker-averyverylongsuffix";
+        let plain = "nodashes";
+        pods.apply(&mk(long, Some("b"), PodPhase::Running));
+        pods.apply(&mk(plain, Some("b"), PodPhase::Running));
+        let on_b: Vec<String> = pods
+            .on_node("b")
+            .iter()
+            .map(|p| p.name.to_string())
+            .collect();
+        assert_eq!(on_b, [long, plain, p1], "sorted by name");
+        assert_eq!(
+            names(pods.delete(&mk(long, Some("b"), PodPhase::Running))),
+            ["b"]
+        );
+        assert_eq!(
+            names(pods.delete(&mk(plain, Some("b"), PodPhase::Running))),
+            ["b"]
+        );
+        // Deleted: the event carries its node.
+        assert_eq!(
+            names(pods.delete(&mk(p1, Some("b"), PodPhase::Running))),
+            ["b"]
+        );
+        assert!(
+            pods.delete(&mk(p1, Some("b"), PodPhase::Running))
+                .is_empty()
+        );
         assert!(pods.seen().is_empty());
         assert_eq!(pods.running_daemonset_pods(), 0);
         assert!(pods.is_empty());

@@ -87,10 +87,10 @@ impl PodView {
 }
 
 /// A pod of an operand on a node, as the per-node audit reads it.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodOnNode<'a> {
     pub operand: crate::core::operands::Operand,
-    pub name: &'a str,
+    pub name: std::borrow::Cow<'a, str>,
     pub phase: PodPhase,
 }
 

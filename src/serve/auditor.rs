@@ -126,7 +126,7 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
                         }
                     }
                     Ok(Event::Delete(pod)) => {
-                        for node in pods.delete(pod.name()) {
+                        for node in pods.delete(&pod) {
                             dirty.add(&node);
                             schedule = true;
                         }
@@ -158,39 +158,44 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
                 }
                 paused_logged = false;
                 let current = facts.borrow_and_update().clone();
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+                let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
                 // A pass over a broken fleet is CPU for a while: the runtime moves the other
-                // tasks (the reviews) off this worker thread meanwhile.
-                let (pass, report) = cpu_bound(|| {
+                // tasks (the reviews) off this worker thread meanwhile. The report's messages
+                // are made from the same records as the pass, under the same lock.
+                let built = cpu_bound(|| {
                     let mut state = fleet.lock();
                     let mut todo = std::mem::take(&mut state.dirty);
                     todo.merge(std::mem::take(&mut dirty));
                     let pass = incremental.update(&state.nodes, &pods, &current, &config.policy, todo);
-                    (pass, incremental.report())
+                    let audit = incremental.audit()?;
+                    metrics.record(audit, seconds);
+                    tracing::debug!(
+                        nodes = audit.nodes.len(),
+                        audited = pass.audited,
+                        whole = pass.whole,
+                        ok = audit.nodes.iter().filter(|n| n.is_ok()).count(),
+                        "audit"
+                    );
+                    config.report.then(|| {
+                        report::build_from(
+                            audit,
+                            |name| incremental.detail(name, &state.nodes, &pods, &config.policy),
+                            report::Timestamp { seconds, nanos: 0 },
+                        )
+                    })
                 });
-                let Some(report) = report else { continue };
-                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-                let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
-                metrics.record(report, seconds);
-                tracing::debug!(
-                    nodes = report.nodes.len(),
-                    audited = pass.audited,
-                    whole = pass.whole,
-                    ok = report.nodes.iter().filter(|n| n.is_ok()).count(),
-                    "audit"
-                );
-                if config.report {
-                    let built = report::build(report, report::Timestamp { seconds, nanos: 0 });
-                    let comparable = built.without_timestamps();
-                    if last_report.as_ref() == Some(&comparable) {
+                if let Some(mut built) = built {
+                    if last_report.as_ref().is_some_and(|last| last.says_the_same(&built)) {
                         continue;
                     }
-                    match write_report(client, term, &mut fence, &built).await {
+                    match write_report(client, term, &mut fence, &mut built).await {
                         Ok(true) => {
                             if report_failing {
                                 tracing::info!("ClusterPolicyReport written again");
                             }
                             report_failing = false;
-                            last_report = Some(comparable);
+                            last_report = Some(built);
                         }
                         // The term is over: the Lease's change ends this one.
                         Ok(false) => {}
@@ -220,7 +225,7 @@ async fn write_report(
     client: &Client,
     term: &Term,
     fence: &mut Option<Fence>,
-    report: &PolicyReport,
+    report: &mut PolicyReport,
 ) -> Result<bool, crate::k8s::api::ClusterError> {
     if !term.holds() {
         return Ok(false);
