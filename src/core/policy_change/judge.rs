@@ -111,7 +111,8 @@ pub(super) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
                 rule: Rule::GpuClusterConflict,
                 change: Change::New,
                 message: format!(
-                    "{object}: whether a ClusterPolicy exists is not known ({why}), and the GPU Operator ({version})                      reconciles neither while both exist: retry once the guard can read the ClusterPolicies."
+                    "{object}: whether a ClusterPolicy exists is not known ({why}), and the GPU Operator ({version}) \
+                     reconciles neither while both exist: retry once the guard can read the ClusterPolicies."
                 ),
                 warning: format!("{object}: whether a ClusterPolicy exists is not known"),
             });
@@ -218,7 +219,10 @@ fn overlap_unknown(object: &str, out: &mut Vec<Found>) {
     out.push(finding(
         Rule::NvidiaDriverOverlap,
         format!(
-            "{object}: overlap not checked: the other NVIDIADrivers are not known (not listed yet, or RBAC forbids              listing nvidiadrivers.nvidia.com); the GPU Operator runs one driver per node and reports a conflict only              when it reconciles: retry once the guard has listed them (its log says why it has not), or, offline, give              them with --nvidia-drivers."
+            "{object}: overlap not checked: the other NVIDIADrivers are not known (not listed yet, or RBAC forbids \
+             listing nvidiadrivers.nvidia.com); the GPU Operator runs one driver per node and reports a conflict only \
+             when it reconciles: retry once the guard has listed them (its log says why it has not), or, offline, give \
+             them with --nvidia-drivers."
         ),
         format!("{object}: overlap with the other NVIDIADrivers not checked: they are not known"),
     ));

@@ -973,6 +973,34 @@ fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
             .findings
             .is_empty()
     );
+    // Whether a ClusterPolicy exists is not known: the GPUCluster could make both.
+    let mut unknown = operator_defaults();
+    unknown.source = PolicySource::Forbidden("RBAC forbids listing clusterpolicies".into());
+    let review = PolicyReview {
+        kind: PolicyKind::GpuCluster,
+        name: "gpu-cluster",
+        operation: Operation::Create,
+        change: PolicyChange::GpuCluster {
+            facts: &unknown,
+            after: &unknown,
+            cluster_policy: None,
+        },
+        ..cp_review(&unknown, &unknown, None)
+    };
+    let v = over(&review, &groups);
+    assert_eq!(v.decision, Decision::Denied);
+    let m = &v.findings[0].message;
+    assert!(
+        m.starts_with("GPUCluster gpu-cluster: whether a ClusterPolicy exists is not known"),
+        "{m}"
+    );
+    assert!(
+        m.ends_with(
+            "reconciles neither while both exist: retry once the guard can read the ClusterPolicies."
+        ),
+        "{m}"
+    );
+    assert!(!m.contains("  "), "one space between words: {m}");
 }
 
 #[test]
@@ -993,6 +1021,7 @@ fn an_nvidiadriver_is_refused_while_the_others_are_not_known() {
         ),
         "{m}"
     );
+    assert!(!m.contains("  "), "one space between words: {m}");
     // Deleting one cannot make an overlap.
     let v = over(
         &nd_review(&facts, Operation::Delete, Some(&pool), None, &[]),
