@@ -17,6 +17,12 @@ pub type Labels = BTreeMap<String, String>;
 
 /// Prefix of every deploy label.
 pub const DEPLOY_PREFIX: &str = "nvidia.com/gpu.deploy.";
+
+/// The values the pausing components write into a deploy label: k8s-driver-manager (which
+/// appends its to the value it found, after `_`), mig-manager and vgpu-device-manager.
+pub const DRIVER_PAUSE: &str = "paused-for-driver-upgrade";
+pub const MIG_PAUSE: &str = "paused-for-mig-change";
+pub const VGPU_PAUSE: &str = "paused-for-vgpu-change";
 /// The control label: `false` (exactly) makes the operator delete every deploy label.
 pub const OPERANDS_KEY: &str = "nvidia.com/gpu.deploy.operands";
 /// Set by the operator on nodes where NFD found an NVIDIA PCI device.

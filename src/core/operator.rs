@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::core::operands::{
-    Era, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, OperandSet,
-    SandboxMode, Stack, Workload, deploy_labels, gpu_cluster_labels, label_set, managed,
-    mig_labelled,
+    DRIVER_PAUSE, Era, GPU_PRESENT_KEY, Labels, MIG_PAUSE, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY,
+    Operand, OperandSet, SandboxMode, Stack, VGPU_PAUSE, Workload, deploy_labels,
+    gpu_cluster_labels, label_set, managed, mig_labelled,
 };
 
 const WORKLOAD: &str = "nvidia.com/gpu.workload.config";
@@ -375,8 +375,6 @@ fn label_actions(
     actions
 }
 
-const DRIVER_PAUSE: &str = "paused-for-driver-upgrade";
-
 /// The value a paused label gets back when the pause ends; `None` when it is not paused.
 ///
 /// k8s-driver-manager (`maybeSetTrue`): `paused-for-driver-upgrade` → `true`,
@@ -384,9 +382,7 @@ const DRIVER_PAUSE: &str = "paused-for-driver-upgrade";
 /// and `paused-for-vgpu-change` → `true`.
 pub fn restored_value(value: &str) -> Option<String> {
     match value {
-        DRIVER_PAUSE | "paused-for-mig-change" | "paused-for-vgpu-change" => {
-            Some("true".to_owned())
-        }
+        DRIVER_PAUSE | MIG_PAUSE | VGPU_PAUSE => Some("true".to_owned()),
         _ => value
             .strip_suffix(DRIVER_PAUSE)
             .and_then(|v| v.strip_suffix('_'))

@@ -9,7 +9,7 @@
 //! as it was before a request, not from what the request writes. Labels a component does not
 //! own are not touched by its end.
 
-use crate::core::operands::{DEPLOY_PREFIX, Labels};
+use crate::core::operands::{DEPLOY_PREFIX, DRIVER_PAUSE, Labels, MIG_PAUSE, VGPU_PAUSE};
 use crate::core::operator::{OperatorVersion, restored_value};
 
 /// How a release's k8s-driver-manager is built: a bash script up to v0.8.1 (GPU Operator up to
@@ -54,10 +54,6 @@ const PAUSERS: [Pauser; 3] = [
     Pauser::MigManager,
     Pauser::DriverManager,
 ];
-
-const DRIVER_PAUSE: &str = "paused-for-driver-upgrade";
-const MIG_PAUSE: &str = "paused-for-mig-change";
-const VGPU_PAUSE: &str = "paused-for-vgpu-change";
 
 impl Pauser {
     pub fn name(self) -> &'static str {

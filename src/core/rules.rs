@@ -552,3 +552,23 @@ impl Ctx<'_, '_> {
             .filter_map(|c| c.new.map(|new| (c.key, new)))
     }
 }
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    /// `Rule::spec` finds a rule's row by the rule's place in the enum: every row must sit at
+    /// its rule's place, and ids are unique.
+    #[test]
+    fn each_row_sits_at_its_rules_place() {
+        for (at, spec) in RULES.iter().enumerate() {
+            assert_eq!(spec.rule as usize, at, "{} is row {at} of RULES", spec.id);
+            assert_eq!(spec.rule.spec().id, spec.id);
+            assert_eq!(Rule::from_id(spec.id), Some(spec.rule));
+        }
+        let mut ids: Vec<&str> = RULES.iter().map(|s| s.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), RULES.len(), "rule ids are unique");
+    }
+}
