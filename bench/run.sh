@@ -14,7 +14,8 @@
 #      and p99 at fixed rates of 200 and 1,000 reviews/s, and the highest rate of each
 #   4. resident memory of both servers, idle and at peak
 #   5. every executable bench/sections/*.sh, see "Extra sections" below
-#   6. the audit at cluster scale (benches/audit.rs, its own table), when that file exists
+#   6. the audit at cluster scale (benches/audit.rs, its own table), when that file exists, and
+#      what the continuous audit holds at 5,000 and 15,000 nodes (benches/auditor.rs)
 # and, since timings on a shared 2-core machine move with whatever else runs, the same costs as
 # instruction counts under callgrind, which do not: per decision and per in-process review
 # (bench/count.sh), and per request for both servers over TLS (user space, all threads).
@@ -75,7 +76,7 @@ BODY_DENIED=$ROOT/benches/fixtures/large-node-review-denied.json
 
 # Nothing from an earlier run may pass for this one's.
 rm -rf "$OUT/load" "$OUT/sections" "$OUT/callgrind" "$OUT/cpu"
-rm -f "$OUT"/{instructions,server-instructions,audit,memory,env}.txt "$OUT/summary.md"
+rm -f "$OUT"/{instructions,server-instructions,audit,auditor,memory,env}.txt "$OUT/summary.md"
 mkdir -p "$OUT/load" "$OUT/sections" "$OUT/cpu"
 # The summary takes criterion results newer than this; older ones stay as criterion's baseline.
 touch "$OUT/started"
@@ -128,6 +129,10 @@ if [[ -f benches/audit.rs ]]; then
     GDG_BENCH_SMOKE=$SMOKE "$CARGO" bench --locked --quiet --bench audit >"$OUT/audit.txt" 2>"$OUT/audit.log" ||
         { cat "$OUT/audit.log" >&2; exit 1; }
 fi
+# What the continuous audit holds, piece by piece, at 5,000 and 15,000 nodes (heap bytes).
+log "auditor bench"
+GDG_BENCH_SMOKE=$SMOKE "$CARGO" bench --locked --quiet --bench auditor >"$OUT/auditor.txt" 2>"$OUT/auditor.log" ||
+    { cat "$OUT/auditor.log" >&2; exit 1; }
 
 if command -v valgrind >/dev/null; then
     log "callgrind: instructions per decision and per review"

@@ -284,6 +284,15 @@ def main():
                 lines += ["", f"Audit of 5,000 nodes: {total_ms / 1000:.2f} s in all "
                               f"(target < 0.5 s: {verdict(total_ms < 500)})."]
 
+    auditor = os.path.join(out, "auditor.txt")
+    if os.path.exists(auditor):
+        with open(auditor) as f:
+            table = f.read().rstrip()
+        if len(table.splitlines()) < 3:
+            problems.append("auditor bench: no rows")
+        lines += ["", "## 6. What the continuous audit holds (benches/auditor.rs, heap MiB)", "",
+                  "```text", table, "```"]
+
     for path in sorted(glob.glob(os.path.join(out, "sections", "*.md"))):
         with open(path) as f:
             text = f.read().strip()
