@@ -4,7 +4,7 @@
 CARGO ?= cargo
 BIN := target/release/gpu-deploy-guard
 
-.PHONY: all build no-rebuild test unit lint e2e monitoring-test helm-test image-test render-manifests cel-test playground playground-down bench bench-smoke bench-scale bench-connections fuzz fuzz-smoke soak clean
+.PHONY: all build prebuild no-rebuild test unit lint e2e monitoring-test helm-test image-test render-manifests cel-test playground playground-down bench bench-smoke bench-scale bench-connections fuzz fuzz-smoke soak clean
 
 all: build
 
@@ -12,7 +12,12 @@ build:
 	$(CARGO) build --release --locked
 
 ## test: everything CI runs: formatting, lints, unit/integration tests, end-to-end tests.
-test: lint unit fuzz-smoke monitoring-test helm-test e2e no-rebuild image-test cel-test bench-smoke
+test: prebuild lint unit fuzz-smoke monitoring-test helm-test e2e no-rebuild image-test cel-test bench-smoke
+
+## prebuild: the e2e step's Go builds (control plane, GPU Operator, test binaries), started in the
+## background at low priority while the steps before it run; they stop if this make ends first.
+prebuild:
+	bash tests/build/prebuild.sh $$PPID
 
 unit:
 	$(CARGO) test --locked

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Starts, in the background and at low priority, the Go builds that `make test` needs only at
+# its end-to-end step: the control plane (kube-apiserver, kube-controller-manager, etcd: 10-12
+# minutes cold on two cores), the GPU Operator of the oracle tests (2-3 minutes) and the e2e
+# suite's test binaries. Until that step the machine has idle time (fuzz runs, tests, the
+# monitoring and helm checks use one core or none); the builds take it, and the e2e step finds
+# them done or waits for them (each build script holds a lock per cache entry, and go's build
+# cache is shared).
+#
+#   tests/build/prebuild.sh <pid>   builds while process <pid> (make) lives; stops with it
+#
+# Returns at once. The log is target/prebuild.log; a build that fails here is simply run
+# again, in the foreground, by the step that needs it, which reports its error.
+set -euo pipefail
+
+owner=${1:?usage: prebuild.sh <pid of the make that runs the tests>}
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+mkdir -p "$root/target"
+log="$root/target/prebuild.log"
+
+builds() {
+    echo "prebuild: started $(date -u +%FT%TZ)"
+    local start=$SECONDS
+    nice -n 10 bash "$root/tests/e2e/build-control-plane.sh" >/dev/null &&
+        echo "prebuild: control plane ready after $((SECONDS - start))s"
+    nice -n 10 bash "$root/tests/e2e/build-operator.sh" >/dev/null &&
+        echo "prebuild: GPU Operator ready after $((SECONDS - start))s"
+    # Compiled only (-c), never run: a test package's TestMain starts a control plane.
+    local out
+    out=$(mktemp -d)
+    (cd "$root/tests/e2e" && GOFLAGS="-mod=readonly -buildvcs=false" nice -n 10 go test -c -o "$out/" ./... >/dev/null) &&
+        echo "prebuild: e2e test binaries built after $((SECONDS - start))s"
+    rm -rf "$out"
+    echo "prebuild: done after $((SECONDS - start))s"
+}
+
+# Its own session, so that it can be stopped as a group when the make that started it ends
+# first (Ctrl-C, a failing step): no build is left running on its own.
+setsid bash -c '
+    owner=$1 log=$2
+    shift 2
+    "$@" >>"$log" 2>&1 &
+    work=$!
+    while kill -0 "$work" 2>/dev/null; do
+        if ! kill -0 "$owner" 2>/dev/null; then
+            echo "prebuild: stopped: the make that started it has ended" >>"$log"
+            kill -- -$$ 2>/dev/null
+            exit 0
+        fi
+        sleep 2
+    done
+' prebuild "$owner" "$log" bash -c "$(declare -f builds); root='$root'; builds" </dev/null >/dev/null 2>&1 &
+echo "prebuild: Go builds of the e2e step started in the background (log: target/prebuild.log)"
