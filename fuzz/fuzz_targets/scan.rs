@@ -5,6 +5,10 @@
 //! and set of cluster facts below. tests/scan_differential.rs holds the same property on the
 //! fixtures and generated reviews; this target lets coverage guidance look for the exception.
 //!
+//! The fallback would hide a scanner that wrongly refuses a valid body (serde then reads it and
+//! the answers agree), so the scanner's own verdict is checked first: what it calls invalid,
+//! serde must refuse too.
+//!
 //! Seeded like the `review` target, with the fixtures.
 #![no_main]
 
@@ -14,13 +18,20 @@ use cases::cases;
 use gpu_deploy_guard::webhook::response::respond;
 use gpu_deploy_guard::webhook::read::RequestView;
 use gpu_deploy_guard::webhook::node_review::review_request;
-use gpu_deploy_guard::webhook::read::parse_review;
+use gpu_deploy_guard::webhook::read::scan::ScanError;
+use gpu_deploy_guard::webhook::read::{Scanned, parse_review, scan_review};
 use gpu_deploy_guard::webhook::read::reference::parse_with_serde;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let scanned = parse_review(data);
     let reference = parse_with_serde(data);
+    if let Scanned::ToSerde(Some(why @ ScanError::Invalid { .. })) = scan_review(data) {
+        assert!(
+            reference.is_err(),
+            "the scanner refuses a body serde accepts: {why}"
+        );
+    }
+    let scanned = parse_review(data);
     match (&scanned, &reference) {
         (Ok(scanned), Ok(reference)) => same_answers(scanned, reference),
         (Err((a, uid_a)), Err((b, uid_b))) => {
