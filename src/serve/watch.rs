@@ -163,6 +163,17 @@ impl Health {
     pub(super) fn settled(&self) -> bool {
         !matches!(self, Health::Starting)
     }
+
+    /// Nothing to wait for before taking traffic: listed, or unavailable in a way waiting does
+    /// not change (no such resource, or more than the guard keeps). A kind RBAC forbids is
+    /// waited for, up to the sync timeout: a chart's RBAC often lands just after its
+    /// Deployment, and a replica ready before it can only refuse what needs that kind.
+    pub(super) fn ready_to_serve(&self) -> bool {
+        matches!(
+            self,
+            Health::Synced | Health::Unavailable(Unavailable::NotFound | Unavailable::TooMany)
+        )
+    }
 }
 
 #[derive(Default)]
@@ -465,6 +476,7 @@ impl Publisher<'_> {
             }
             // Every kind a decision reads, the nodes included: a replica that took traffic
             // before its nodes were listed could only refuse the policy changes that need them.
+            // A kind RBAC forbids is waited for too, up to the timeout.
             let kinds = [
                 (Kind::ClusterPolicies, &policies_health),
                 (Kind::NvidiaDrivers, &drivers_health),
@@ -475,7 +487,7 @@ impl Publisher<'_> {
             ]
             .map(|(kind, health)| {
                 audit_metrics.set_watch_readable(kind.label(), *health == Health::Synced);
-                (kind, health.settled())
+                (kind, health.ready_to_serve())
             });
             let settled = kinds.iter().all(|(_, settled)| *settled);
             if on_synced.is_some() && (settled || Instant::now() >= deadline) {
@@ -659,6 +671,19 @@ mod tests {
             Some(Unavailable::NotFound),
             "a resource without a CRD answers in plain text"
         );
+    }
+
+    /// Readiness waits for a kind until it is listed, or until waiting cannot help: a resource
+    /// the cluster does not have, or more objects than the guard keeps. A kind RBAC forbids is
+    /// waited for (the sync timeout bounds it): it may be allowed a moment later.
+    #[test]
+    fn readiness_waits_for_a_forbidden_kind_not_for_a_missing_one() {
+        assert!(Health::Synced.ready_to_serve());
+        assert!(Health::Unavailable(Unavailable::NotFound).ready_to_serve());
+        assert!(Health::Unavailable(Unavailable::TooMany).ready_to_serve());
+        assert!(!Health::Unavailable(Unavailable::Forbidden).ready_to_serve());
+        assert!(!Health::Starting.ready_to_serve());
+        assert!(Health::Unavailable(Unavailable::Forbidden).settled());
     }
 
     /// The healths of the ClusterPolicies, DaemonSets and Deployments; GPUClusters unavailable.

@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -226,5 +228,149 @@ func TestAccessLostAndRestoredIsFollowedAtOnce(t *testing.T) {
 	// debounce add a little.
 	if took > 20*time.Second {
 		t.Errorf("the guard took %s to follow the cluster again, want within 20 s", took.Round(100*time.Millisecond))
+	}
+}
+
+// TestRecreatedClusterPolicyCRDIsFollowedAtOnce: the ClusterPolicy CRD is
+// deleted and created again (an operator reinstalled), and a ClusterPolicy
+// created through the guard. Eleven seconds later, past the guard's memory
+// of what it admitted itself (10 s), only its watch can know of that
+// ClusterPolicy: a GPUCluster beside it is refused for the conflict, since
+// the watch lists a kind again within seconds of its coming back (it used to
+// take 35 s, and the GPUCluster was allowed meanwhile).
+func TestRecreatedClusterPolicyCRDIsFollowedAtOnce(t *testing.T) {
+	setUpPolicyLab(t)
+	crd := gpuClusterCRD(t)
+	t.Cleanup(func() {
+		for _, args := range [][]string{
+			{"delete", "gpuclusters", "--all", "--ignore-not-found"},
+			{"delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"},
+		} {
+			if got := kubectl(args...); got.code != 0 {
+				t.Errorf("cleanup: kubectl %s: %s", strings.Join(args, " "), got)
+			}
+		}
+		if got := kubectlWithInput(crd, "delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=60s"); got.code != 0 {
+			t.Errorf("cleanup: kubectl delete crd gpuclusters.nvidia.com: %s", got)
+		}
+	})
+	if got := kubectlWithInput(crd, "apply", "-f", "-"); got.code != 0 {
+		t.Fatalf("kubectl apply of the GPUCluster CRD: %s", got)
+	}
+	cp.WaitCRDsServed(t, "gpuclusters.nvidia.com")
+	build, err := framework.BuildOperator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	policyCRD := filepath.Join(build.CRDDir(), "nvidia.com_clusterpolicies.yaml")
+	cp.MustKubectl(t, "delete", "-f", policyCRD, "--wait=true", "--timeout=60s")
+	cp.MustKubectl(t, "create", "-f", policyCRD)
+	cp.WaitCRDsServed(t, "clusterpolicies.nvidia.com")
+	expectResult(t, "kubectl apply of a ClusterPolicy after its CRD came back",
+		kubectlWithInput(clusterPolicyManifest(t, nil), "apply", "-f", "-"), 0, "clusterpolicy.nvidia.com/cluster-policy created\n", "")
+	created := time.Now()
+	time.Sleep(time.Until(created.Add(11 * time.Second)))
+	gpuCluster := "apiVersion: nvidia.com/v1alpha1\nkind: GPUCluster\nmetadata:\n  name: gpu-cluster\nspec: {}\n"
+	conflict := `Error from server (Forbidden): error when creating "STDIN": ` + policyDenied +
+		"GPUCluster gpu-cluster: ClusterPolicy cluster-policy exists, and the GPU Operator (v26.7) reconciles neither while both exist"
+	got := kubectlWithInput(gpuCluster, "apply", "-f", "-")
+	if got.code != 1 || got.stdout != "" || !strings.HasPrefix(got.stderr, conflict) {
+		t.Fatalf("kubectl apply of a GPUCluster 11 s after the ClusterPolicy: want refused for the conflict\ngot %s", got)
+	}
+	expectResult(t, "kubectl get gpuclusters", kubectl("get", "gpuclusters", "-o", "name"), 0, "", "")
+}
+
+// TestColdStartIsReadyOnlyOnceTheNodesAreListed: a replica that starts
+// while RBAC does not yet let it list the nodes (the ClusterRole's nodes rule
+// comes back 4 s after the start, as when a chart's RBAC lags its
+// Deployment) is not ready meanwhile, so no admission is routed to a replica
+// that would decide without the fleet (issue 36 measured 1.2 s ready and
+// 17.6 s blind at 15,000 nodes). Once the rule is back it is ready within
+// seconds, and its first decision names the lab's nodes.
+func TestColdStartIsReadyOnlyOnceTheNodesAreListed(t *testing.T) {
+	setUpLab(t)
+	t.Cleanup(func() { restoreLab(t) })
+	for _, node := range []string{"lab-node-0", "lab-node-1"} {
+		cp.MustKubectl(t, "label", "node", node, nfdNvidiaPCI+"=true")
+	}
+	installOperatorCRDs(t)
+	t.Cleanup(func() {
+		if got := kubectl("delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"); got.code != 0 {
+			t.Errorf("cleanup: %s", got)
+		}
+	})
+	expectResult(t, "kubectl apply -f "+policyClusterPolicy, kubectlWithInput(clusterPolicyManifest(t, nil), "apply", "-f", "-"),
+		0, "clusterpolicy.nvidia.com/cluster-policy created\n", "")
+	kubeconfig := watchingRBAC(t)
+	objs, err := cp.Kustomize(filepath.Join(repoRoot(t), "deploy", "base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	original, err := framework.Find(objs, "ClusterRole", "gpu-deploy-guard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := cp.MustKubectl(t, "get", "clusterrole", "gpu-deploy-guard", "-o", "json")
+	var cr struct {
+		Rules []struct {
+			Resources []string `json:"resources"`
+		} `json:"rules"`
+	}
+	if err := json.Unmarshal([]byte(role), &cr); err != nil {
+		t.Fatalf("clusterrole gpu-deploy-guard: %v", err)
+	}
+	at := slices.IndexFunc(cr.Rules, func(r struct {
+		Resources []string `json:"resources"`
+	}) bool {
+		return slices.Equal(r.Resources, []string{"nodes"})
+	})
+	if at < 0 {
+		t.Fatalf("clusterrole gpu-deploy-guard has no rule for nodes alone:\n%s", role)
+	}
+	cp.MustKubectl(t, "patch", "clusterrole", "gpu-deploy-guard", "--type=json",
+		"-p", fmt.Sprintf(`[{"op":"remove","path":"/rules/%d"}]`, at))
+	sa := "system:serviceaccount:" + guardNS + ":gpu-deploy-guard"
+	framework.WaitFor(t, watchFollow, "RBAC to forbid the guard listing nodes", func() (bool, string) {
+		got := kubectl("auth", "can-i", "list", "nodes", "--as="+sa)
+		return strings.TrimSpace(got.stdout) == "no", got.String()
+	})
+
+	const lag = 4 * time.Second
+	start := time.Now()
+	restored := make(chan error, 1)
+	go func() {
+		time.Sleep(lag)
+		if got := kubectlWithInput(string(original.YAML), "apply", "-f", "-"); got.code != 0 {
+			restored <- fmt.Errorf("kubectl apply of the ClusterRole: %s", got)
+			return
+		}
+		restored <- nil
+	}()
+	g := startWatchingReplica(t, kubeconfig, "gpu-deploy-guard-cold")
+	ready := time.Since(start)
+	if err := <-restored; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ready %s after its start, the nodes listable from %s", ready.Round(100*time.Millisecond), lag)
+	if ready < lag {
+		t.Fatalf("the replica was ready %s after its start, before RBAC let it list the nodes (%s)", ready.Round(100*time.Millisecond), lag)
+	}
+	if ready > lag+15*time.Second {
+		t.Errorf("the replica was ready %s after its start, want within 15 s of the nodes becoming listable", ready.Round(100*time.Millisecond))
+	}
+	root := repoRoot(t)
+	if err := cp.RegisterGuard(root, g); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cp.RegisterGuard(root, guard); err != nil {
+			t.Errorf("cleanup: registering the shared webhook again: %v", err)
+		}
+	})
+	want := result{"", policyForbidden + toolkitRefusal + "\n", 1}
+	got := kubectl("patch", "clusterpolicy", clusterPolicyName, "--type=merge",
+		"-p", `{"spec":{"toolkit":{"enabled":false}}}`, "--dry-run=server")
+	if got != want {
+		t.Fatalf("the first decision of the replica just ready: want the refusal naming the lab's nodes\n%s\ngot %s", want, got)
 	}
 }
