@@ -296,6 +296,9 @@ type setup struct {
 	kubeconfig string
 	identity   string
 	config     string
+	// review is a node AdmissionReview the replicas allow (the large node,
+	// one label changed), for the latency probe.
+	review []byte
 }
 
 func setUp(ctx context.Context, cp *framework.ControlPlane, cs *kubernetes.Clientset, root, bin string, admin bool) (*setup, error) {
@@ -322,6 +325,9 @@ func setUp(ctx context.Context, cp *framework.ControlPlane, cs *kubernetes.Clien
 		return nil, fmt.Errorf("%d DaemonSets in %s, want %d", len(list.Items), operatorNS, len(labDeployLabels))
 	}
 	s := &setup{dsets: list.Items}
+	if s.review, err = os.ReadFile(filepath.Join(root, "benches", "fixtures", "large-node-review-allowed.json")); err != nil {
+		return nil, err
+	}
 
 	guardDir := filepath.Join(cp.Dir, "guard")
 	if s.config, err = cp.WriteShippedGuardConfig(root, guardDir); err != nil {

@@ -125,6 +125,14 @@ func table(res results, r runResult) string {
 		return fmt.Sprintf("%.1f / %.1f", rr.PeakFloodMiB, rr.RSSFloodMiB)
 	})
 	row("RSS once the flood is deleted (MiB)", func(rr replicaResult) string { return fmt.Sprintf("%.1f", rr.RSSFloodGoneMiB) })
+	row("node reviews in the flood: p50 / p99 / max (ms)", func(rr replicaResult) string {
+		f := rr.FloodReviews
+		text := fmt.Sprintf("%.1f / %.1f / %.1f", f.P50Ms, f.P99Ms, f.MaxMs)
+		if f.Errors > 0 {
+			text += fmt.Sprintf(" (%d failed)", f.Errors)
+		}
+		return text
+	})
 	row("log errors / warnings", func(rr replicaResult) string { return fmt.Sprintf("%d / %d", rr.LogErrors, rr.LogWarnings) })
 	w.Flush()
 	fmt.Fprintf(&b, "heartbeats: %d patched, %d failed, %d late, over %.0f s; kube-apiserver %.3f cores at rest, %.3f under them\n",

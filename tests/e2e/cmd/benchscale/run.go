@@ -43,6 +43,9 @@ type replicaResult struct {
 	PeakFloodMiB    float64 `json:"peak_rss_cr_flood_mib"`
 	RSSFloodMiB     float64 `json:"rss_cr_flood_mib"`
 	RSSFloodGoneMiB float64 `json:"rss_cr_flood_deleted_mib"`
+	// Node reviews sent to the replica every 50 ms from the flood's start to
+	// its end.
+	FloodReviews reviewStats `json:"reviews_during_cr_flood"`
 }
 
 // controlPlaneResult is the API server and etcd around the run.
@@ -189,7 +192,15 @@ func measure(ctx context.Context, o options, cp *framework.ControlPlane, cs *kub
 	logf("N=%d: heartbeats %d sent, %d failed, %d late; CPU %v cores", n, r.Heartbeats.Sent, r.Heartbeats.Failed, r.Heartbeats.Late, cores)
 
 	if o.crFlood > 0 && len(pids) > 0 {
-		if err := crFlood(cp, o, n, pids, r.Replicas); err != nil {
+		probes := make([]*probe, len(guards))
+		for i, g := range guards {
+			probes[i] = startProbe(g.URL(), s.review, 50*time.Millisecond)
+		}
+		err := crFlood(cp, o, n, pids, r.Replicas)
+		for i, p := range probes {
+			r.Replicas[i].FloodReviews = p.finish()
+		}
+		if err != nil {
 			return r, err
 		}
 	}
