@@ -489,7 +489,15 @@ async fn serve_decides_by_the_version_of_the_operator_deployment() {
 async fn serve_without_the_deployments_assumes_the_newest_version_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
     let api = fake_api(Deployments::Forbidden).await;
+    let started = std::time::Instant::now();
     let s = serve(&kubeconfig(dir.path(), api), dir.path(), &[]).await;
+    // RBAC may allow the Deployments a moment later: readiness waits for them, up to the
+    // watch's sync timeout (30 s).
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(29),
+        "ready {:?} after the start, before the sync timeout, while the Deployments are forbidden",
+        started.elapsed()
+    );
     let (warnings, facts) = s.judge().await;
     // v26.7 adds an emptied label back as true.
     assert_eq!(warnings.len(), 1, "{warnings:?}");

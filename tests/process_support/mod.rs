@@ -25,11 +25,12 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Waits (up to 30 s) until the `serve` in `child` answers 200 on its admin port's /readyz;
-/// panics if it exits first.
+/// Waits (up to 45 s) until the `serve` in `child` answers 200 on its admin port's /readyz;
+/// panics if it exits first. A kind RBAC forbids holds readiness back until the watch's 30 s
+/// sync timeout.
 pub async fn wait_ready(admin: u16, child: &mut Child) {
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(45);
     loop {
         if let Ok(r) = client
             .get(format!("http://127.0.0.1:{admin}/readyz"))
@@ -42,7 +43,7 @@ pub async fn wait_ready(admin: u16, child: &mut Child) {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("serve exited before it was ready: {status}");
         }
-        assert!(Instant::now() < deadline, "serve not ready after 30 s");
+        assert!(Instant::now() < deadline, "serve not ready after 45 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
