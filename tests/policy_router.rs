@@ -50,6 +50,7 @@ fn gpu_node(name: &str) -> NodeView {
 struct Harness {
     metrics: Arc<Metrics>,
     app: axum::Router,
+    fleet: Arc<Fleet>,
 }
 
 /// A webhook whose fleet holds `nodes`, listed (`synced`) or not.
@@ -75,10 +76,11 @@ fn harness_with(nodes: &[NodeView], synced: bool, facts: ClusterFacts) -> Harnes
         state.synced = synced;
         state.dirty = Dirty::All;
     }
-    hook.fleet = Some(fleet);
+    hook.fleet = Some(fleet.clone());
     Harness {
         metrics,
         app: router(Arc::new(hook)),
+        fleet,
     }
 }
 
@@ -319,23 +321,52 @@ async fn nvidiadrivers_that_overlap_are_refused_and_a_delete_warns() {
             .starts_with("NVIDIADriver gpu-a-only: its nodeSelector selects 1 node that NVIDIADriver all selects too (gpu-a)"),
         "{answer}"
     );
-    // A selector on a label no record holds: allowed, with a warning that it was not checked.
-    let (_, answer) = post(
-        &h,
-        &review(
-            "NVIDIADriver",
-            "CREATE",
-            driver("by-host", json!({"kubernetes.io/hostname": "gpu-a"})),
-            Value::Null,
-        ),
-    )
-    .await;
-    assert_eq!(answer["response"]["allowed"], true, "{answer}");
-    assert_eq!(
-        answer["response"]["warnings"],
-        json!([
-            "NVIDIADriver by-host: overlap not checked: the guard does not read kubernetes.io/hostname yet"
-        ])
+    // A selector on a label no record holds: its overlap cannot be checked, so it is refused,
+    // and the records are asked to keep that label from now on.
+    let by_host = review(
+        "NVIDIADriver",
+        "CREATE",
+        driver("by-host", json!({"kubernetes.io/hostname": "gpu-a"})),
+        Value::Null,
+    );
+    let (_, answer) = post(&h, &by_host).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("NVIDIADriver by-host: its nodeSelector reads kubernetes.io/hostname, which the guard had not read from the nodes"),
+        "{answer}"
+    );
+    assert!(
+        h.fleet
+            .lock()
+            .requested_keys
+            .contains("kubernetes.io/hostname")
+    );
+    // The node follower reads it (here by hand): sent again, the overlap itself is judged.
+    {
+        let mut state = h.fleet.lock();
+        let wider = state
+            .nodes
+            .filter()
+            .with_keys(&state.requested_keys.clone());
+        state.nodes.set_filter(wider);
+        let mut node = gpu_node("gpu-a");
+        node.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("kubernetes.io/hostname".into(), "gpu-a".into());
+        state.nodes.apply(&node);
+    }
+    let (_, answer) = post(&h, &by_host).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("NVIDIADriver by-host: its nodeSelector selects 1 node that NVIDIADriver all selects too (gpu-a)"),
+        "{answer}"
     );
 }
 

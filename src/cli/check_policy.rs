@@ -205,7 +205,12 @@ pub fn check(args: &CheckPolicyArgs) -> Result<(String, u8), CheckPolicyError> {
         Followed::assumed(NOT_GIVEN),
     );
     let nodes = list::read_nodes(&args.nodes)?;
-    let fleet = fleet_of(&nodes, &facts);
+    let keys: Vec<String> = [&new, &old]
+        .into_iter()
+        .flatten()
+        .flat_map(|(_, v)| node_selector_keys(v))
+        .collect();
+    let fleet = fleet_of(&nodes, &facts, &keys);
     let name = new
         .as_ref()
         .or(old.as_ref())
@@ -224,6 +229,15 @@ pub fn check(args: &CheckPolicyArgs) -> Result<(String, u8), CheckPolicyError> {
         dry_run: true,
     };
     report(args.output, &change, &facts, &fleet, &config.policy).map_err(CheckPolicyError::Review)
+}
+
+/// The label keys of an object's `spec.nodeSelector` (an NVIDIADriver's).
+pub fn node_selector_keys(object: &Value) -> Vec<String> {
+    object
+        .pointer("/spec/nodeSelector")
+        .and_then(Value::as_object)
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
 }
 
 /// The webhook's decision on `change` over `fleet`, and where each operand runs before and
@@ -248,12 +262,13 @@ pub fn report(
     ))
 }
 
-/// The node records of `nodes`, as the webhook keeps them, listed.
-pub fn fleet_of(nodes: &[NodeView], facts: &ClusterFacts) -> Fleet {
+/// The node records of `nodes`, as the webhook keeps them once it has read the labels the
+/// change's own nodeSelectors name (`selector_keys`), listed.
+pub fn fleet_of(nodes: &[NodeView], facts: &ClusterFacts, selector_keys: &[String]) -> Fleet {
     let fleet = Fleet::default();
     {
         let mut state = fleet.lock();
-        state.nodes = NodeIndex::new(LabelFilter::new(facts));
+        state.nodes = NodeIndex::new(LabelFilter::new(facts).with_keys(selector_keys));
         for n in nodes {
             state.nodes.apply(n);
         }

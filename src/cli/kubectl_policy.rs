@@ -14,7 +14,7 @@ use clap::Args;
 use kube::api::{Api, DynamicObject};
 use serde_json::Value;
 
-use crate::cli::check_policy::{Format, fleet_of, report};
+use crate::cli::check_policy::{Format, fleet_of, node_selector_keys, report};
 use crate::core::config::Config;
 use crate::core::policy_change::PolicyKind;
 use crate::core::review::Operation;
@@ -167,19 +167,18 @@ pub async fn preview(args: &PolicyArgs) -> Result<(String, u8), PolicyError> {
         (Some(_), None) => Operation::Delete,
         (None, None) => return Err(bad(format!("{} {name} does not exist", kind.as_str()))),
     };
-    // The nodes keep the labels the new object selects on too.
-    let extra: Vec<String> = new
-        .as_ref()
-        .and_then(|v| v.pointer("/spec/nodeSelector"))
-        .and_then(Value::as_object)
-        .map(|m| m.keys().cloned().collect())
-        .unwrap_or_default();
+    // The nodes keep the labels the object selects on, before and after, too.
+    let extra: Vec<String> = [&new, &live]
+        .into_iter()
+        .flatten()
+        .flat_map(node_selector_keys)
+        .collect();
     let mut snapshot = api::snapshot_keeping(&client, &config.operator_namespace, &extra).await?;
     snapshot.facts.operator = version::resolve(
         args.operator_version.given(&config),
         snapshot.facts.operator,
     );
-    let fleet = fleet_of(&snapshot.nodes, &snapshot.facts);
+    let fleet = fleet_of(&snapshot.nodes, &snapshot.facts, &extra);
     let change = ObjectChange {
         kind,
         operation,

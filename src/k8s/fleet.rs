@@ -88,6 +88,13 @@ impl LabelFilter {
             .collect()
     }
 
+    /// This filter, keeping `keys` too.
+    pub fn with_keys<'a>(&self, keys: impl IntoIterator<Item = &'a String>) -> LabelFilter {
+        let mut wider = self.clone();
+        wider.selector_keys.extend(keys.into_iter().cloned());
+        wider
+    }
+
     /// What both keep.
     pub fn union(&self, other: &LabelFilter) -> LabelFilter {
         LabelFilter {
@@ -331,6 +338,9 @@ pub struct Fleet {
     state: std::sync::Mutex<FleetState>,
     /// Woken when a node's record changed.
     pub changed: tokio::sync::Notify,
+    /// Woken when a decision asked for label keys the records do not keep
+    /// ([`Fleet::request_keys`]).
+    pub keys_wanted: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -343,7 +353,14 @@ pub struct FleetState {
     /// Why the records may no longer be the fleet: the trouble, when it began and when it was
     /// last seen; `None` while the watch follows.
     pub trouble: Option<(Trouble, std::time::Instant, std::time::Instant)>,
+    /// Label keys decisions asked the records to keep besides what the facts' selectors read:
+    /// an NVIDIADriver refused because its nodeSelector reads a label not kept yet is judged on
+    /// that label when it is sent again. At most [`MAX_REQUESTED_KEYS`].
+    pub requested_keys: BTreeSet<String>,
 }
+
+/// How many label keys decisions may add to what the node records keep ([`Fleet::request_keys`]).
+pub const MAX_REQUESTED_KEYS: usize = 64;
 
 /// How the node watch is failing.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -413,8 +430,10 @@ impl Default for Fleet {
                 dirty: Dirty::All,
                 synced: false,
                 trouble: None,
+                requested_keys: BTreeSet::new(),
             }),
             changed: tokio::sync::Notify::new(),
+            keys_wanted: tokio::sync::Notify::new(),
         }
     }
 }
@@ -422,6 +441,30 @@ impl Default for Fleet {
 impl Fleet {
     pub fn lock(&self) -> std::sync::MutexGuard<'_, FleetState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks the node follower to keep `keys` in the records too (read at once from the nodes
+    /// that carry them). Returns the keys it will not read: past [`MAX_REQUESTED_KEYS`].
+    pub fn request_keys<'a>(&self, keys: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        let mut state = self.lock();
+        let mut added = false;
+        let mut refused = Vec::new();
+        for key in keys {
+            if state.nodes.filter().keeps(key) || state.requested_keys.contains(key) {
+                continue;
+            }
+            if state.requested_keys.len() >= MAX_REQUESTED_KEYS {
+                refused.push(key.to_owned());
+                continue;
+            }
+            state.requested_keys.insert(key.to_owned());
+            added = true;
+        }
+        drop(state);
+        if added {
+            self.keys_wanted.notify_one();
+        }
+        refused
     }
 }
 
@@ -655,6 +698,21 @@ mod tests {
     use crate::audit::audit;
     use crate::core::facts::operator_defaults;
     use crate::k8s::read;
+
+    #[test]
+    fn requested_keys_are_bounded_and_kept_ones_not_requested() {
+        let fleet = Fleet::default();
+        assert!(fleet.request_keys(["nvidia.com/gpu.present"]).is_empty());
+        assert!(fleet.lock().requested_keys.is_empty(), "kept already");
+        let keys: Vec<String> = (0..MAX_REQUESTED_KEYS + 2)
+            .map(|i| format!("example.com/k{i}"))
+            .collect();
+        let refused = fleet.request_keys(keys.iter().map(String::as_str));
+        assert_eq!(refused, ["example.com/k64", "example.com/k65"]);
+        assert_eq!(fleet.lock().requested_keys.len(), MAX_REQUESTED_KEYS);
+        // Asked again: nothing new, nothing refused that was taken.
+        assert_eq!(fleet.request_keys(["example.com/k0"]), Vec::<String>::new());
+    }
 
     #[test]
     fn records_are_blind_before_a_list_under_a_403_and_after_a_long_failure() {

@@ -30,7 +30,7 @@ pub(super) async fn follow_nodes(
     dirty: &mpsc::Sender<()>,
 ) {
     loop {
-        let mut filter = LabelFilter::new(&facts.borrow_and_update());
+        let mut filter = wanted(&mut facts, fleet);
         fleet.lock().nodes.set_filter(filter.clone());
         let stream = watcher(Api::<NodeView>::all(client.clone()), cfg.clone());
         futures::pin_mut!(stream);
@@ -38,32 +38,36 @@ pub(super) async fn follow_nodes(
         loop {
             let item = tokio::select! {
                 item = stream.next() => match item {
-                    Some(item) => item,
+                    Some(item) => Some(item),
                     None => return,
                 },
                 changed = facts.changed() => {
                     if changed.is_err() {
                         return;
                     }
-                    let wanted = LabelFilter::new(&facts.borrow_and_update());
-                    if filter.covers(&wanted) {
+                    None
+                }
+                () = fleet.keys_wanted.notified() => None,
+            };
+            let Some(item) = item else {
+                let wanted = wanted(&mut facts, fleet);
+                if filter.covers(&wanted) {
+                    continue;
+                }
+                // Keep the new keys from now on (every event from here carries them), and
+                // read them from the nodes that have them: a labelled list, not the fleet.
+                let keys = filter.missing_from(&wanted);
+                filter = filter.union(&wanted);
+                fleet.lock().nodes.set_filter(filter.clone());
+                match learn_keys(client, &cfg, fleet, &keys).await {
+                    Ok(read) => {
+                        tracing::info!(keys = %keys.join(","), nodes = read, "an operand nodeSelector reads labels the node records did not keep: read them from the nodes that carry them");
+                        fleet.changed.notify_one();
                         continue;
                     }
-                    // Keep the new keys from now on (every event from here carries them), and
-                    // read them from the nodes that have them: a labelled list, not the fleet.
-                    let keys = filter.missing_from(&wanted);
-                    filter = filter.union(&wanted);
-                    fleet.lock().nodes.set_filter(filter.clone());
-                    match learn_keys(client, &cfg, fleet, &keys).await {
-                        Ok(read) => {
-                            tracing::info!(keys = %keys.join(","), nodes = read, "an operand nodeSelector reads labels the node records did not keep: read them from the nodes that carry them");
-                            fleet.changed.notify_one();
-                            continue;
-                        }
-                        Err(error) => {
-                            tracing::warn!(keys = %keys.join(","), %error, "cannot read the new selector labels from the nodes that carry them: listing the nodes again");
-                            break;
-                        }
+                    Err(error) => {
+                        tracing::warn!(keys = %keys.join(","), %error, "cannot read the new selector labels from the nodes that carry them: listing the nodes again");
+                        break;
                     }
                 }
             };
@@ -128,6 +132,13 @@ pub(super) async fn follow_nodes(
             }
         }
     }
+}
+
+/// What the records must keep: the labels the facts' selectors read, and the keys decisions
+/// asked for ([`Fleet::request_keys`]).
+fn wanted(facts: &mut watch::Receiver<Arc<ClusterFacts>>, fleet: &Fleet) -> LabelFilter {
+    let base = LabelFilter::new(&facts.borrow_and_update());
+    base.with_keys(&fleet.lock().requested_keys)
 }
 
 /// Reads `keys` into the node records from the nodes that carry them (one labelled list per

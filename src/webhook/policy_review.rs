@@ -263,9 +263,36 @@ pub fn decide_objects(
     policy: &Policy,
 ) -> Result<Verdict, BadRequest> {
     let verdict = on_review(change, facts, |review| {
-        over_groups(fleet, |groups| decide_policy(review, groups, policy))
+        let verdict = over_groups(fleet, |groups| decide_policy(review, groups, policy));
+        if let Some(fleet) = fleet {
+            // A nodeSelector reading a label the records do not keep could not be judged: the
+            // records keep it from now on, so the same request sent again is.
+            let refused = fleet.request_keys(selector_keys(review));
+            if !refused.is_empty() {
+                tracing::warn!(
+                    keys = %refused.join(","),
+                    max = crate::k8s::fleet::MAX_REQUESTED_KEYS,
+                    "NVIDIADriver nodeSelector labels not read from the nodes: the node records keep no more requested labels; such NVIDIADrivers stay refused until one of the labels is in use"
+                );
+            }
+        }
+        verdict
     })?;
     Ok(verdict.unwrap_or_else(|| status_verdict(facts, policy)))
+}
+
+/// The label keys an NVIDIADriver's nodeSelector reads (none for the other kinds).
+fn selector_keys<'a>(review: &'a PolicyReview<'_>) -> impl Iterator<Item = &'a str> {
+    let selector = match review.change {
+        PolicyChange::NvidiaDriver {
+            after: Some(this), ..
+        } => this.node_selector.as_ref(),
+        _ => None,
+    };
+    selector
+        .into_iter()
+        .flat_map(|s| s.keys())
+        .map(String::as_str)
 }
 
 /// [`decide_objects`] over `fleet`'s node records, and where each operand runs before and after

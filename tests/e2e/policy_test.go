@@ -407,6 +407,28 @@ func TestNVIDIADriverOverlapIsRefusedAndARemovedDriverWarned(t *testing.T) {
 		t.Errorf("denied NVIDIADriver CREATE reviews went from %v to %v, want +1", denied, now)
 	}
 	expectResult(t, "kubectl get nvidiadrivers", kubectl("get", "nvidiadrivers", "-o", "name"), 0, "nvidiadriver.nvidia.com/pool-a\n", "")
+
+	// An NVIDIADriver on a label the guard's node records do not keep (kubernetes.io/hostname):
+	// its overlap with pool-a cannot be checked, so it is refused and the guard reads the label;
+	// sent again, it is refused for the overlap itself. Never created either way.
+	byHost := nvidiaDriver("by-host", `{"kubernetes.io/hostname":"lab-node-0"}`)
+	unread := `Error from server (Forbidden): error when creating "STDIN": ` + policyDenied +
+		"NVIDIADriver by-host: its nodeSelector reads kubernetes.io/hostname, which the guard had not read from the nodes: " +
+		"which nodes it selects, and so its overlap with the other NVIDIADrivers, cannot be checked yet; " +
+		"the guard reads that label from the nodes now: retry in a few seconds.\n"
+	expectResult(t, "kubectl create NVIDIADriver by-host (kubernetes.io/hostname, not read yet)", kubectlWithInput(byHost, "create", "-f", "-"),
+		1, "", unread)
+	byHostOverlap := `Error from server (Forbidden): error when creating "STDIN": ` + policyDenied +
+		"NVIDIADriver by-host: its nodeSelector selects 1 node that NVIDIADriver pool-a selects too (lab-node-0); " +
+		"the GPU Operator runs one driver per node and reports the conflict only when it reconciles: make the two nodeSelectors select different nodes.\n"
+	framework.WaitFor(t, watchFollow, "NVIDIADriver by-host refused for its overlap once the guard reads the hostname label", func() (bool, string) {
+		got := kubectlWithInput(byHost, "create", "-f", "-")
+		if got.code != 1 || (got.stderr != unread && got.stderr != byHostOverlap) {
+			t.Fatalf("kubectl create NVIDIADriver by-host: want refused\ngot %s", got)
+		}
+		return got.stderr == byHostOverlap, got.String()
+	})
+	expectResult(t, "kubectl get nvidiadrivers", kubectl("get", "nvidiadrivers", "-o", "name"), 0, "nvidiadriver.nvidia.com/pool-a\n", "")
 	// pool-a's selector key was read from the nodes that carry it, not by listing the fleet again.
 	if log, err := os.ReadFile(g.LogPath()); err != nil {
 		t.Fatal(err)

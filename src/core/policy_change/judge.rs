@@ -599,9 +599,9 @@ fn state_transitions(
 }
 
 /// An NVIDIADriver whose nodeSelector names a label the node records do not hold yet (they
-/// keep what decisions read, and the keys of the NVIDIADrivers that exist): its nodes cannot be
-/// told, so overlap and lost drivers are not judged for them, and the warning says so. Once
-/// the resource exists, the records keep that key too.
+/// keep what decisions read, the keys of the NVIDIADrivers that exist, and the keys earlier
+/// requests asked for): its nodes cannot be told, so the change is refused for its overlap,
+/// unchecked, until the records hold the label.
 pub(super) fn unkept_selector_keys(
     review: &PolicyReview<'_>,
     keeps: &dyn Fn(&str) -> bool,
@@ -632,18 +632,18 @@ pub(super) fn unkept_selector_keys(
     }
     let object = format!("NVIDIADriver {}", crate::core::echo::echo(review.name));
     let keys = crate::core::echo::echo(&unkept.join(", ")).into_owned();
-    let mut f = finding(
+    // Which nodes it selects cannot be told, so neither can its overlap with the others: refused,
+    // as when the others are not known. The guard reads the label from now on (the webhook asks
+    // its node records to keep it), so the same request is judged in full seconds later.
+    out.push(finding(
         Rule::NvidiaDriverOverlap,
         format!(
-            "{object}: its nodeSelector reads {keys}, which the guard has not read from the nodes yet: \
-             which nodes it selects, and so overlaps with other NVIDIADrivers, were not checked for this request; \
-             the guard reads that label from now on."
+            "{object}: its nodeSelector reads {keys}, which the guard had not read from the nodes: which nodes \
+             it selects, and so its overlap with the other NVIDIADrivers, cannot be checked yet; the guard reads \
+             that label from the nodes now: retry in a few seconds."
         ),
-        format!("{object}: overlap not checked: the guard does not read {keys} yet"),
-    );
-    // Not a violation found, a check not made: never a refusal.
-    f.change = Change::Existing;
-    out.push(f);
+        format!("{object}: overlap not checked: the guard had not read {keys} from the nodes"),
+    ));
 }
 
 /// Without the nodes, what the policy alone says: the toolkit switched off while the device

@@ -413,27 +413,47 @@ fn overlapping_nvidiadrivers_are_denied_naming_both_and_a_node() {
 }
 
 #[test]
-fn a_selector_on_a_label_the_records_lack_is_said_not_checked_and_never_refused() {
+fn a_selector_on_a_label_the_records_lack_is_refused_until_they_hold_it() {
     let facts = switched(listed_drivers);
-    let groups = [group(gpu_labels(), &["a-0"])];
+    // The records without the label (they do not keep it), and with it.
+    let lacking = [group(gpu_labels(), &["a-0"])];
+    let holding = [group(
+        gpu_labels_with("kubernetes.io/hostname", "a-0"),
+        &["a-0"],
+    )];
     let existing = [driver("all", &[])];
     let by_host = driver("one", &[("kubernetes.io/hostname", "a-0")]);
-    let keeps = |k: &str| k != "kubernetes.io/hostname";
-    let v = decide_policy(
-        &nd_review(&facts, Operation::Create, None, Some(&by_host), &existing),
-        Fleet::Known {
-            groups: &groups,
-            keeps: &keeps,
-        },
-        &Policy::default(),
-    );
-    assert_eq!(v.decision, Decision::Allowed, "{:?}", v.message);
+    let decide =
+        |groups: &[NodeGroup<'_>], keeps: &dyn Fn(&str) -> bool, others: &[NvidiaDriver]| {
+            decide_policy(
+                &nd_review(&facts, Operation::Create, None, Some(&by_host), others),
+                Fleet::Known { groups, keeps },
+                &Policy::default(),
+            )
+        };
+    let not_kept = |k: &str| k != "kubernetes.io/hostname";
+    let v = decide(&lacking, &not_kept, &existing);
+    assert_eq!(v.decision, Decision::Denied);
+    let m = v.message.unwrap();
     assert_eq!(
-        v.warnings,
-        [
-            "NVIDIADriver one: overlap not checked: the guard does not read kubernetes.io/hostname yet"
-        ]
+        m,
+        "NVIDIADriver one: its nodeSelector reads kubernetes.io/hostname, which the guard had not \
+         read from the nodes: which nodes it selects, and so its overlap with the other NVIDIADrivers, \
+         cannot be checked yet; the guard reads that label from the nodes now: retry in a few seconds."
     );
+    // Once the records hold the label, the overlap itself is judged: "all" selects a-0 too.
+    let v = decide(&holding, &|_| true, &existing);
+    assert_eq!(v.decision, Decision::Denied);
+    assert!(
+        v.message.as_deref().is_some_and(|m| m.starts_with(
+            "NVIDIADriver one: its nodeSelector selects 1 node that NVIDIADriver all selects too (a-0)"
+        )),
+        "{:?}",
+        v.message
+    );
+    // Alone, it can overlap nothing: nothing went unchecked.
+    let v = decide(&lacking, &not_kept, &[]);
+    assert_eq!(v.decision, Decision::Allowed, "{:?}", v.message);
 }
 
 #[test]
