@@ -244,3 +244,39 @@ fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
     assert_eq!(after("dra-driver"), Some((0, 2)), "{out}");
     assert_eq!(after("dcgm-dra"), None, "off unless spec.dcgm.enabled");
 }
+
+/// An NVIDIADriver whose nodeSelector reads a label no other selector reads (the hostname):
+/// offline the nodes file has every label, so its overlap is judged in full, where the webhook
+/// first reads that label from the nodes.
+#[test]
+fn an_nvidiadriver_on_a_label_no_other_selector_reads_is_judged_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let drivers = dir.path().join("drivers.json");
+    std::fs::write(
+        &drivers,
+        r#"{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"nvidia.com/v1alpha1","kind":"NVIDIADriver","metadata":{"name":"all"},"spec":{"driverType":"gpu"}}]}"#,
+    )
+    .unwrap();
+    let by_host = dir.path().join("by-host.yaml");
+    std::fs::write(
+        &by_host,
+        "apiVersion: nvidia.com/v1alpha1\nkind: NVIDIADriver\nmetadata:\n  name: by-host\nspec:\n  driverType: gpu\n  nodeSelector:\n    kubernetes.io/hostname: lab-node-0\n",
+    )
+    .unwrap();
+    let (code, out, err) = run(&[
+        "--new",
+        by_host.to_str().unwrap(),
+        "--nvidia-drivers",
+        drivers.to_str().unwrap(),
+        "--nodes",
+        NODES,
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.starts_with(
+            "NVIDIADriver/by-host CREATE: denied (decided over 3 nodes)\n  deny  nvidia-driver-overlap: \
+             NVIDIADriver by-host: its nodeSelector selects 1 node that NVIDIADriver all selects too (lab-node-0)"
+        ),
+        "{out}"
+    );
+}
