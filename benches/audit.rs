@@ -23,24 +23,11 @@ use gpu_deploy_guard::core::policy::Policy;
 use gpu_deploy_guard::k8s::list as files;
 
 const CHILD_ENV: &str = "GDG_BENCH_CHILD";
-const PODS_PER_NODE: usize = 10;
 
-/// The operator DaemonSets of the synthetic cluster: (DaemonSet, deploy label or none).
-const DAEMONSETS: [(&str, Option<&str>); PODS_PER_NODE] = [
-    ("nvidia-driver-daemonset", Some("driver")),
-    (
-        "nvidia-container-toolkit-daemonset",
-        Some("container-toolkit"),
-    ),
-    ("nvidia-operator-validator", Some("operator-validator")),
-    ("nvidia-device-plugin-daemonset", Some("device-plugin")),
-    ("gpu-feature-discovery", Some("gpu-feature-discovery")),
-    ("nvidia-dcgm", Some("dcgm")),
-    ("nvidia-dcgm-exporter", Some("dcgm-exporter")),
-    ("nvidia-mig-manager", Some("mig-manager")),
-    ("nvidia-device-plugin-mps-control-daemon", None),
-    ("gpu-operator-node-feature-discovery-worker", None),
-];
+#[path = "shared/mod.rs"]
+mod shared;
+
+use shared::{DAEMONSETS, PODS_PER_NODE};
 
 fn main() {
     if let Ok(spec) = std::env::var(CHILD_ENV) {

@@ -11,9 +11,7 @@
 //!     cargo bench --bench auditor
 //!     GDG_BENCH_SMOKE=1 cargo bench --bench auditor
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use gpu_deploy_guard::audit::incremental::{Dirty, Incremental};
@@ -24,74 +22,20 @@ use gpu_deploy_guard::k8s::fleet::{LabelFilter, NodeIndex, PodIndex};
 use gpu_deploy_guard::k8s::node::NodeView;
 use gpu_deploy_guard::k8s::pod::{PodPhase, PodView};
 
-struct Counting;
+#[path = "../tests/counting_alloc/mod.rs"]
+mod counting_alloc;
+#[path = "shared/mod.rs"]
+mod shared;
 
-static HELD: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(n: usize) {
-    let now = HELD.fetch_add(n, Ordering::Relaxed) + n;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-// SAFETY: every call is passed to `System` unchanged; only counters are added.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        grew(layout.size());
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if new_size > layout.size() {
-            grew(new_size - layout.size());
-        } else {
-            HELD.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
-        }
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use counting_alloc::{Counting, held, mark, peak_since};
+use shared::DAEMONSETS;
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-fn held() -> usize {
-    HELD.load(Ordering::Relaxed)
-}
-
-/// Starts a new peak at what is held now; returns the mark.
-fn mark() -> usize {
-    let now = held();
-    PEAK.store(now, Ordering::Relaxed);
-    now
-}
-
-fn peak_since(mark: usize) -> usize {
-    PEAK.load(Ordering::Relaxed).saturating_sub(mark)
-}
-
 fn mib(bytes: usize) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
-
-/// The operator DaemonSets of the synthetic fleet and the deploy label each selects on.
-const DAEMONSETS: [(&str, Option<&str>); 10] = [
-    ("nvidia-driver-daemonset", Some("driver")),
-    (
-        "nvidia-container-toolkit-daemonset",
-        Some("container-toolkit"),
-    ),
-    ("nvidia-operator-validator", Some("operator-validator")),
-    ("nvidia-device-plugin-daemonset", Some("device-plugin")),
-    ("gpu-feature-discovery", Some("gpu-feature-discovery")),
-    ("nvidia-dcgm", Some("dcgm")),
-    ("nvidia-dcgm-exporter", Some("dcgm-exporter")),
-    ("nvidia-mig-manager", Some("mig-manager")),
-    ("nvidia-device-plugin-mps-control-daemon", None),
-    ("gpu-operator-node-feature-discovery-worker", None),
-];
 
 /// A GPU node as a cloud provider and the operator label it: 40 labels, 8 of them deploy labels.
 fn node(i: usize) -> NodeView {

@@ -8,9 +8,7 @@
 //!
 //! One test function: the counter is process-wide, so nothing else may run beside it.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
@@ -21,36 +19,9 @@ use gpu_deploy_guard::webhook::{Limits, Webhook, router};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
-/// The system allocator, counting the bytes held and their highest level.
-struct Counting;
+mod counting_alloc;
 
-static HELD: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(n: usize) {
-    let now = HELD.fetch_add(n, Ordering::Relaxed) + n;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-// SAFETY: every call is passed to `System` unchanged; only counters are added.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        grew(layout.size());
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if new_size > layout.size() {
-            grew(new_size - layout.size());
-        } else {
-            HELD.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
-        }
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use counting_alloc::{Counting, mark, peak_since};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -88,12 +59,11 @@ async fn peak_of(body: String) -> (StatusCode, usize) {
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))
         .unwrap();
-    let before = HELD.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
+    let before = mark();
     let resp = app.oneshot(req).await.unwrap();
     let status = resp.status();
     drop(resp.into_body().collect().await.unwrap());
-    (status, PEAK.load(Ordering::Relaxed) - before)
+    (status, peak_since(before))
 }
 
 #[tokio::test(flavor = "current_thread")]

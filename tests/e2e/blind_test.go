@@ -80,25 +80,7 @@ func TestClusterPolicySwitchedOffInTwoStepsIsRefused(t *testing.T) {
 // a GPUCluster (v26.7, the version the guard assumes here).
 func TestPolicyCreationsInOneApplyAreJudgedAgainstEachOther(t *testing.T) {
 	setUpPolicyLab(t)
-	crd := gpuClusterCRD(t)
-	t.Cleanup(func() {
-		for _, args := range [][]string{
-			{"delete", "nvidiadrivers", "--all", "--ignore-not-found"},
-			{"delete", "gpuclusters", "--all", "--ignore-not-found"},
-			{"delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"},
-		} {
-			if got := kubectl(args...); got.code != 0 {
-				t.Errorf("cleanup: kubectl %s: %s", strings.Join(args, " "), got)
-			}
-		}
-		if got := kubectlWithInput(crd, "delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=60s"); got.code != 0 {
-			t.Errorf("cleanup: kubectl delete crd gpuclusters.nvidia.com: %s", got)
-		}
-	})
-	if got := kubectlWithInput(crd, "apply", "-f", "-"); got.code != 0 {
-		t.Fatalf("kubectl apply of the GPUCluster CRD: %s", got)
-	}
-	cp.WaitCRDsServed(t, "gpuclusters.nvidia.com")
+	withGPUClusterCRD(t)
 	waitGone := func(kind string) {
 		framework.WaitFor(t, watchFollow, "no "+kind+" left", func() (bool, string) {
 			got := kubectl("get", kind, "-o", "name")
@@ -240,24 +222,7 @@ func TestAccessLostAndRestoredIsFollowedAtOnce(t *testing.T) {
 // take 35 s, and the GPUCluster was allowed meanwhile).
 func TestRecreatedClusterPolicyCRDIsFollowedAtOnce(t *testing.T) {
 	setUpPolicyLab(t)
-	crd := gpuClusterCRD(t)
-	t.Cleanup(func() {
-		for _, args := range [][]string{
-			{"delete", "gpuclusters", "--all", "--ignore-not-found"},
-			{"delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"},
-		} {
-			if got := kubectl(args...); got.code != 0 {
-				t.Errorf("cleanup: kubectl %s: %s", strings.Join(args, " "), got)
-			}
-		}
-		if got := kubectlWithInput(crd, "delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=60s"); got.code != 0 {
-			t.Errorf("cleanup: kubectl delete crd gpuclusters.nvidia.com: %s", got)
-		}
-	})
-	if got := kubectlWithInput(crd, "apply", "-f", "-"); got.code != 0 {
-		t.Fatalf("kubectl apply of the GPUCluster CRD: %s", got)
-	}
-	cp.WaitCRDsServed(t, "gpuclusters.nvidia.com")
+	withGPUClusterCRD(t)
 	build, err := framework.BuildOperator()
 	if err != nil {
 		t.Fatal(err)
@@ -358,19 +323,36 @@ func TestColdStartIsReadyOnlyOnceTheNodesAreListed(t *testing.T) {
 	if ready > lag+15*time.Second {
 		t.Errorf("the replica was ready %s after its start, want within 15 s of the nodes becoming listable", ready.Round(100*time.Millisecond))
 	}
-	root := repoRoot(t)
-	if err := cp.RegisterGuard(root, g); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cp.RegisterGuard(root, guard); err != nil {
-			t.Errorf("cleanup: registering the shared webhook again: %v", err)
-		}
-	})
+	register(t, g)
 	want := result{"", policyForbidden + toolkitRefusal + "\n", 1}
 	got := kubectl("patch", "clusterpolicy", clusterPolicyName, "--type=merge",
 		"-p", `{"spec":{"toolkit":{"enabled":false}}}`, "--dry-run=server")
 	if got != want {
 		t.Fatalf("the first decision of the replica just ready: want the refusal naming the lab's nodes\n%s\ngot %s", want, got)
 	}
+}
+
+// withGPUClusterCRD installs the GPUCluster CRD for this test; when it ends,
+// the NVIDIADrivers, GPUClusters and the ClusterPolicy it made go, then the CRD.
+func withGPUClusterCRD(t *testing.T) {
+	t.Helper()
+	crd := gpuClusterCRD(t)
+	t.Cleanup(func() {
+		for _, args := range [][]string{
+			{"delete", "nvidiadrivers", "--all", "--ignore-not-found"},
+			{"delete", "gpuclusters", "--all", "--ignore-not-found"},
+			{"delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"},
+		} {
+			if got := kubectl(args...); got.code != 0 {
+				t.Errorf("cleanup: kubectl %s: %s", strings.Join(args, " "), got)
+			}
+		}
+		if got := kubectlWithInput(crd, "delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=60s"); got.code != 0 {
+			t.Errorf("cleanup: kubectl delete crd gpuclusters.nvidia.com: %s", got)
+		}
+	})
+	if got := kubectlWithInput(crd, "apply", "-f", "-"); got.code != 0 {
+		t.Fatalf("kubectl apply of the GPUCluster CRD: %s", got)
+	}
+	cp.WaitCRDsServed(t, "gpuclusters.nvidia.com")
 }

@@ -74,6 +74,14 @@ func startWatchingGuard(t *testing.T, extraArgs ...string) *framework.Guard {
 func registerWatchingGuard(t *testing.T) *framework.Guard {
 	t.Helper()
 	g := startWatchingGuard(t)
+	register(t, g)
+	return g
+}
+
+// register points the webhook configuration at g for this test; when the
+// test ends (before g stops) the shared webhook is registered again.
+func register(t *testing.T, g *framework.Guard) {
+	t.Helper()
 	root := repoRoot(t)
 	if err := cp.RegisterGuard(root, g); err != nil {
 		t.Fatal(err)
@@ -83,7 +91,6 @@ func registerWatchingGuard(t *testing.T) *framework.Guard {
 			t.Errorf("cleanup: registering the shared webhook again: %v", err)
 		}
 	})
-	return g
 }
 
 // watchingRBAC applies deploy/base's Namespace, ServiceAccount and RBAC as
