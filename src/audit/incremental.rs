@@ -2,8 +2,8 @@
 //! change the nodes the pod was and is on, and only a change of what every node's audit shares
 //! (the facts, the rules, the operands that have pods) re-audits the fleet.
 //!
-//! Pure, like [`super::audit`], and held to give the same [`AuditReport`]: the tests compare
-//! the two after every step.
+//! Pure, like [`super::audit`], and held to give the same audit: the tests compare its
+//! summaries and each node's audit made again with the batch's after every step.
 
 use super::{Context, FleetAudit, NodeAudit, NodeSummary};
 use crate::core::facts::ClusterFacts;
@@ -42,9 +42,7 @@ impl Incremental {
         pods: &PodIndex,
         policy: &Policy,
     ) -> Option<NodeAudit> {
-        let context = self.context.as_ref()?;
-        let record = nodes.get(name)?;
-        Some(context.node(name, &record.labels(), &pods.on_node(name), policy))
+        node_audit(self.context.as_ref()?, name, nodes, pods, policy)
     }
 
     /// Brings the audit up to date with `nodes` and `pods`, re-auditing the `dirty` nodes, or
@@ -62,12 +60,7 @@ impl Incremental {
         let whole =
             dirty == Dirty::All || self.audit.is_none() || self.context.as_ref() != Some(&context);
         let audit_one = |name: &str| -> Option<NodeSummary> {
-            let record = nodes.get(name)?;
-            Some(
-                context
-                    .node(name, &record.labels(), &pods.on_node(name), policy)
-                    .summary(),
-            )
+            node_audit(&context, name, nodes, pods, policy).map(|a| a.summary())
         };
         let mut audited = 0;
         let summaries = if whole {
@@ -107,6 +100,18 @@ impl Incremental {
         self.context = Some(context);
         Pass { audited, whole }
     }
+}
+
+/// `name`'s whole audit from its record and pods; `None` when there is no such node.
+fn node_audit(
+    context: &Context,
+    name: &str,
+    nodes: &NodeIndex,
+    pods: &PodIndex,
+    policy: &Policy,
+) -> Option<NodeAudit> {
+    let record = nodes.get(name)?;
+    Some(context.node(name, &record.labels(), &pods.on_node(name), policy))
 }
 
 #[cfg(test)]

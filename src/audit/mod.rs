@@ -155,7 +155,7 @@ impl NodeSummary {
         !self.missing().is_empty() || self.findings.iter().any(|f| f.1 == Level::Fail)
     }
 
-    /// The report lists the node ([`NodeAudit::is_relevant`]).
+    /// The node takes part in the GPU stack: the report lists it.
     pub fn is_relevant(&self) -> bool {
         self.gpu
             || !self.findings.is_empty()

@@ -102,13 +102,6 @@ fn passed(rule: Rule, node: &str) -> String {
     format!("node {node}: {}", rule.spec().pass)
 }
 
-impl NodeAudit {
-    /// The node takes part in the GPU stack: worth a line in the report.
-    pub fn is_relevant(&self) -> bool {
-        self.summary().is_relevant()
-    }
-}
-
 fn count(summary: &mut Summary, outcome: Outcome) {
     match outcome {
         Outcome::Pass => summary.pass += 1,
