@@ -13,10 +13,7 @@
 # again, in the foreground, by the step that needs it, which reports its error.
 set -euo pipefail
 
-owner=${1:?usage: prebuild.sh <pid of the make that runs the tests>}
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-mkdir -p "$root/target"
-log="$root/target/prebuild.log"
 
 builds() {
     echo "prebuild: started $(date -u +%FT%TZ)"
@@ -34,6 +31,16 @@ builds() {
     echo "prebuild: done after $((SECONDS - start))s"
 }
 
+# The builds themselves, as the background session below runs them.
+if [[ "${1:-}" == --builds ]]; then
+    builds
+    exit 0
+fi
+
+owner=${1:?usage: prebuild.sh <pid of the make that runs the tests>}
+mkdir -p "$root/target"
+log="$root/target/prebuild.log"
+
 # Its own session, so that it can be stopped as a group when the make that started it ends
 # first (Ctrl-C, a failing step): no build is left running on its own.
 setsid bash -c '
@@ -49,5 +56,5 @@ setsid bash -c '
         fi
         sleep 2
     done
-' prebuild "$owner" "$log" bash -c "$(declare -f builds); root='$root'; builds" </dev/null >/dev/null 2>&1 &
+' prebuild "$owner" "$log" bash "${BASH_SOURCE[0]}" --builds </dev/null >/dev/null 2>&1 &
 echo "prebuild: Go builds of the e2e step started in the background (log: target/prebuild.log)"
