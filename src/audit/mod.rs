@@ -22,10 +22,11 @@ use serde::Serialize;
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{Labels, Operand, OperandSet, is_gpu_node};
 use crate::core::policy::{self, Policy};
-use crate::core::rules::{Action, Rule};
+use crate::core::rules::{Action, PodCtx, Rule, Severity};
 use crate::k8s::daemonset::{is_daemonset_pod, operand_of_pod};
 use crate::k8s::node::NodeView;
 use crate::k8s::pod::{PodOnNode, PodPhase, PodView};
+pub use crate::core::pods::OperandState;
 
 /// How bad a finding is, in the words of a PolicyReport result.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]
@@ -51,19 +52,6 @@ pub struct AuditFinding {
     pub level: Level,
     pub basis: Basis,
     pub message: String,
-}
-
-/// One operand on one node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct OperandState {
-    pub operand: Operand,
-    /// The DaemonSet controller should run it here (label, ClusterPolicy, real selector).
-    pub expected: bool,
-    /// A pod of it is Running here.
-    pub running: bool,
-    /// Its pod here (a Running one when there is one).
-    pub pod: Option<String>,
-    pub phase: Option<PodPhase>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,20 +81,23 @@ impl NodeAudit {
             .map(|s| s.operand)
     }
 
-    /// The device plugin runs here and the container toolkit does not (the pods say so).
-    pub fn device_plugin_without_toolkit(&self) -> bool {
+    /// The rules the node's pods break whose rows call the failure high: pairings that leave
+    /// GPU pods unable to start (the device plugin without the toolkit), not just an operand
+    /// missing.
+    pub fn broken(&self) -> impl Iterator<Item = Rule> + '_ {
         self.findings
             .iter()
-            .any(|f| f.rule == Rule::DevicePluginWithoutToolkit && f.basis == Basis::Pods)
+            .filter(|f| f.basis == Basis::Pods && f.rule.spec().severity == Severity::High)
+            .map(|f| f.rule)
     }
 
     pub fn has(&self, rule: Rule) -> bool {
         self.findings.iter().any(|f| f.rule == rule)
     }
 
-    /// Nothing missing, nothing broken.
+    /// Nothing missing, and no rule broken on the pods.
     pub fn is_ok(&self) -> bool {
-        self.missing().next().is_none() && !self.device_plugin_without_toolkit()
+        self.missing().next().is_none() && !self.findings.iter().any(|f| f.basis == Basis::Pods)
     }
 }
 
@@ -141,13 +132,9 @@ impl NodeSummary {
         self.findings.iter().find(|f| f.0 == rule).map(|f| f.1)
     }
 
-    /// Nothing missing, nothing broken ([`NodeAudit::is_ok`]).
+    /// Nothing missing, and no rule broken on the pods ([`NodeAudit::is_ok`]).
     pub fn is_ok(&self) -> bool {
-        self.missing().is_empty()
-            && !self
-                .findings
-                .iter()
-                .any(|f| f.0 == Rule::DevicePluginWithoutToolkit && f.2 == Basis::Pods)
+        self.missing().is_empty() && !self.findings.iter().any(|f| f.2 == Basis::Pods)
     }
 
     /// A missing operand, or a finding that fails.
@@ -391,36 +378,22 @@ fn findings(
     facts: &ClusterFacts,
     policy: &Policy,
 ) -> Vec<AuditFinding> {
-    let mut out = Vec::new();
-    let dp_rule = Rule::DevicePluginWithoutToolkit;
-    let plugin_runs = audit.running(Operand::DevicePlugin);
-    let toolkit_runs = audit.running(Operand::ContainerToolkit);
-    if plugin_runs
-        && !toolkit_runs
-        && facts.toolkit_managed
-        && policy.action(dp_rule) != Action::Off
-    {
-        out.push(AuditFinding {
-            rule: dp_rule,
-            level: level(policy.action(dp_rule)),
+    let mut found = Vec::new();
+    let pods = PodCtx {
+        node: &audit.name,
+        operands: &audit.operands,
+        facts,
+    };
+    pods.run(|rule| policy.action(rule) != Action::Off, &mut found);
+    let mut out: Vec<AuditFinding> = found
+        .into_iter()
+        .map(|f| AuditFinding {
+            rule: f.rule,
+            level: level(policy.action(f.rule)),
             basis: Basis::Pods,
-            message: plugin_without_toolkit_message(audit),
-        });
-    }
-    let missing: Vec<&OperandState> = audit
-        .operands
-        .iter()
-        .filter(|s| s.expected && !s.running)
+            message: f.message,
+        })
         .collect();
-    let not_running = Rule::OperandNotRunning;
-    if !missing.is_empty() && policy.action(not_running) != Action::Off {
-        out.push(AuditFinding {
-            rule: not_running,
-            level: level(policy.action(not_running)),
-            basis: Basis::Pods,
-            message: not_running_message(&audit.name, &missing, facts),
-        });
-    }
     for f in policy::assess(&audit.name, labels, facts, policy) {
         let rule = f.rule;
         // What the pods show says more than what the labels imply.
@@ -444,50 +417,6 @@ fn level(action: Action) -> Level {
     } else {
         Level::Warn
     }
-}
-
-fn plugin_without_toolkit_message(audit: &NodeAudit) -> String {
-    let node = &audit.name;
-    let plugin = audit
-        .operand(Operand::DevicePlugin)
-        .and_then(|s| s.pod.as_deref())
-        .unwrap_or_default();
-    let toolkit = match audit.operand(Operand::ContainerToolkit) {
-        Some(OperandState {
-            pod: Some(pod),
-            phase: Some(phase),
-            ..
-        }) => format!("its container toolkit pod {pod} is {}", phase.as_str()),
-        _ => "no container toolkit pod runs there".to_owned(),
-    };
-    format!(
-        "node {node} runs the NVIDIA device plugin (pod {plugin}) but {toolkit}, so GPU pods scheduled \
-         there fail to start; set {}=true or {}=false.",
-        Operand::ContainerToolkit.key(),
-        Operand::DevicePlugin.key()
-    )
-}
-
-fn not_running_message(node: &str, missing: &[&OperandState], facts: &ClusterFacts) -> String {
-    let parts: Vec<String> = missing
-        .iter()
-        .map(|s| {
-            let op = s.operand;
-            let why = match (&s.pod, s.phase) {
-                (Some(pod), Some(phase)) => format!("pod {pod} is {}", phase.as_str()),
-                _ => "no pod".to_owned(),
-            };
-            let selected_by = match facts.selectors.get(&op) {
-                Some(_) => "its DaemonSet's nodeSelector".to_owned(),
-                None => format!("{}=true", op.key()),
-            };
-            format!("{op} ({selected_by}; {why})")
-        })
-        .collect();
-    format!(
-        "node {node}: expected operands are not running: {}.",
-        parts.join(", ")
-    )
 }
 
 #[cfg(test)]

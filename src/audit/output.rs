@@ -9,10 +9,9 @@ use serde::Serialize;
 use super::{AuditFinding, AuditReport, NodeAudit, OperandState};
 use crate::core::facts::PolicySource;
 use crate::core::operands::Operand;
-use crate::core::rules::Rule;
 
 /// `-o lines`: per node `<node> MISSING <operand>` for each gap or `<node> OK`, then
-/// `<node> device-plugin-without-toolkit` per broken pairing.
+/// `<node> <rule>` for each high-severity rule its pods break (`device-plugin-without-toolkit`).
 pub fn lines(report: &AuditReport) -> String {
     let mut out = String::new();
     for node in &report.nodes {
@@ -24,12 +23,10 @@ pub fn lines(report: &AuditReport) -> String {
             let _ = writeln!(out, "{} MISSING {op}", node.name);
         }
     }
-    for node in report
-        .nodes
-        .iter()
-        .filter(|n| n.device_plugin_without_toolkit())
-    {
-        let _ = writeln!(out, "{} {}", node.name, Rule::DevicePluginWithoutToolkit);
+    for node in &report.nodes {
+        for rule in node.broken() {
+            let _ = writeln!(out, "{} {rule}", node.name);
+        }
     }
     out
 }
@@ -52,10 +49,9 @@ pub fn matrix(report: &AuditReport) -> String {
 
 /// `--order-check` for one node: the text to print and the exit code.
 pub fn order_check(node: &NodeAudit) -> (String, u8) {
-    if node.device_plugin_without_toolkit() {
-        (format!("{}\n", Rule::DevicePluginWithoutToolkit), 1)
-    } else {
-        ("ok\n".to_owned(), 0)
+    match node.broken().next() {
+        Some(rule) => (format!("{rule}\n"), 1),
+        None => ("ok\n".to_owned(), 0),
     }
 }
 

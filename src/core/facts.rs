@@ -35,7 +35,7 @@ pub struct ClusterFacts {
     /// and the operator deletes the `nvidia` RuntimeClasses.
     pub nri_plugin: bool,
     /// The NVIDIADriver resources, when they were listed.
-    pub nvidia_drivers: Option<Vec<crate::core::policy_change::NvidiaDriver>>,
+    pub nvidia_drivers: Option<Vec<crate::core::nvidia_driver::NvidiaDriver>>,
     /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras), and
     /// where it came from or why it is assumed.
     pub operator: Followed,

@@ -92,6 +92,17 @@ impl Decision {
     }
 }
 
+/// What the audit annotations say of a policy review.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyNote {
+    /// `ClusterPolicy/<name>` or `NVIDIADriver/<name>`.
+    pub object: String,
+    /// Nodes the decision was made over; None when they were not known.
+    pub nodes: Option<usize>,
+    /// The host-toolkit statement that let a toolkit switch-off through.
+    pub host_toolkit: Option<String>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
     pub decision: Decision,
@@ -112,7 +123,7 @@ pub struct Verdict {
     /// from the operator's Deployment.
     pub cluster_facts: String,
     /// For a GPU-policy review: the object and the fleet it was decided over.
-    pub policy_change: Option<crate::core::policy_change::PolicyNote>,
+    pub policy_change: Option<PolicyNote>,
 }
 
 impl Verdict {

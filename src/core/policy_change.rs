@@ -23,233 +23,54 @@
 use std::collections::BTreeMap;
 
 use super::facts::ClusterFacts;
-use super::operands::Era;
-use super::operands::{Labels, NFD_KERNEL_KEY, NFD_OS_KEYS, Operand, OperandSet};
-use super::operator::{OperatorVersion, labelling_pass};
-use super::policy::{self, Policy, Verdict};
+use super::nvidia_driver::NvidiaDriver;
+use super::operands::{Era, Labels, Operand, OperandSet};
+use super::operator::labelling_pass;
+use super::policy::{self, Policy, PolicyNote, Verdict};
 use super::review::Operation;
-use super::rules::{Action, Change, Found, Rule};
+use super::rules::fleet::{name_nodes, stacks_conflict};
+use super::rules::{Action, Change, FleetCtx, Found, Rule};
 
-/// The annotation by which a ClusterPolicy change says the hosts bring their own container
-/// toolkit: set (or changed) in the request that turns `spec.toolkit.enabled` off, it lets the
-/// change through and is recorded in the audit annotations.
-pub const HOST_TOOLKIT_ANNOTATION: &str = "gpu-deploy-guard.nvidia.com/toolkit-on-hosts";
+pub mod model;
+pub use model::{
+    Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, Outcome, PolicyChange, PolicyKind, PolicyReview,
+};
 
-/// Nodes named in one message at most; the rest are counted.
-pub const NAMED_NODES: usize = 5;
 
-/// The node label every `gpu` and `vgpu` driver DaemonSet selects besides its pool.
-pub const DRIVER_DEPLOY_KEY: &str = "nvidia.com/gpu.deploy.driver";
-/// The node label a `vgpu-host-manager` NVIDIADriver's DaemonSets select instead.
-pub const VGPU_MANAGER_DEPLOY_KEY: &str = "nvidia.com/gpu.deploy.vgpu-manager";
-const GPU_PRESENT: &str = "nvidia.com/gpu.present";
-
-/// Which kind of GPU-policy object a request changes.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum PolicyKind {
-    ClusterPolicy,
-    NvidiaDriver,
-    /// v26.7's DRA stack: judged only for whether it may exist beside a ClusterPolicy.
-    GpuCluster,
-}
-
-impl PolicyKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PolicyKind::ClusterPolicy => "ClusterPolicy",
-            PolicyKind::NvidiaDriver => "NVIDIADriver",
-            PolicyKind::GpuCluster => "GPUCluster",
-        }
-    }
-}
-
-/// An NVIDIADriver resource as the decision reads it: which nodes it claims and where its
-/// driver DaemonSets run (`docs/gpu-operator.md` §11.4).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NvidiaDriver {
-    pub name: String,
-    /// `spec.nodeSelector`; absent means `nvidia.com/gpu.present: "true"`, while an empty one
-    /// claims every node (`GetNodeSelector`).
-    pub node_selector: Option<Labels>,
-    /// `spec.driverType` is `vgpu-host-manager`: its DaemonSets select the vGPU manager's
-    /// deploy label, not the driver's.
-    pub vgpu_host_manager: bool,
-    /// `spec.usePrecompiled`: its pools are per OS and kernel.
-    pub precompiled: bool,
-    /// `spec.default` (v26.7): it serves the GPU nodes no other NVIDIADriver claims.
-    pub default: bool,
-}
-
-impl NvidiaDriver {
-    fn matches(selector: &Labels, labels: &Labels) -> bool {
-        selector
-            .iter()
-            .all(|(k, v)| labels.get(k).is_some_and(|have| have == v))
-    }
-
-    /// The nodes it claims, as the operator's overlap check reads them.
-    pub fn claims(&self, labels: &Labels) -> bool {
-        match &self.node_selector {
-            Some(selector) => Self::matches(selector, labels),
-            None => labels.get(GPU_PRESENT).is_some_and(|v| v == "true"),
-        }
-    }
-
-    /// Whether its driver DaemonSets run on a node with these labels under the operator of
-    /// this version: the deploy label, a GPU, its node selector, and the NFD labels that put
-    /// the node in a pool. In v23.9 every driver type's DaemonSet selects the driver's deploy
-    /// label; from v24.3 a `vgpu-host-manager` one selects the vGPU manager's
-    /// (gpu-operator@v23.9.2, v24.3.0 `manifests/state-driver/0500_daemonset.yaml`).
-    pub fn selects(&self, labels: &Labels, version: &OperatorVersion) -> bool {
-        let pooled = NFD_OS_KEYS.iter().all(|k| labels.contains_key(*k))
-            && (!self.precompiled || labels.contains_key(NFD_KERNEL_KEY));
-        let key = if self.vgpu_host_manager && version.release >= (24, 3) {
-            VGPU_MANAGER_DEPLOY_KEY
-        } else {
-            DRIVER_DEPLOY_KEY
-        };
-        pooled
-            && labels.get(key).is_some_and(|v| v == "true")
-            && labels.get(GPU_PRESENT).is_some_and(|v| v == "true")
-            && self
-                .node_selector
-                .as_ref()
-                .is_none_or(|selector| Self::matches(selector, labels))
-    }
-}
-
-/// What the request changes.
-#[derive(Clone, Copy, Debug)]
-pub enum PolicyChange<'a> {
-    ClusterPolicy {
-        /// The facts under the old and the new object (for CREATE, `before` is the facts the
-        /// cluster has now).
-        before: &'a ClusterFacts,
-        after: &'a ClusterFacts,
-        /// [`HOST_TOOLKIT_ANNOTATION`], when this request sets or changes it.
-        host_toolkit: Option<&'a str>,
-        /// Other ClusterPolicy objects that exist (the operator follows one and ignores the rest).
-        others: &'a [String],
-        /// The NVIDIADriver resources, for the hand-over `driver.useNvidiaDriverCRD` makes.
-        drivers: &'a [NvidiaDriver],
-    },
-    NvidiaDriver {
-        facts: &'a ClusterFacts,
-        /// This resource before (None for CREATE) and after (None for DELETE).
-        before: Option<&'a NvidiaDriver>,
-        after: Option<&'a NvidiaDriver>,
-        /// Every other NVIDIADriver resource.
-        others: &'a [NvidiaDriver],
-    },
-    GpuCluster {
-        /// The facts the cluster has now, and those once the GPUCluster is as the request
-        /// leaves it (for DELETE, the same).
-        facts: &'a ClusterFacts,
-        after: &'a ClusterFacts,
-        /// The ClusterPolicy that exists, when one does.
-        cluster_policy: Option<&'a str>,
-    },
-}
-
-/// One request to judge.
-#[derive(Clone, Copy, Debug)]
-pub struct PolicyReview<'a> {
-    pub kind: PolicyKind,
-    pub name: &'a str,
-    pub operation: Operation,
-    pub username: &'a str,
-    pub groups: &'a [String],
-    pub dry_run: bool,
-    pub change: PolicyChange<'a>,
-}
-
-/// Nodes with identical decision-relevant labels.
-#[derive(Clone, Debug)]
-pub struct NodeGroup<'a> {
-    pub labels: Labels,
-    /// Sorted.
-    pub nodes: Vec<&'a str>,
-}
-
-/// The fleet the decision is made over.
-#[derive(Clone, Copy)]
-pub enum Fleet<'a> {
-    /// The nodes, grouped; `keeps` says which label keys the groups hold (the records keep
-    /// only what decisions read, so a selector may name a key they lack).
-    Known {
-        groups: &'a [NodeGroup<'a>],
-        keeps: &'a dyn Fn(&str) -> bool,
-    },
-    /// The nodes are not read (yet): the decision falls back to the policy alone, and says why.
-    Unknown(&'a str),
-}
-
-/// What runs on one group of nodes, before and after the change.
-///
-/// Before is what runs now: the nodes' labels under the old facts. After is what runs once the
-/// change is applied: the same labels under the new facts, relabelled by the operator's pass
-/// when the change alters the pass itself (`sandboxWorkloads`). What the pass would change
-/// anyway is not the request's doing, and is left out.
-struct Outcome<'g, 'a> {
-    group: &'g NodeGroup<'a>,
-    before_labels: Labels,
-    after_labels: Labels,
-    before: OperandSet,
-    after: OperandSet,
-    /// The operands after the pass under the old and the new sandbox settings (equal when the
-    /// change leaves them alone): what a `sandboxWorkloads` change swaps.
-    relabel_before: OperandSet,
-    relabel_after: OperandSet,
-    driver_before: bool,
-    driver_after: bool,
-}
 
 /// Decides one GPU-policy change over the fleet.
 pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Policy) -> Verdict {
-    let mut findings = Vec::new();
     let facts = match review.change {
         PolicyChange::ClusterPolicy { after, .. } => after,
         PolicyChange::NvidiaDriver { facts, .. } | PolicyChange::GpuCluster { facts, .. } => facts,
     };
-    if let Some(conflict) = stacks_conflict(review) {
-        // While both custom resources exist the operator reconciles nothing, so the request
-        // changes nothing now. A ClusterPolicy change made then takes effect as soon as the
-        // GPUCluster goes: it is judged as that, so that it cannot wait there to switch the
-        // toolkit off.
-        let existing = conflict.change == Change::Existing;
-        findings.push(conflict);
-        if existing
-            && let PolicyChange::ClusterPolicy {
-                before,
-                after,
+    let mut findings = Vec::new();
+    match effect(review) {
+        Effect::Request => judge_fleet(review, Some(review), fleet, policy, &mut findings),
+        Effect::Alone(facts) => {
+            let (before, after) = &*facts;
+            let PolicyChange::ClusterPolicy {
                 host_toolkit,
                 others,
                 drivers,
+                ..
             } = review.change
-        {
-            let before = before.clone().without_gpu_cluster();
-            let after = after.clone().without_gpu_cluster();
+            else {
+                unreachable!("only a ClusterPolicy change is judged alone")
+            };
             let alone = PolicyReview {
                 change: PolicyChange::ClusterPolicy {
-                    before: &before,
-                    after: &after,
+                    before,
+                    after,
                     host_toolkit,
                     others,
                     drivers,
                 },
                 ..*review
             };
-            judge_fleet(&alone, fleet, policy, &mut findings);
+            judge_fleet(review, Some(&alone), fleet, policy, &mut findings);
         }
-    } else if review.kind == PolicyKind::GpuCluster
-        && !matches!(review.change, PolicyChange::ClusterPolicy { .. })
-    {
-        // A GPUCluster alone is not judged over the fleet (its DELETE that hands the operator
-        // to a ClusterPolicy is, as that ClusterPolicy's change).
-    } else {
-        // A ClusterPolicy's DELETE reaches here only when it hands the operator to another
-        // ClusterPolicy (the webhook decides nothing of the others).
-        judge_fleet(review, fleet, policy, &mut findings);
+        Effect::Nothing => judge_fleet(review, None, fleet, policy, &mut findings),
     }
     // A policy object a person creates changes what runs at once: judged like an UPDATE (a
     // Node's CREATE is the kubelet registering it, and is lowered).
@@ -293,21 +114,68 @@ pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Polic
     verdict
 }
 
-/// Judges `review` over the fleet, or on the policy alone when the nodes are not known.
+/// What the GPU Operator carries out of a request.
+enum Effect {
+    /// The request as it is.
+    Request,
+    /// A ClusterPolicy change while a GPUCluster exists: nothing is reconciled while both exist,
+    /// and the change takes effect as soon as the GPUCluster goes, so it is judged as that (it
+    /// cannot wait there to switch the toolkit off).
+    Alone(Box<(ClusterFacts, ClusterFacts)>),
+    /// Nothing: a second ClusterPolicy (ignored), a change that makes a ClusterPolicy and a
+    /// GPUCluster exist at once (neither is reconciled), a GPUCluster alone (not judged over the
+    /// fleet; its DELETE that hands the operator to a ClusterPolicy is, as that ClusterPolicy's
+    /// change).
+    Nothing,
+}
+
+fn effect(review: &PolicyReview<'_>) -> Effect {
+    match (stacks_conflict(review), review.change) {
+        (Some(c), PolicyChange::ClusterPolicy { before, after, .. })
+            if c.change == Change::Existing =>
+        {
+            Effect::Alone(Box::new((
+                before.clone().without_gpu_cluster(),
+                after.clone().without_gpu_cluster(),
+            )))
+        }
+        (Some(_), _) => Effect::Nothing,
+        (None, PolicyChange::ClusterPolicy { others, .. })
+            if review.operation == Operation::Create && !others.is_empty() =>
+        {
+            Effect::Nothing
+        }
+        (None, PolicyChange::ClusterPolicy { .. } | PolicyChange::NvidiaDriver { .. }) => {
+            Effect::Request
+        }
+        (None, PolicyChange::GpuCluster { .. }) => Effect::Nothing,
+    }
+}
+
+/// Runs every fleet rule over what `effect` (what the operator carries out of `request`) does
+/// on the fleet, then every state rule on each group of nodes before and after it.
 fn judge_fleet(
-    review: &PolicyReview<'_>,
+    request: &PolicyReview<'_>,
+    effect: Option<&PolicyReview<'_>>,
     fleet: Fleet<'_>,
     policy: &Policy,
     findings: &mut Vec<Found>,
 ) {
-    match fleet {
-        Fleet::Known { groups, keeps } => {
-            let outcomes: Vec<Outcome<'_, '_>> =
-                groups.iter().map(|g| outcome(review, g)).collect();
-            judge(review, &outcomes, policy, findings);
-            unkept_selector_keys(review, keeps, findings);
+    let outcomes: Result<Vec<Outcome<'_, '_>>, &str> = match (effect, fleet) {
+        (Some(effect), Fleet::Known { groups, .. }) => {
+            Ok(groups.iter().map(|g| outcome(effect, g)).collect())
         }
-        Fleet::Unknown(why) => judge_blind(review, why, findings),
+        (None, Fleet::Known { .. }) => Ok(Vec::new()),
+        (_, Fleet::Unknown(why)) => Err(why),
+    };
+    let keeps = match fleet {
+        Fleet::Known { keeps, .. } => keeps,
+        Fleet::Unknown(_) => &|_: &str| true,
+    };
+    let ctx = FleetCtx::new(request, effect, outcomes.as_deref().map_err(|why| *why), keeps);
+    ctx.run(findings);
+    if let (Some(effect), Some(outcomes)) = (effect, ctx.known()) {
+        state_transitions(effect, &ctx.object, outcomes, policy, findings);
     }
 }
 
@@ -368,39 +236,6 @@ pub fn shifts(review: &PolicyReview<'_>, groups: &[NodeGroup<'_>]) -> Vec<Shift>
     out
 }
 
-/// What the audit annotations say of a policy review.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PolicyNote {
-    /// `ClusterPolicy/<name>` or `NVIDIADriver/<name>`.
-    pub object: String,
-    /// Nodes the decision was made over; None when they were not known.
-    pub nodes: Option<usize>,
-    /// The host-toolkit statement that let a toolkit switch-off through.
-    pub host_toolkit: Option<String>,
-}
-
-impl<'g, 'a> Outcome<'g, 'a> {
-    /// A change that leaves the group's labels and operands as they are; only where a driver
-    /// DaemonSet runs may differ.
-    fn labels_kept(
-        group: &'g NodeGroup<'a>,
-        ops: OperandSet,
-        driver_before: bool,
-        driver_after: bool,
-    ) -> Self {
-        Outcome {
-            group,
-            driver_before,
-            driver_after,
-            before_labels: group.labels.clone(),
-            after_labels: group.labels.clone(),
-            before: ops,
-            after: ops,
-            relabel_before: ops,
-            relabel_after: ops,
-        }
-    }
-}
 
 /// Whether a driver DaemonSet runs on a node with these labels running `ops` under `facts`:
 /// the ClusterPolicy's, or with `driver.useNvidiaDriverCRD` an NVIDIADriver's.
@@ -510,8 +345,67 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
     }
 }
 
-pub mod judge;
-use judge::{judge, judge_blind, stacks_conflict, unkept_selector_keys};
+
+/// Every state rule, before and after, on every group: a finding only the new state has is
+/// one the request creates.
+fn state_transitions(
+    review: &PolicyReview<'_>,
+    object: &str,
+    outcomes: &[Outcome<'_, '_>],
+    policy: &Policy,
+    out: &mut Vec<Found>,
+) {
+    let (before_facts, after_facts) = match review.change {
+        PolicyChange::ClusterPolicy { before, after, .. } => (before, after),
+        PolicyChange::NvidiaDriver { .. } | PolicyChange::GpuCluster { .. } => return,
+    };
+    let mut by_rule: BTreeMap<Rule, (Vec<&str>, String)> = BTreeMap::new();
+    for o in outcomes {
+        let sample = o.group.nodes.first().copied().unwrap_or_default();
+        let had: Vec<Rule> = policy::assess(sample, &o.before_labels, before_facts, policy)
+            .into_iter()
+            .map(|f| f.rule)
+            .collect();
+        for f in policy::assess(sample, &o.after_labels, after_facts, policy) {
+            if had.contains(&f.rule) {
+                continue;
+            }
+            let entry = by_rule
+                .entry(f.rule)
+                .or_insert_with(|| (Vec::new(), f.message.clone()));
+            entry.0.extend(o.group.nodes.iter().copied());
+        }
+    }
+    for (rule, (nodes, first)) in by_rule {
+        let (count, names) = name_nodes(nodes);
+        out.push(finding(
+            rule,
+            format!(
+                "{object}: after this change, {count} {} fail {} ({names}); for example: {first}",
+                plural(count),
+                rule.id()
+            ),
+            format!(
+                "{object}: {} on {count} {} ({names})",
+                rule.id(),
+                plural(count)
+            ),
+        ));
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "node" } else { "nodes" }
+}
+
+fn finding(rule: Rule, message: String, warning: String) -> Found {
+    Found {
+        rule,
+        change: Change::New,
+        message,
+        warning,
+    }
+}
 
 #[cfg(test)]
 mod tests;

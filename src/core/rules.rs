@@ -1,10 +1,18 @@
 //! The rules: [`RULES`] is the one table of everything about each rule (id, kind, default
-//! action, severity and pass text for the report, and the function that finds it). The
-//! functions live in [`state`] (rules on what a node runs) and [`change`] (rules on what a
-//! request writes); each one reads a [`Ctx`] and pushes [`Finding`]s.
+//! action, severity and pass text for the report, and the functions that find it). The
+//! functions live in [`state`] (rules on what a node's labels make it run), [`change`] (rules on
+//! what a request writes), [`fleet`] (rules on a GPU-policy change over the fleet) and [`pods`]
+//! (rules on what a node's pods show); each reads its context ([`Ctx`], [`FleetCtx`],
+//! [`PodCtx`]) and pushes [`Found`]s. Every caller runs the rows' functions of one kind in
+//! table order, so a new rule is a row, a variant of [`Rule`] and a function.
 
 mod change;
+pub mod fleet;
+pub mod pods;
 mod state;
+
+pub use fleet::FleetCtx;
+pub use pods::PodCtx;
 
 /// How many unknown deploy keys one finding names; it counts the others.
 pub const UNKNOWN_KEYS_SHOWN: usize = 5;
@@ -29,12 +37,12 @@ pub enum Rule {
     UnknownDeployLabel,
     ValueNotTrue,
     OperatorWillRestore,
+    GpuClusterConflict,
+    ClusterPolicyIgnored,
     ToolkitSwitchedOff,
     DriverRemoved,
     SandboxRelabel,
     NvidiaDriverOverlap,
-    ClusterPolicyIgnored,
-    GpuClusterConflict,
     DevicePluginSwitchedOff,
     DriverSelectedTwice,
     RuntimeClassesRemoved,
@@ -72,16 +80,17 @@ pub enum Kind {
     Policy,
 }
 
-/// How a rule is evaluated.
+/// One way a rule is evaluated; a rule may have several (`device-plugin-without-toolkit` is
+/// judged on a node's labels and, by the audit, on its pods).
 #[derive(Copy, Clone)]
 pub enum Check {
-    /// On one node's labels: adds the rule's findings for one evaluation.
+    /// On one node's labels, by the label decision and the audit (`core/policy.rs`).
     Node(fn(&Ctx<'_, '_>, &mut Vec<Found>)),
     /// Over the fleet, by the policy-change decision (`core/policy_change.rs`).
-    Fleet,
-    /// On the pods running on one node, by the audit (`audit/mod.rs`). (The audit also judges
-    /// `device-plugin-without-toolkit` on the pods first: what runs says more than the labels.)
-    Pods,
+    Fleet(fn(&FleetCtx<'_>, &mut Vec<Found>)),
+    /// On the pods running on one node, by the audit (`audit/mod.rs`), before the label rules:
+    /// what runs says more than what the labels imply.
+    Pods(fn(&PodCtx<'_>, &mut Vec<Found>)),
 }
 
 /// How much a failure hurts, in the words of a PolicyReport result.
@@ -108,12 +117,13 @@ pub struct RuleSpec {
     pub pass: &'static str,
     /// What the rule finds.
     pub summary: &'static str,
-    pub check: Check,
+    /// How it is evaluated, in this order.
+    pub checks: &'static [Check],
 }
 
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
-/// [`Rule`] and its function (in `rules/state.rs` or `rules/change.rs`; a fleet rule's in
-/// `core/policy_change.rs`, a pod rule's in `audit/mod.rs`).
+/// [`Rule`] and its function (in `rules/state.rs`, `rules/change.rs`, `rules/fleet.rs` or
+/// `rules/pods.rs`).
 pub const RULES: [RuleSpec; 19] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
@@ -123,7 +133,10 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::High,
         pass: "the device plugin does not run without the container toolkit",
         summary: "the device plugin would run while the operator-managed container toolkit would not",
-        check: Check::Node(|ctx, out| ctx.device_plugin_without_toolkit(out)),
+        checks: &[
+            Check::Pods(pods::device_plugin_without_toolkit),
+            Check::Node(|ctx, out| ctx.device_plugin_without_toolkit(out)),
+        ],
     },
     RuleSpec {
         rule: Rule::OperandWithoutToolkit,
@@ -133,7 +146,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Medium,
         pass: "no operand waits for a container toolkit that does not run",
         summary: "GFD, DCGM, DCGM exporter or MIG manager would run without the container toolkit",
-        check: Check::Node(|ctx, out| ctx.operand_without_toolkit(out)),
+        checks: &[Check::Node(|ctx, out| ctx.operand_without_toolkit(out))],
     },
     RuleSpec {
         rule: Rule::OperandWithoutValidator,
@@ -143,7 +156,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Medium,
         pass: "no operand waits for an operator validator that is labelled off",
         summary: "operator-validator is labelled off while operands that wait for toolkit-ready run",
-        check: Check::Node(|ctx, out| ctx.operand_without_validator(out)),
+        checks: &[Check::Node(|ctx, out| ctx.operand_without_validator(out))],
     },
     RuleSpec {
         rule: Rule::OperandWithoutSandboxValidator,
@@ -153,10 +166,10 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Medium,
         pass: "no sandbox operand waits for a sandbox validator that is labelled off or stuck on a component that does not run",
         summary: "sandbox-validator is labelled off, or stuck on a step whose component (cc-manager, vfio-manager, vGPU manager, vGPU device manager) the ClusterPolicy deploys but that does not run on the node, while the sandbox or kata device plugin or the vGPU device manager runs",
-        check: Check::Node(|ctx, out| {
+        checks: &[Check::Node(|ctx, out| {
             ctx.operand_without_sandbox_validator(out);
             ctx.operand_behind_a_stuck_sandbox_step(out);
-        }),
+        })],
     },
     RuleSpec {
         rule: Rule::OperandWithoutDraDriver,
@@ -166,7 +179,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Medium,
         pass: "no DRA-stack operand waits for a DRA kubelet plugin that does not run",
         summary: "the DRA validator, DCGM or DCGM exporter of the GPUCluster (DRA) stack would run where the DRA kubelet plugin does not: their GPU claims are never allocated, so their pods stay Pending",
-        check: Check::Node(|ctx, out| ctx.operand_without_dra_driver(out)),
+        checks: &[Check::Node(|ctx, out| ctx.operand_without_dra_driver(out))],
     },
     RuleSpec {
         rule: Rule::DevicePluginOnNonGpuNode,
@@ -176,7 +189,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Low,
         pass: "the device plugin does not run on a node without a GPU label",
         summary: "the device plugin would run on a node with no sign of an NVIDIA GPU",
-        check: Check::Node(|ctx, out| ctx.device_plugin_on_non_gpu_node(out)),
+        checks: &[Check::Node(|ctx, out| ctx.device_plugin_on_non_gpu_node(out))],
     },
     RuleSpec {
         rule: Rule::UnknownDeployLabel,
@@ -186,7 +199,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Low,
         pass: "no finding",
         summary: "a nvidia.com/gpu.deploy.* key that no operand uses",
-        check: Check::Node(|ctx, out| ctx.unknown_deploy_label(out)),
+        checks: &[Check::Node(|ctx, out| ctx.unknown_deploy_label(out))],
     },
     RuleSpec {
         rule: Rule::ValueNotTrue,
@@ -196,7 +209,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Low,
         pass: "no finding",
         summary: "a deploy label set to a value a person probably meant as on (only `true` schedules)",
-        check: Check::Node(|ctx, out| ctx.value_not_true(out)),
+        checks: &[Check::Node(|ctx, out| ctx.value_not_true(out))],
     },
     RuleSpec {
         rule: Rule::OperatorWillRestore,
@@ -206,57 +219,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Low,
         pass: "no finding",
         summary: "the GPU Operator's next labelling pass changes a label this request writes: adds it back, sweeps it, or (operands=false) sweeps them all",
-        check: Check::Node(|ctx, out| ctx.operator_will_restore(out)),
-    },
-    RuleSpec {
-        rule: Rule::ToolkitSwitchedOff,
-        id: "toolkit-switched-off",
-        kind: Kind::Policy,
-        default: Action::Deny,
-        severity: Severity::High,
-        pass: "no policy change removes the container toolkit where the device plugin runs",
-        summary: "a ClusterPolicy change stops deploying the container toolkit on nodes where the device plugin keeps running",
-        check: Check::Fleet,
-    },
-    RuleSpec {
-        rule: Rule::DriverRemoved,
-        id: "driver-removed",
-        kind: Kind::Policy,
-        default: Action::Warn,
-        severity: Severity::High,
-        pass: "no policy change removes a driver DaemonSet from a node",
-        summary: "a ClusterPolicy or NVIDIADriver change leaves nodes without a driver DaemonSet",
-        check: Check::Fleet,
-    },
-    RuleSpec {
-        rule: Rule::SandboxRelabel,
-        id: "sandbox-relabel",
-        kind: Kind::Policy,
-        default: Action::Warn,
-        severity: Severity::Medium,
-        pass: "no sandboxWorkloads change swaps the operands of a node",
-        summary: "a sandboxWorkloads change makes the operator swap the operands of nodes",
-        check: Check::Fleet,
-    },
-    RuleSpec {
-        rule: Rule::NvidiaDriverOverlap,
-        id: "nvidia-driver-overlap",
-        kind: Kind::Policy,
-        default: Action::Deny,
-        severity: Severity::High,
-        pass: "no two NVIDIADriver resources select the same node",
-        summary: "an NVIDIADriver selects a node another NVIDIADriver selects",
-        check: Check::Fleet,
-    },
-    RuleSpec {
-        rule: Rule::ClusterPolicyIgnored,
-        id: "cluster-policy-ignored",
-        kind: Kind::Policy,
-        default: Action::Warn,
-        severity: Severity::Low,
-        pass: "one ClusterPolicy",
-        summary: "a second ClusterPolicy, which the operator ignores",
-        check: Check::Fleet,
+        checks: &[Check::Node(|ctx, out| ctx.operator_will_restore(out))],
     },
     RuleSpec {
         rule: Rule::GpuClusterConflict,
@@ -266,7 +229,57 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::High,
         pass: "never a ClusterPolicy and a GPUCluster at once",
         summary: "a ClusterPolicy created while a GPUCluster exists, or a GPUCluster while a ClusterPolicy exists: the GPU Operator (v26.7+) then reconciles neither and labels no node",
-        check: Check::Fleet,
+        checks: &[Check::Fleet(fleet::gpu_cluster_conflict)],
+    },
+    RuleSpec {
+        rule: Rule::ClusterPolicyIgnored,
+        id: "cluster-policy-ignored",
+        kind: Kind::Policy,
+        default: Action::Warn,
+        severity: Severity::Low,
+        pass: "one ClusterPolicy",
+        summary: "a second ClusterPolicy, which the operator ignores",
+        checks: &[Check::Fleet(fleet::cluster_policy_ignored)],
+    },
+    RuleSpec {
+        rule: Rule::ToolkitSwitchedOff,
+        id: "toolkit-switched-off",
+        kind: Kind::Policy,
+        default: Action::Deny,
+        severity: Severity::High,
+        pass: "no policy change removes the container toolkit where the device plugin runs",
+        summary: "a ClusterPolicy change stops deploying the container toolkit on nodes where the device plugin keeps running",
+        checks: &[Check::Fleet(fleet::toolkit_switched_off)],
+    },
+    RuleSpec {
+        rule: Rule::DriverRemoved,
+        id: "driver-removed",
+        kind: Kind::Policy,
+        default: Action::Warn,
+        severity: Severity::High,
+        pass: "no policy change removes a driver DaemonSet from a node",
+        summary: "a ClusterPolicy or NVIDIADriver change leaves nodes without a driver DaemonSet",
+        checks: &[Check::Fleet(fleet::driver_removed)],
+    },
+    RuleSpec {
+        rule: Rule::SandboxRelabel,
+        id: "sandbox-relabel",
+        kind: Kind::Policy,
+        default: Action::Warn,
+        severity: Severity::Medium,
+        pass: "no sandboxWorkloads change swaps the operands of a node",
+        summary: "a sandboxWorkloads change makes the operator swap the operands of nodes",
+        checks: &[Check::Fleet(fleet::sandbox_relabel)],
+    },
+    RuleSpec {
+        rule: Rule::NvidiaDriverOverlap,
+        id: "nvidia-driver-overlap",
+        kind: Kind::Policy,
+        default: Action::Deny,
+        severity: Severity::High,
+        pass: "no two NVIDIADriver resources select the same node",
+        summary: "an NVIDIADriver selects a node another NVIDIADriver selects",
+        checks: &[Check::Fleet(fleet::nvidia_driver_overlap)],
     },
     RuleSpec {
         rule: Rule::DevicePluginSwitchedOff,
@@ -276,7 +289,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Medium,
         pass: "no policy change stops the device plugin where it runs",
         summary: "a ClusterPolicy change stops the device plugin on nodes: their GPUs are no longer advertised, new GPU pods stay Pending there",
-        check: Check::Fleet,
+        checks: &[Check::Fleet(fleet::device_plugin_switched_off)],
     },
     RuleSpec {
         rule: Rule::DriverSelectedTwice,
@@ -286,7 +299,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::High,
         pass: "no node is selected by two driver DaemonSets",
         summary: "driver.useNvidiaDriverCRD true -> false brings the ClusterPolicy's driver DaemonSet back on nodes NVIDIADriver DaemonSets still serve",
-        check: Check::Fleet,
+        checks: &[Check::Fleet(fleet::driver_selected_twice)],
     },
     RuleSpec {
         rule: Rule::RuntimeClassesRemoved,
@@ -296,7 +309,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::High,
         pass: "no policy change deletes the nvidia RuntimeClasses",
         summary: "cdi.nriPluginEnabled false -> true (v26.3+) deletes the nvidia RuntimeClasses: pods that name runtimeClassName nvidia are then refused",
-        check: Check::Fleet,
+        checks: &[Check::Fleet(fleet::runtime_classes_removed)],
     },
     RuleSpec {
         rule: Rule::OperandNotRunning,
@@ -306,7 +319,7 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Medium,
         pass: "every expected operand runs",
         summary: "an operand the DaemonSet controller should run on a node has no Running pod there",
-        check: Check::Pods,
+        checks: &[Check::Pods(pods::operand_not_running)],
     },
 ];
 
@@ -439,8 +452,10 @@ impl Ctx<'_, '_> {
     /// Runs every rule of `kind`, in table order.
     pub(crate) fn run(&self, kind: Kind, out: &mut Vec<Found>) {
         for spec in RULES.iter().filter(|s| s.kind == kind) {
-            if let Check::Node(check) = spec.check {
-                check(self, out);
+            for check in spec.checks {
+                if let Check::Node(check) = check {
+                    check(self, out);
+                }
             }
         }
     }
@@ -570,5 +585,24 @@ mod table_tests {
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), RULES.len(), "rule ids are unique");
+    }
+
+    /// Every row is evaluated, and only by checks its kind's callers run: the label decision runs
+    /// `Node` checks of state and change rules, the policy decision `Fleet` checks of policy
+    /// rules, the audit `Pods` checks of state rules.
+    #[test]
+    fn each_row_has_checks_of_its_kind() {
+        for spec in &RULES {
+            assert!(!spec.checks.is_empty(), "{} has no check", spec.id);
+            for check in spec.checks {
+                let fits = matches!(
+                    (spec.kind, check),
+                    (Kind::State | Kind::Change, Check::Node(_))
+                        | (Kind::Policy, Check::Fleet(_))
+                        | (Kind::State, Check::Pods(_))
+                );
+                assert!(fits, "{} has a check its kind's callers never run", spec.id);
+            }
+        }
     }
 }

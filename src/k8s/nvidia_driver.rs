@@ -6,7 +6,7 @@ use kube::api::ApiResource;
 use serde_json::Value;
 
 use crate::core::operands::Labels;
-use crate::core::policy_change::NvidiaDriver;
+use crate::core::nvidia_driver::NvidiaDriver;
 
 /// `nvidia.com/v1alpha1` NVIDIADriver, cluster-scoped.
 pub fn resource() -> ApiResource {

@@ -48,7 +48,7 @@ use super::nodes::follow_nodes;
 use crate::audit::metrics::{AuditMetrics, DEFAULT_MAX_NODE_SERIES};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::policy::Policy;
-use crate::core::policy_change::NvidiaDriver;
+use crate::core::nvidia_driver::NvidiaDriver;
 use crate::core::version::{self, Followed};
 use crate::k8s::api::{
     cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,

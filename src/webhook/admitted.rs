@@ -20,7 +20,8 @@ use serde_json::Value;
 
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::operands::Stack;
-use crate::core::policy_change::{NvidiaDriver, PolicyKind};
+use crate::core::nvidia_driver::NvidiaDriver;
+use crate::core::policy_change::PolicyKind;
 use crate::k8s::{cluster_policy, gpu_cluster, nvidia_driver};
 
 /// How long an allowed creation counts when the watch does not show it.

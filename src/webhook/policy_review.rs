@@ -24,9 +24,10 @@ use crate::core::labels::MAX_NAME_CHARS;
 use crate::core::operands::{Operand, Stack};
 use crate::core::policy::{self, Decision, Policy, Verdict};
 use crate::core::policy_change::{
-    Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, NvidiaDriver, PolicyChange, PolicyKind,
-    PolicyReview, Shift, decide_policy, shifts,
+    Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, PolicyChange, PolicyKind, PolicyReview, Shift,
+    decide_policy, shifts,
 };
+use crate::core::nvidia_driver::NvidiaDriver;
 use crate::core::review::Operation;
 use crate::k8s::{cluster_policy, gpu_cluster, nvidia_driver, policy_object};
 use std::sync::Arc;

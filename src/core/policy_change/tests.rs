@@ -1,5 +1,6 @@
 use super::*;
 use crate::core::facts::operator_defaults;
+use crate::core::nvidia_driver::{DRIVER_DEPLOY_KEY, VGPU_MANAGER_DEPLOY_KEY};
 use crate::core::operands::{SandboxMode, Workload};
 use crate::core::operator::Sandbox;
 use crate::core::policy::Decision;

@@ -1,0 +1,65 @@
+//! An NVIDIADriver resource as the decision reads it (`docs/gpu-operator.md` §11.4): which
+//! nodes it claims, and where its driver DaemonSets run under each operator version.
+
+use crate::core::operands::{GPU_PRESENT_KEY, Labels, NFD_KERNEL_KEY, NFD_OS_KEYS};
+use crate::core::operator::OperatorVersion;
+
+/// The node label every `gpu` and `vgpu` driver DaemonSet selects besides its pool.
+pub const DRIVER_DEPLOY_KEY: &str = "nvidia.com/gpu.deploy.driver";
+/// The node label a `vgpu-host-manager` NVIDIADriver's DaemonSets select instead.
+pub const VGPU_MANAGER_DEPLOY_KEY: &str = "nvidia.com/gpu.deploy.vgpu-manager";
+
+/// An NVIDIADriver resource as the decision reads it: which nodes it claims and where its
+/// driver DaemonSets run (`docs/gpu-operator.md` §11.4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvidiaDriver {
+    pub name: String,
+    /// `spec.nodeSelector`; absent means `nvidia.com/gpu.present: "true"`, while an empty one
+    /// claims every node (`GetNodeSelector`).
+    pub node_selector: Option<Labels>,
+    /// `spec.driverType` is `vgpu-host-manager`: its DaemonSets select the vGPU manager's
+    /// deploy label, not the driver's.
+    pub vgpu_host_manager: bool,
+    /// `spec.usePrecompiled`: its pools are per OS and kernel.
+    pub precompiled: bool,
+    /// `spec.default` (v26.7): it serves the GPU nodes no other NVIDIADriver claims.
+    pub default: bool,
+}
+
+impl NvidiaDriver {
+    fn matches(selector: &Labels, labels: &Labels) -> bool {
+        selector
+            .iter()
+            .all(|(k, v)| labels.get(k).is_some_and(|have| have == v))
+    }
+
+    /// The nodes it claims, as the operator's overlap check reads them.
+    pub fn claims(&self, labels: &Labels) -> bool {
+        match &self.node_selector {
+            Some(selector) => Self::matches(selector, labels),
+            None => labels.get(GPU_PRESENT_KEY).is_some_and(|v| v == "true"),
+        }
+    }
+
+    /// Whether its driver DaemonSets run on a node with these labels under the operator of
+    /// this version: the deploy label, a GPU, its node selector, and the NFD labels that put
+    /// the node in a pool. In v23.9 every driver type's DaemonSet selects the driver's deploy
+    /// label; from v24.3 a `vgpu-host-manager` one selects the vGPU manager's
+    /// (gpu-operator@v23.9.2, v24.3.0 `manifests/state-driver/0500_daemonset.yaml`).
+    pub fn selects(&self, labels: &Labels, version: &OperatorVersion) -> bool {
+        let pooled = NFD_OS_KEYS.iter().all(|k| labels.contains_key(*k))
+            && (!self.precompiled || labels.contains_key(NFD_KERNEL_KEY));
+        let key = if self.vgpu_host_manager && version.release >= (24, 3) {
+            VGPU_MANAGER_DEPLOY_KEY
+        } else {
+            DRIVER_DEPLOY_KEY
+        };
+        pooled
+            && labels.get(key).is_some_and(|v| v == "true")
+            && labels.get(GPU_PRESENT_KEY).is_some_and(|v| v == "true")
+            && self
+                .node_selector
+                .as_ref()
+                .is_none_or(|selector| Self::matches(selector, labels))
+    }
+}
