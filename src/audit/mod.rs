@@ -21,12 +21,12 @@ use serde::Serialize;
 
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{Labels, Operand, OperandSet, is_gpu_node};
+pub use crate::core::pods::OperandState;
 use crate::core::policy::{self, Policy};
 use crate::core::rules::{Action, PodCtx, Rule, Severity};
 use crate::k8s::daemonset::{is_daemonset_pod, operand_of_pod};
 use crate::k8s::node::NodeView;
 use crate::k8s::pod::{PodOnNode, PodPhase, PodView};
-pub use crate::core::pods::OperandState;
 
 /// How bad a finding is, in the words of a PolicyReport result.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize)]

@@ -13,11 +13,11 @@ use serde_json::Value;
 
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
-use crate::core::policy::{Decision, Policy, Verdict};
 use crate::core::nvidia_driver::NvidiaDriver;
-use crate::core::rules::fleet::name_nodes;
+use crate::core::policy::{Decision, Policy, Verdict};
 use crate::core::policy_change::{PolicyKind, Shift};
 use crate::core::review::Operation;
+use crate::core::rules::fleet::name_nodes;
 use crate::core::version;
 use crate::core::version::Followed;
 use crate::flags::{NOT_GIVEN, OperatorVersionArg};

@@ -63,4 +63,3 @@ pub struct OperandState {
     pub pod: Option<String>,
     pub phase: Option<PodPhase>,
 }
-

@@ -36,8 +36,6 @@ pub use model::{
     Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, Outcome, PolicyChange, PolicyKind, PolicyReview,
 };
 
-
-
 /// Decides one GPU-policy change over the fleet.
 pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Policy) -> Verdict {
     let facts = match review.change {
@@ -172,7 +170,12 @@ fn judge_fleet(
         Fleet::Known { keeps, .. } => keeps,
         Fleet::Unknown(_) => &|_: &str| true,
     };
-    let ctx = FleetCtx::new(request, effect, outcomes.as_deref().map_err(|why| *why), keeps);
+    let ctx = FleetCtx::new(
+        request,
+        effect,
+        outcomes.as_deref().map_err(|why| *why),
+        keeps,
+    );
     ctx.run(findings);
     if let (Some(effect), Some(outcomes)) = (effect, ctx.known()) {
         state_transitions(effect, &ctx.object, outcomes, policy, findings);
@@ -235,7 +238,6 @@ pub fn shifts(review: &PolicyReview<'_>, groups: &[NodeGroup<'_>]) -> Vec<Shift>
     }
     out
 }
-
 
 /// Whether a driver DaemonSet runs on a node with these labels running `ops` under `facts`:
 /// the ClusterPolicy's, or with `driver.useNvidiaDriverCRD` an NVIDIADriver's.
@@ -344,7 +346,6 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
         }
     }
 }
-
 
 /// Every state rule, before and after, on every group: a finding only the new state has is
 /// one the request creates.

@@ -189,7 +189,9 @@ pub const RULES: [RuleSpec; 19] = [
         severity: Severity::Low,
         pass: "the device plugin does not run on a node without a GPU label",
         summary: "the device plugin would run on a node with no sign of an NVIDIA GPU",
-        checks: &[Check::Node(|ctx, out| ctx.device_plugin_on_non_gpu_node(out))],
+        checks: &[Check::Node(|ctx, out| {
+            ctx.device_plugin_on_non_gpu_node(out)
+        })],
     },
     RuleSpec {
         rule: Rule::UnknownDeployLabel,

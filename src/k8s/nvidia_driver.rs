@@ -5,8 +5,8 @@
 use kube::api::ApiResource;
 use serde_json::Value;
 
-use crate::core::operands::Labels;
 use crate::core::nvidia_driver::NvidiaDriver;
+use crate::core::operands::Labels;
 
 /// `nvidia.com/v1alpha1` NVIDIADriver, cluster-scoped.
 pub fn resource() -> ApiResource {

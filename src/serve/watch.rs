@@ -47,8 +47,8 @@ use super::lease::{Election, Leadership, LeaseArgs, LeaseConfig};
 use super::nodes::follow_nodes;
 use crate::audit::metrics::{AuditMetrics, DEFAULT_MAX_NODE_SERIES};
 use crate::core::facts::{ClusterFacts, PolicySource};
-use crate::core::policy::Policy;
 use crate::core::nvidia_driver::NvidiaDriver;
+use crate::core::policy::Policy;
 use crate::core::version::{self, Followed};
 use crate::k8s::api::{
     cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::core::facts::{ClusterFacts, PolicySource};
-use crate::core::operands::Stack;
 use crate::core::nvidia_driver::NvidiaDriver;
+use crate::core::operands::Stack;
 use crate::core::policy_change::PolicyKind;
 use crate::k8s::{cluster_policy, gpu_cluster, nvidia_driver};
 

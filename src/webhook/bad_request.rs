@@ -5,11 +5,12 @@
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use axum::response::Response;
 
-use super::read::MAX_UID_CHARS;
-use super::response::{self, json_response};
 use crate::core::labels::MAX_NAME_CHARS;
+
+/// Request uids are UUIDs (36 characters); the answer must repeat the uid, so a longer one is
+/// refused rather than echoed.
+pub const MAX_UID_CHARS: usize = 128;
 
 /// The most bytes of a parser's error message repeated in an answer or a log line.
 pub(super) const MAX_ERROR_BYTES: usize = 300;
@@ -125,10 +126,5 @@ impl BadRequest {
             BadRequest::NameTooLong { .. } => "name-too-long",
             BadRequest::UidTooLong(_) => "uid-too-long",
         }
-    }
-
-    pub(super) fn into_response(self, uid: Option<String>) -> Response {
-        let body = response::invalid(self.to_string(), self.status().as_u16(), uid);
-        json_response(self.status(), &body)
     }
 }

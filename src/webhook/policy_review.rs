@@ -21,13 +21,13 @@ use super::{Webhook, refuse};
 use crate::core::echo::{bounded_display, echo};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::labels::MAX_NAME_CHARS;
+use crate::core::nvidia_driver::NvidiaDriver;
 use crate::core::operands::{Operand, Stack};
 use crate::core::policy::{self, Decision, Policy, Verdict};
 use crate::core::policy_change::{
     Fleet, HOST_TOOLKIT_ANNOTATION, NodeGroup, PolicyChange, PolicyKind, PolicyReview, Shift,
     decide_policy, shifts,
 };
-use crate::core::nvidia_driver::NvidiaDriver;
 use crate::core::review::Operation;
 use crate::k8s::{cluster_policy, gpu_cluster, nvidia_driver, policy_object};
 use std::sync::Arc;

@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
 
+use super::bad_request::BadRequest;
 use super::read::RequestView;
 use crate::core::policy::Verdict;
 
@@ -165,6 +166,15 @@ pub(super) fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -
             format!("cannot encode response: {e}\n"),
         )
             .into_response(),
+    }
+}
+
+impl BadRequest {
+    /// The answer to a request that cannot be reviewed: its status, and an AdmissionReview
+    /// that says why when the uid is known.
+    pub(super) fn into_response(self, uid: Option<String>) -> Response {
+        let body = invalid(self.to_string(), self.status().as_u16(), uid);
+        json_response(self.status(), &body)
     }
 }
 

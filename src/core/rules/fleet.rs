@@ -54,7 +54,9 @@ impl<'r> FleetCtx<'r> {
         // A DELETE is judged as the hand-over to the ClusterPolicy followed next (of a
         // ClusterPolicy: the next one; of a GPUCluster beside a ClusterPolicy: that one).
         let policy_object = match (request.operation, request.change) {
-            (Operation::Delete, PolicyChange::ClusterPolicy { others, .. }) if !others.is_empty() => {
+            (Operation::Delete, PolicyChange::ClusterPolicy { others, .. })
+                if !others.is_empty() =>
+            {
                 format!(
                     "{object} (deleted: the GPU Operator then follows ClusterPolicy {})",
                     echo(&others[0])
@@ -98,8 +100,6 @@ impl<'r> FleetCtx<'r> {
         }
     }
 }
-
-
 
 /// "a, b, c, d, e and 7 more"
 pub fn name_nodes<'a>(nodes: impl IntoIterator<Item = &'a str>) -> (usize, String) {
@@ -227,5 +227,3 @@ pub(super) fn cluster_policy_ignored(ctx: &FleetCtx<'_>, out: &mut Vec<Found>) {
 pub(super) fn gpu_cluster_conflict(ctx: &FleetCtx<'_>, out: &mut Vec<Found>) {
     out.extend(stacks_conflict(ctx.request));
 }
-
-

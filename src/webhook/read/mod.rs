@@ -8,19 +8,17 @@
 
 pub mod reference;
 pub mod scan;
+mod scanner;
 mod skip;
 pub mod view;
 
 pub use view::{GroupVersionKind, NodeLabels, RequestView, ReviewBody, UserInfo};
 
+pub use super::bad_request::MAX_UID_CHARS;
 use super::bad_request::{BadRequest, MAX_ERROR_BYTES};
 use crate::core::echo::echo;
 use crate::core::labels::MAX_NAME_CHARS;
 use reference::parse_with_serde;
-
-/// Request uids are UUIDs (36 characters); the answer must repeat the uid, so a longer one is
-/// refused rather than echoed.
-pub const MAX_UID_CHARS: usize = 128;
 
 /// Reads the body as a v1 Node AdmissionReview. On failure, returns the uid when it was readable,
 /// so the API server can match even an error answer.

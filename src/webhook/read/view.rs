@@ -17,7 +17,7 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
-use super::scan::{ScannedLabels, ScannedStrings};
+use super::scanner::{ScannedLabels, ScannedStrings};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
 use crate::core::policy;

@@ -133,8 +133,7 @@ pub(super) fn driver_back_where_served(
     if count == 0 {
         return;
     }
-    let resources =
-        echo(&serving.into_iter().collect::<Vec<_>>().join(", ")).into_owned();
+    let resources = echo(&serving.into_iter().collect::<Vec<_>>().join(", ")).into_owned();
     let kept = if after.operator.era() >= Era::V26_3 {
         "the operator sets them disabled and leaves their DaemonSets"
     } else {

@@ -10,7 +10,7 @@ use super::{Result, Scanner, Str};
 /// Where a map or an array the scanner has read is in the body, and how many items it has:
 /// enough to read them again, the same way, without keeping them.
 #[derive(Clone, Copy)]
-pub(super) struct Reread<'a> {
+pub(in crate::webhook::read) struct Reread<'a> {
     b: &'a [u8],
     text: Option<&'a str>,
     compact: bool,
@@ -50,9 +50,9 @@ impl<'a> Reread<'a> {
 /// A Node's labels: a map of label keys to strings, read again each time they are walked.
 #[derive(Clone, Copy)]
 pub struct ScannedLabels<'a> {
-    pub(super) at: Reread<'a>,
+    pub(in crate::webhook::read) at: Reread<'a>,
     /// Every pair is within `core::labels::check_lengths`.
-    pub(super) syntax_ok: bool,
+    pub(in crate::webhook::read) syntax_ok: bool,
 }
 
 impl<'a> ScannedLabels<'a> {
@@ -102,7 +102,7 @@ impl<'a> ScannedLabels<'a> {
 /// An array of strings (a user's groups), read again each time it is walked.
 #[derive(Clone, Copy)]
 pub struct ScannedStrings<'a> {
-    pub(super) at: Reread<'a>,
+    pub(in crate::webhook::read) at: Reread<'a>,
 }
 
 impl<'a> ScannedStrings<'a> {
@@ -150,7 +150,7 @@ impl fmt::Debug for ScannedStrings<'_> {
 impl<'a> Scanner<'a> {
     /// Where a map or an array that starts at `start` (just after its bracket) is, once `len`
     /// items of it have been read.
-    pub(super) fn reread(&self, start: usize, len: usize) -> Reread<'a> {
+    pub(in crate::webhook::read) fn reread(&self, start: usize, len: usize) -> Reread<'a> {
         Reread {
             b: self.b,
             text: self.text,
