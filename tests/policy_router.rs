@@ -293,7 +293,7 @@ async fn nvidiadrivers_that_overlap_are_refused_and_a_delete_warns() {
     );
     // With an NVIDIADriver selecting every node, a second one for gpu-a overlaps.
     let facts = ClusterFacts {
-        nvidia_drivers: Some(vec![gpu_deploy_guard::core::policy_change::NvidiaDriver {
+        nvidia_drivers: Some(vec![gpu_deploy_guard::core::nvidia_driver::NvidiaDriver {
             name: "all".into(),
             node_selector: Some(Default::default()),
             vgpu_host_manager: false,
