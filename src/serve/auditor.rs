@@ -23,7 +23,8 @@ use tokio::time::{Instant, sleep_until};
 
 use super::follow::{health, set_health, watch_failed, watch_synced, watcher};
 use super::lease::{Leadership, Term};
-use super::watch::{Health, Kind, Status, WatchConfig};
+use super::health::{Health, Kind, Status};
+use super::watch_config::WatchConfig;
 use crate::audit::apply::{apply_report, read_fence};
 use crate::audit::incremental::{Dirty, Incremental};
 use crate::audit::metrics::AuditMetrics;

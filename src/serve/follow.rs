@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::time::sleep;
 
 use super::kept::{Bounds, Fit, Kept};
-use super::watch::{Health, Kind, Status, Unavailable, unavailable};
+use super::health::{Health, Kind, Status, Unavailable, unavailable};
 use crate::k8s::policy_object::PolicyObject;
 
 /// Pauses between the retries of a failing watch: 0.5 s doubling to [`RETRY_MAX`], plus up to

@@ -10,7 +10,8 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::{mpsc, watch};
 
 use super::follow::{watch_failed, watch_synced, watcher};
-use super::watch::{DEFAULT_PAGE_SIZE, Kind, Status, unavailable};
+use super::health::{Kind, Status, unavailable};
+use super::watch_config::DEFAULT_PAGE_SIZE;
 use crate::core::facts::ClusterFacts;
 use crate::k8s::api::list_pages_with;
 use crate::k8s::fleet::{Fleet, LabelFilter, Trouble};

@@ -31,7 +31,6 @@
 //! Deployments are then not watched at all.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use kube::Client;
 use kube::api::Api;
@@ -43,15 +42,16 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::auditor;
 use super::follow::{Following, POLICY_PAGE_SIZE, follow, health, watcher as stream};
 use super::kept::{self, Kept};
-use super::lease::{Election, Leadership, LeaseArgs, LeaseConfig};
+use super::health::{Health, Kind, Status, Unavailable};
+use super::lease::{Election, Leadership};
+use super::watch_config::WatchConfig;
 use super::nodes::follow_nodes;
-use crate::audit::metrics::{AuditMetrics, DEFAULT_MAX_NODE_SERIES};
+use crate::audit::metrics::AuditMetrics;
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::nvidia_driver::NvidiaDriver;
-use crate::core::policy::Policy;
 use crate::core::version::{self, Followed};
 use crate::k8s::api::{
-    cluster_from, cluster_policy_resource, missing_or_forbidden, unavailable_source,
+    cluster_from, cluster_policy_resource, unavailable_source,
 };
 use crate::k8s::daemonset::DaemonSetView;
 use crate::k8s::deployment::{self, DeploymentView, Unread};
@@ -59,198 +59,6 @@ use crate::k8s::fleet::Fleet;
 use crate::k8s::gpu_cluster;
 use crate::k8s::nvidia_driver;
 use crate::metrics::Metrics;
-
-/// Objects per list page by default: a Node's metadata is ~10 KB and a Pod ~5–10 KB, so a page
-/// stays near a megabyte.
-pub const DEFAULT_PAGE_SIZE: u32 = 100;
-
-/// The flags of the cluster watch and of the continuous audit.
-#[derive(clap::Args, Clone, Debug)]
-pub struct ClusterArgs {
-    /// Do not read the cluster: decide with the GPU Operator's default operand switches and
-    /// run no continuous audit. Without this, the ClusterPolicy, the operand DaemonSets, their
-    /// pods, the operator's Deployment (for its version) and the nodes are watched (in-cluster
-    /// config or KUBECONFIG).
-    #[arg(long, env = "GDG_NO_CLUSTER_WATCH", display_order = 24)]
-    pub no_cluster_watch: bool,
-    /// Write the continuous audit as ClusterPolicyReport `gpu-deploy-guard` (wgpolicyk8s.io/v1alpha2).
-    #[arg(
-        long,
-        env = "GDG_REPORT",
-        conflicts_with = "no_cluster_watch",
-        display_order = 25
-    )]
-    pub report: bool,
-    #[command(flatten)]
-    pub lease: LeaseArgs,
-    /// Nodes with per-node audit series (operand_expected, operand_running) at most: failures
-    /// first, then by name; the others are counted in audit_nodes_not_itemized. Bounds the
-    /// auditor's series when every node has a finding.
-    #[arg(long, env = "GDG_MAX_NODE_SERIES", default_value_t = DEFAULT_MAX_NODE_SERIES,
-          display_order = 32)]
-    pub max_node_series: usize,
-    /// Objects per page when listing the nodes and the operator's pods; one page is held in
-    /// memory at a time.
-    #[arg(long, env = "GDG_LIST_PAGE_SIZE", default_value_t = DEFAULT_PAGE_SIZE,
-          value_parser = clap::value_parser!(u32).range(1..=500), display_order = 31)]
-    pub list_page_size: u32,
-}
-
-/// What the watch needs to know.
-#[derive(Clone, Debug)]
-pub struct WatchConfig {
-    /// The GPU Operator's namespace: its DaemonSets and pods are watched there.
-    pub namespace: String,
-    /// Rule actions, for the audit's findings.
-    pub policy: Policy,
-    /// Quiet time after a change before facts and audit are re-computed.
-    pub debounce: Duration,
-    /// Longest wait for the first sync of the ClusterPolicy and DaemonSets before the
-    /// readiness gate opens anyway (with the facts known by then, and a warning).
-    pub sync_timeout: Duration,
-    /// Write the audit as ClusterPolicyReport `gpu-deploy-guard` whenever its findings change.
-    pub report: bool,
-    /// The operator version given (flag or config file), and how; `None`: read it from the
-    /// operator's Deployment.
-    pub operator_version: Option<Followed>,
-    /// Objects per page of the nodes' and pods' lists: one page is held whole in memory while
-    /// it is read, so this bounds the lists' cost whatever the size of the fleet.
-    pub page_size: u32,
-    /// The Lease that elects the one auditor; `None`: this replica audits, unelected.
-    pub lease: Option<LeaseConfig>,
-    /// Nodes with per-node audit series at most.
-    pub max_node_series: usize,
-}
-
-impl WatchConfig {
-    pub fn new(namespace: impl Into<String>, policy: Policy) -> Self {
-        WatchConfig {
-            namespace: namespace.into(),
-            policy,
-            debounce: Duration::from_secs(1),
-            sync_timeout: Duration::from_secs(30),
-            report: false,
-            operator_version: None,
-            page_size: DEFAULT_PAGE_SIZE,
-            lease: None,
-            max_node_series: DEFAULT_MAX_NODE_SERIES,
-        }
-    }
-}
-
-/// How one watched kind is doing.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(super) enum Health {
-    /// Not listed yet.
-    #[default]
-    Starting,
-    /// Listed; the store is complete.
-    Synced,
-    /// Cannot be listed for good (404: no such resource; 403: RBAC), until that changes.
-    Unavailable(Unavailable),
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(super) enum Unavailable {
-    NotFound,
-    Forbidden,
-    /// More objects (or larger) than the guard keeps of the kind ([`super::kept`]).
-    TooMany,
-}
-
-impl Health {
-    /// Synced, or known to be unavailable: there is nothing more to wait for.
-    pub(super) fn settled(&self) -> bool {
-        !matches!(self, Health::Starting)
-    }
-
-    /// Nothing to wait for before taking traffic: listed, or unavailable in a way waiting does
-    /// not change (no such resource, or more than the guard keeps). A kind RBAC forbids is
-    /// waited for, up to the sync timeout: a chart's RBAC often lands just after its
-    /// Deployment, and a replica ready before it can only refuse what needs that kind.
-    pub(super) fn ready_to_serve(&self) -> bool {
-        matches!(
-            self,
-            Health::Synced | Health::Unavailable(Unavailable::NotFound | Unavailable::TooMany)
-        )
-    }
-}
-
-#[derive(Default)]
-pub(super) struct Status {
-    policies: Health,
-    drivers: Health,
-    gpu_clusters: Health,
-    daemonsets: Health,
-    pub(super) pods: Health,
-    pub(super) nodes: Health,
-    deployments: Health,
-}
-
-#[derive(Copy, Clone)]
-pub(super) enum Kind {
-    ClusterPolicies,
-    NvidiaDrivers,
-    GpuClusters,
-    DaemonSets,
-    Pods,
-    Nodes,
-    Deployments,
-}
-
-impl Kind {
-    pub(super) fn health(self, status: &mut Status) -> &mut Health {
-        match self {
-            Kind::ClusterPolicies => &mut status.policies,
-            Kind::NvidiaDrivers => &mut status.drivers,
-            Kind::GpuClusters => &mut status.gpu_clusters,
-            Kind::DaemonSets => &mut status.daemonsets,
-            Kind::Pods => &mut status.pods,
-            Kind::Nodes => &mut status.nodes,
-            Kind::Deployments => &mut status.deployments,
-        }
-    }
-
-    /// The kind in `cluster_watch_readable`'s label.
-    fn label(self) -> &'static str {
-        match self {
-            Kind::ClusterPolicies => "clusterpolicies",
-            Kind::NvidiaDrivers => "nvidiadrivers",
-            Kind::GpuClusters => "gpuclusters",
-            Kind::DaemonSets => "daemonsets",
-            Kind::Pods => "pods",
-            Kind::Nodes => "nodes",
-            Kind::Deployments => "deployments",
-        }
-    }
-
-    pub(super) fn describe(self, namespace: &str) -> String {
-        match self {
-            Kind::ClusterPolicies => "clusterpolicies.nvidia.com".to_owned(),
-            Kind::NvidiaDrivers => "nvidiadrivers.nvidia.com".to_owned(),
-            Kind::GpuClusters => "gpuclusters.nvidia.com".to_owned(),
-            Kind::DaemonSets => format!("daemonsets in namespace {namespace}"),
-            Kind::Pods => format!("pods in namespace {namespace}"),
-            Kind::Nodes => "nodes".to_owned(),
-            Kind::Deployments => format!("deployments in namespace {namespace}"),
-        }
-    }
-}
-
-/// A 404 or 403 from a list or watch: the resource or the permission is missing.
-pub(super) fn unavailable(error: &watcher::Error) -> Option<Unavailable> {
-    let status = match error {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.as_ref(),
-        watcher::Error::WatchError(s) => s.as_ref(),
-        _ => return None,
-    };
-    match missing_or_forbidden(status)? {
-        403 => Some(Unavailable::Forbidden),
-        _ => Some(Unavailable::NotFound),
-    }
-}
 
 /// Watches the cluster until the returned future is dropped.
 ///
@@ -614,18 +422,11 @@ fn log_source(facts: &ClusterFacts) {
 mod tests {
     use super::*;
     use crate::core::operator::OperatorVersion;
+    use crate::core::policy::Policy;
     use crate::core::version::VersionSource;
     use crate::k8s::policy_object::PolicyObject;
-    use kube::core::Status as ApiStatus;
     use kube::runtime::watcher::Event;
 
-    fn api(code: u16, reason: &str) -> kube::Error {
-        kube::Error::Api(Box::new(ApiStatus {
-            code,
-            reason: reason.to_owned(),
-            ..ApiStatus::default()
-        }))
-    }
 
     /// `serve` spawns the watch on the runtime, so its future must be `Send`. Compiling this
     /// function is the test.
@@ -643,47 +444,6 @@ mod tests {
             leadership,
             || {},
         ));
-    }
-
-    #[test]
-    fn not_found_and_forbidden_are_unavailable_other_errors_pass() {
-        assert_eq!(
-            unavailable(&watcher::Error::InitialListFailed(api(404, "NotFound"))),
-            Some(Unavailable::NotFound)
-        );
-        assert_eq!(
-            unavailable(&watcher::Error::WatchStartFailed(api(403, "Forbidden"))),
-            Some(Unavailable::Forbidden)
-        );
-        assert_eq!(
-            unavailable(&watcher::Error::InitialListFailed(api(
-                500,
-                "InternalError"
-            ))),
-            None
-        );
-        assert_eq!(unavailable(&watcher::Error::NoResourceVersion), None);
-        assert_eq!(
-            unavailable(&watcher::Error::InitialListFailed(api(
-                404,
-                "Failed to parse error data"
-            ))),
-            Some(Unavailable::NotFound),
-            "a resource without a CRD answers in plain text"
-        );
-    }
-
-    /// Readiness waits for a kind until it is listed, or until waiting cannot help: a resource
-    /// the cluster does not have, or more objects than the guard keeps. A kind RBAC forbids is
-    /// waited for (the sync timeout bounds it): it may be allowed a moment later.
-    #[test]
-    fn readiness_waits_for_a_forbidden_kind_not_for_a_missing_one() {
-        assert!(Health::Synced.ready_to_serve());
-        assert!(Health::Unavailable(Unavailable::NotFound).ready_to_serve());
-        assert!(Health::Unavailable(Unavailable::TooMany).ready_to_serve());
-        assert!(!Health::Unavailable(Unavailable::Forbidden).ready_to_serve());
-        assert!(!Health::Starting.ready_to_serve());
-        assert!(Health::Unavailable(Unavailable::Forbidden).settled());
     }
 
     /// The healths of the ClusterPolicies, DaemonSets and Deployments; GPUClusters unavailable.
