@@ -28,10 +28,9 @@ fn fixture(name: &str) -> Vec<u8> {
     .unwrap()
 }
 
-#[tokio::test]
-async fn certs_written_by_certs_are_served_and_sigterm_exits_0() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("tls");
+/// Runs `certs` into `out` (for localhost and 127.0.0.1), checks what it printed and wrote, and
+/// returns the CA certificate.
+fn write_certs(out: &std::path::Path) -> String {
     let o = run(&[
         "certs",
         "--out",
@@ -70,6 +69,39 @@ async fn certs_written_by_certs_are_served_and_sigterm_exits_0() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("ca.crt"), "{}", stderr(&o));
+    ca
+}
+
+/// Sends SIGTERM to `serve` and waits (at most 20 s) for it to exit.
+async fn sigterm_and_wait(serve: &mut Serve) -> std::process::ExitStatus {
+    let pid = serve.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = serve.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not exit after SIGTERM"
+        );
+        // Yield to the runtime: the client's HTTP/2 connection must answer the server's
+        // GOAWAY ping for the drain to end early.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn certs_written_by_certs_are_served_and_sigterm_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tls");
+    let ca = write_certs(&out);
 
     let (port, admin) = (free_port(), free_port());
     let child = Command::new(BIN)
@@ -111,28 +143,8 @@ async fn certs_written_by_certs_are_served_and_sigterm_exits_0() {
     let body: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(body["response"]["allowed"], false);
 
-    let pid = serve.0.id().to_string();
     let stopping = Instant::now();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = serve.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "serve did not exit after SIGTERM"
-        );
-        // Yield to the runtime: the client's HTTP/2 connection must answer the server's
-        // GOAWAY ping for the drain to end early.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = sigterm_and_wait(&mut serve).await;
     assert_eq!(status.code(), Some(0));
     // The client's idle keep-alive connection must not hold the drain open.
     assert!(
