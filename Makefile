@@ -26,9 +26,12 @@ unit:
 no-rebuild: build
 	bash tests/build/no-rebuild.sh
 
+## lint: formatting, clippy, and cargo deny over Cargo.lock (licences, banned crates, sources:
+## deny.toml).
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --locked --all-targets -- -D warnings
+	PATH="$$(bash tests/build/cargo-tool.sh deny):$$PATH" $(CARGO) deny --locked check licenses bans sources
 
 ## e2e: the end-to-end suite (tests/e2e) against the release binary; the
 ## control plane is built once into ~/.cache/gpu-deploy-guard.

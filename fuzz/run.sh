@@ -2,8 +2,9 @@
 # Fuzzes, for SECONDS each (default 60), seeded with the fixtures:
 #   review  review parsing, the decision and the answer (fuzz_targets/review.rs)
 #   scan    the body scanner against serde: the same answer either way (fuzz_targets/scan.rs)
-# `run.sh SECONDS TARGET` runs one of them. Installs cargo-fuzz if missing. Uses the nightly
-# toolchain with AddressSanitizer when there is one; otherwise the stable compiler with
+# `run.sh SECONDS TARGET` runs one of them. Without cargo-fuzz on PATH, takes the pinned prebuilt
+# one (tests/build/cargo-tool.sh). Uses the nightly toolchain with AddressSanitizer when there is
+# one; otherwise the stable compiler with
 # RUSTC_BOOTSTRAP=1 and no sanitizer (coverage guidance works the same; FUZZ_STABLE=1 forces it).
 # FUZZ_DEV=1 builds the targets without optimisation (cargo fuzz --dev): a build of minutes
 # instead of a quarter of an hour on two cores, for the short run in `make test`.
@@ -14,8 +15,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
-  echo "fuzz: installing cargo-fuzz" >&2
-  cargo install cargo-fuzz --locked
+  PATH="$(bash tests/build/cargo-tool.sh fuzz):$PATH"
 fi
 
 toolchain=()
