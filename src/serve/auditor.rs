@@ -22,8 +22,8 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use super::follow::{health, set_health, watch_failed, watch_synced, watcher};
-use super::lease::{Leadership, Term};
 use super::health::{Health, Kind, Status};
+use super::lease::{Leadership, Term};
 use super::watch_config::WatchConfig;
 use crate::audit::apply::{apply_report, read_fence};
 use crate::audit::incremental::{Dirty, Incremental};

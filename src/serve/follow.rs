@@ -15,8 +15,8 @@ use kube::runtime::{WatchStreamExt, reflector as reflect};
 use tokio::sync::mpsc;
 use tokio::time::sleep;
 
-use super::kept::{Bounds, Fit, Kept};
 use super::health::{Health, Kind, Status, Unavailable, unavailable};
+use super::kept::{Bounds, Fit, Kept};
 use crate::k8s::policy_object::PolicyObject;
 
 /// Pauses between the retries of a failing watch: 0.5 s doubling to [`RETRY_MAX`], plus up to

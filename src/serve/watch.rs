@@ -41,18 +41,16 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use super::auditor;
 use super::follow::{Following, POLICY_PAGE_SIZE, follow, health, watcher as stream};
-use super::kept::{self, Kept};
 use super::health::{Health, Kind, Status, Unavailable};
+use super::kept::{self, Kept};
 use super::lease::{Election, Leadership};
-use super::watch_config::WatchConfig;
 use super::nodes::follow_nodes;
+use super::watch_config::WatchConfig;
 use crate::audit::metrics::AuditMetrics;
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::nvidia_driver::NvidiaDriver;
 use crate::core::version::{self, Followed};
-use crate::k8s::api::{
-    cluster_from, cluster_policy_resource, unavailable_source,
-};
+use crate::k8s::api::{cluster_from, cluster_policy_resource, unavailable_source};
 use crate::k8s::daemonset::DaemonSetView;
 use crate::k8s::deployment::{self, DeploymentView, Unread};
 use crate::k8s::fleet::Fleet;
@@ -426,7 +424,6 @@ mod tests {
     use crate::core::version::VersionSource;
     use crate::k8s::policy_object::PolicyObject;
     use kube::runtime::watcher::Event;
-
 
     /// `serve` spawns the watch on the runtime, so its future must be `Send`. Compiling this
     /// function is the test.
