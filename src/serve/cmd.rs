@@ -170,7 +170,7 @@ async fn publish_operator_version(
     loop {
         {
             let f = facts.borrow_and_update();
-            metrics.set_operator_version(
+            metrics.version.set(
                 &f.operator.version.text,
                 f.operator.era().name(),
                 f.operator.source.state(),

@@ -149,19 +149,19 @@ impl ConnConfig {
 
     fn count_handshake(&self, result: &'static str) {
         if let Some(metrics) = &self.metrics {
-            metrics.observe_handshake(result);
+            metrics.connections.observe_handshake(result);
         }
     }
 
     fn count_timeout(&self, reason: &'static str) {
         if let Some(metrics) = &self.metrics {
-            metrics.observe_connection_timeout(reason);
+            metrics.connections.observe_timeout(reason);
         }
     }
 
     fn count_open(&self, delta: i64) {
         if let Some(metrics) = &self.metrics {
-            metrics.add_open_connections(delta);
+            metrics.connections.add_open(delta);
         }
     }
 }

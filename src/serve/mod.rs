@@ -12,6 +12,7 @@ mod kept;
 pub mod lease;
 pub mod limits;
 pub mod logs;
+pub mod metrics;
 mod nodes;
 mod parse;
 mod pool;

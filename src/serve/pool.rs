@@ -238,14 +238,14 @@ impl Pool {
         if let Some(entry) = inner.remove(id) {
             entry.evict.notify_one();
             if let Some(metrics) = &self.metrics {
-                metrics.observe_pool_eviction(self.name, reason);
+                metrics.pools.observe_eviction(self.name, reason);
             }
         }
     }
 
     fn refused(&self, inner: &Inner, why: Refused) -> Refused {
         if let Some(metrics) = &self.metrics {
-            metrics.observe_pool_refusal(self.name, why.reason());
+            metrics.pools.observe_refusal(self.name, why.reason());
         }
         self.report(inner);
         why
@@ -258,7 +258,7 @@ impl Pool {
         };
         let top = inner.sources.iter().max_by_key(|(_, n)| **n);
         let in_handshake: usize = inner.handshakes.values().sum();
-        metrics.set_pool_state(
+        metrics.pools.set_state(
             self.name,
             inner.conns.len() >= self.max,
             in_handshake >= self.max_handshakes,

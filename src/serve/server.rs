@@ -205,7 +205,7 @@ impl Server {
             .map(AbortOnDrop);
 
         let max_connections = opts.max_connections();
-        metrics.set_connection_limit(max_connections);
+        metrics.connections.set_limit(max_connections);
         let conn = Arc::new(ConnConfig::new(&opts.conn, Some(metrics.clone())));
         let admin = Acceptor {
             listener: admin_listener,

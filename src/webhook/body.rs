@@ -101,7 +101,7 @@ async fn read_body_or_refuse(
     let read = match hook.budget.shares.enter(source) {
         Ok(in_flight) => read_body(hook, in_flight, headers, &mut body).await,
         Err(at_share) => {
-            hook.metrics.observe_source_share_refusal(
+            hook.metrics.shares.observe_refusal(
                 "requests",
                 at_share.source.to_string(),
                 at_share.held,
@@ -215,7 +215,7 @@ impl Room {
             .wait(&self.in_flight, may_hold)
             .map_err(|none| {
                 if none.source_full {
-                    hook.metrics.observe_source_share_refusal(
+                    hook.metrics.shares.observe_refusal(
                         "body-waits",
                         self.in_flight.source.to_string(),
                         none.of_source,
@@ -321,7 +321,7 @@ async fn read_body(
     match tokio::time::timeout(limits.body_timeout, read).await {
         Err(_) => match waiting.load(Ordering::Relaxed) {
             WAITING_FOR_SOURCE => {
-                hook.metrics.observe_source_share_refusal(
+                hook.metrics.shares.observe_refusal(
                     "body-bytes",
                     held.in_flight.source.to_string(),
                     hook.budget.shares.body_share() - held.in_flight.body.available_permits(),

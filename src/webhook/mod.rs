@@ -22,6 +22,7 @@ use tower_http::timeout::TimeoutLayer;
 pub mod admitted;
 pub mod bad_request;
 mod body;
+pub mod metrics;
 pub mod node_review;
 pub mod policy_review;
 pub mod read;
@@ -167,7 +168,7 @@ async fn not_found() -> Response {
 /// Answers a request that could not be reviewed, logged and counted.
 fn refuse(hook: &Webhook, bad: BadRequest, uid: Option<String>) -> Response {
     tracing::warn!(uid = %echo(uid.as_deref().unwrap_or("")), reason = bad.reason(), error = %bad, "unreadable admission request");
-    hook.metrics.observe_bad_request(bad.reason());
+    hook.metrics.reviews.observe_bad_request(bad.reason());
     bad.into_response(uid)
 }
 

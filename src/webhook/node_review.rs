@@ -61,7 +61,7 @@ pub(super) async fn validate(
     };
     let response = respond(&request, &verdict);
     let seconds = started.elapsed().as_secs_f64();
-    hook.metrics.observe_review(
+    hook.metrics.reviews.observe(
         verdict.decision,
         request.operation,
         verdict.findings.iter().map(|f| (f.rule, f.action)),

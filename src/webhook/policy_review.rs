@@ -121,7 +121,7 @@ pub(super) async fn validate_policy(
             .record(kind, object, std::time::Instant::now());
     }
     let response = super::response::respond_to(request.uid.clone(), &verdict);
-    hook.metrics.observe_policy_review(
+    hook.metrics.policy_reviews.observe(
         kind,
         verdict.decision,
         request.operation,

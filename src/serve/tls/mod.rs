@@ -25,6 +25,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
 mod client;
+pub mod metrics;
 mod reload;
 
 pub use client::{ClientVerifier, check_client_cert, load_client_ca};
@@ -402,7 +403,7 @@ impl Tls {
             }
             TlsSource::SelfSigned { write_ca } => (self_signed(write_ca.as_deref())?, None),
         };
-        metrics.set_cert_expiry(loaded.not_after);
+        metrics.tls.set_cert_expiry(loaded.not_after);
         let validity = (loaded.not_before, loaded.not_after);
         let resolver = Arc::new(CertResolver::new(loaded.key));
         let config = server_config(

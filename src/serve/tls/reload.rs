@@ -128,11 +128,11 @@ impl CaReloader {
         match result {
             Ok(verifier) => {
                 self.verifier.replace(verifier);
-                self.metrics.observe_client_ca_reload(true);
+                self.metrics.tls.observe_client_ca_reload(true);
                 info!(client_ca = %self.path.display(), "using a rotated client CA");
             }
             Err(error) => {
-                self.metrics.observe_client_ca_reload(false);
+                self.metrics.tls.observe_client_ca_reload(false);
                 warn!(%error, "rotated client CA is unusable; still using the previous one");
             }
         }
@@ -192,8 +192,8 @@ impl Reloader {
             Ok(loaded) => {
                 self.resolver.replace(loaded.key);
                 self.validity = (loaded.not_before, loaded.not_after);
-                self.metrics.set_cert_expiry(loaded.not_after);
-                self.metrics.observe_cert_reload(true);
+                self.metrics.tls.set_cert_expiry(loaded.not_after);
+                self.metrics.tls.observe_cert_reload(true);
                 info!(cert = %self.cert.display(), not_after = loaded.not_after,
                       "serving a rotated certificate");
             }
@@ -211,8 +211,8 @@ impl Reloader {
                     return;
                 }
                 warn!(%error, reason, "rotated certificate is unusable; still serving the previous one");
-                self.metrics.observe_cert_reload(false);
-                self.metrics.observe_cert_reload_failure(reason);
+                self.metrics.tls.observe_cert_reload(false);
+                self.metrics.tls.observe_cert_reload_failure(reason);
             }
         }
         self.seen = now;
