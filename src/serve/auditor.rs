@@ -16,12 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::{self};
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
-use super::follow::{health, set_health, watch_failed, watch_synced, watcher};
+use super::follow::{Index, Over, Watch, health, set_health, watcher};
 use super::health::{Health, Kind, Status};
 use super::lease::{Leadership, Term};
 use super::watch_config::WatchConfig;
@@ -69,76 +69,41 @@ pub(super) async fn run(mut auditor: Auditor<'_>) {
 /// One term as the auditor. Returns true when the watch is ending, false when the Lease was
 /// lost.
 async fn lead(auditor: &mut Auditor<'_>) -> bool {
-    let Auditor {
-        client,
-        config,
-        list,
-        fleet,
-        status,
-        facts,
-        metrics,
-        leadership: Leadership { leader, term },
-    } = auditor;
-    let namespace = config.namespace.as_str();
+    let namespace = auditor.config.namespace.as_str();
     let stream = watcher(
-        Api::<PodView>::namespaced((*client).clone(), namespace),
-        list.clone(),
+        Api::<PodView>::namespaced(auditor.client.clone(), namespace),
+        auditor.list.clone(),
     );
     futures::pin_mut!(stream);
-    let mut pods = PodIndex::default();
-    let mut pods_failing = false;
-    set_health(status, Kind::Pods, Health::Starting);
-    let mut incremental = Incremental::default();
-    // A new term audits the whole fleet first.
-    let mut dirty = Dirty::All;
+    let mut watch = Watch::new(Kind::Pods, namespace, auditor.status);
+    let mut pods = PodsIndex {
+        pods: PodIndex::default(),
+        // A new term audits the whole fleet first.
+        dirty: Dirty::All,
+        changed: false,
+    };
+    set_health(auditor.status, Kind::Pods, Health::Starting);
+    let mut passes = Passes::default();
     let mut due: Option<Instant> = None;
-    let mut paused_logged = false;
-    let mut last_report: Option<PolicyReport> = None;
-    let mut report_failing = false;
-    // The report as this term last saw it; `None`: to be read before the next write.
-    let mut fence: Option<Fence> = None;
     loop {
         let mut schedule = false;
         tokio::select! {
-            changed = leader.changed() => {
+            changed = auditor.leadership.leader.changed() => {
                 if changed.is_err() {
                     return true;
                 }
-                if !*leader.borrow_and_update() {
+                if !*auditor.leadership.leader.borrow_and_update() {
                     return false;
                 }
             }
             item = stream.next() => {
                 let Some(item) = item else { return true };
-                match item {
-                    Ok(Event::Init) => pods.start_relist(),
-                    Ok(Event::InitApply(pod)) => pods.relist_apply(&pod),
-                    Ok(Event::InitDone) => {
-                        pods.finish_relist();
-                        watch_synced(Kind::Pods, namespace, status);
-                        pods_failing = false;
-                        dirty = Dirty::All;
-                        schedule = true;
-                    }
-                    Ok(Event::Apply(pod)) => {
-                        for node in pods.apply(&pod) {
-                            dirty.add(&node);
-                            schedule = true;
-                        }
-                    }
-                    Ok(Event::Delete(pod)) => {
-                        for node in pods.delete(&pod) {
-                            dirty.add(&node);
-                            schedule = true;
-                        }
-                    }
-                    Err(e) => {
-                        schedule = watch_failed(&e, Kind::Pods, namespace, status, &mut pods_failing);
-                    }
-                }
+                // The pod records have no bounds.
+                let _ = watch.step(item, &mut pods);
+                schedule = std::mem::take(&mut pods.changed);
             }
-            () = fleet.changed.notified() => schedule = true,
-            changed = facts.changed() => {
+            () = auditor.fleet.changed.notified() => schedule = true,
+            changed = auditor.facts.changed() => {
                 if changed.is_err() {
                     return true;
                 }
@@ -146,75 +111,177 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
             }
             () = sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
                 due = None;
-                let pods_health = health(status, Kind::Pods);
-                let nodes_health = health(status, Kind::Nodes);
-                if pods_health != Health::Synced || nodes_health != Health::Synced {
-                    let unavailable = matches!(pods_health, Health::Unavailable(_))
-                        || matches!(nodes_health, Health::Unavailable(_));
-                    if unavailable && !paused_logged {
-                        tracing::warn!("continuous audit paused: nodes or operator pods cannot be listed");
-                        paused_logged = true;
-                    }
-                    continue;
-                }
-                paused_logged = false;
-                let current = facts.borrow_and_update().clone();
-                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-                let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
-                // A pass over a broken fleet is CPU for a while: the runtime moves the other
-                // tasks (the reviews) off this worker thread meanwhile. The report's messages
-                // are made from the same records as the pass, under the same lock.
-                let built = cpu_bound(|| {
-                    let mut state = fleet.lock();
-                    let mut todo = std::mem::take(&mut state.dirty);
-                    todo.merge(std::mem::take(&mut dirty));
-                    let pass = incremental.update(&state.nodes, &pods, &current, &config.policy, todo);
-                    let audit = incremental.audit()?;
-                    metrics.record(audit, seconds);
-                    tracing::debug!(
-                        nodes = audit.nodes.len(),
-                        audited = pass.audited,
-                        whole = pass.whole,
-                        ok = audit.nodes.iter().filter(|n| n.is_ok()).count(),
-                        "audit"
-                    );
-                    config.report.then(|| {
-                        report::build_from(
-                            audit,
-                            |name| incremental.detail(name, &state.nodes, &pods, &config.policy),
-                            report::Timestamp { seconds, nanos: 0 },
-                        )
-                    })
-                });
-                if let Some(mut built) = built {
-                    if last_report.as_ref().is_some_and(|last| last.says_the_same(&built)) {
-                        continue;
-                    }
-                    match write_report(client, term, &mut fence, &mut built).await {
-                        Ok(true) => {
-                            if report_failing {
-                                tracing::info!("ClusterPolicyReport written again");
-                            }
-                            report_failing = false;
-                            last_report = Some(built);
-                        }
-                        // The term is over: the Lease's change ends this one.
-                        Ok(false) => {}
-                        Err(e) => {
-                            if fence_broken(&e) {
-                                tracing::warn!(error = %e, "the ClusterPolicyReport changed since this auditor last wrote it: reading it again before the next write");
-                                schedule = true;
-                            } else if !report_failing {
-                                tracing::warn!(error = %e, "cannot write the ClusterPolicyReport; retrying on the next change");
-                            }
-                            report_failing = true;
-                        }
-                    }
-                }
+                schedule = pass(auditor, &mut pods, &mut passes).await;
             }
         }
         if schedule && due.is_none() {
-            due = Some(Instant::now() + config.debounce);
+            due = Some(Instant::now() + auditor.config.debounce);
+        }
+    }
+}
+
+/// The operator's pods as an index, for one term: the nodes whose pods changed are audited
+/// again on the next pass.
+struct PodsIndex {
+    pods: PodIndex,
+    /// The nodes to audit again; after a list, the whole fleet.
+    dirty: Dirty,
+    /// Something changed since the loop last looked: a pass is due.
+    changed: bool,
+}
+
+impl PodsIndex {
+    /// Marks the nodes `changed` names to be audited again; true when there were any.
+    fn mark(&mut self, changed: Vec<Arc<str>>) -> bool {
+        let mut any = false;
+        for node in changed {
+            self.dirty.add(&node);
+            any = true;
+        }
+        any
+    }
+}
+
+impl Index<PodView> for PodsIndex {
+    fn init(&mut self) {
+        self.pods.start_relist();
+    }
+
+    fn init_apply(&mut self, pod: PodView) {
+        self.pods.relist_apply(&pod);
+    }
+
+    fn init_done(&mut self) -> Result<(), Over> {
+        self.pods.finish_relist();
+        self.dirty = Dirty::All;
+        Ok(())
+    }
+
+    fn apply(&mut self, pod: PodView) -> Result<bool, Over> {
+        let changed = self.pods.apply(&pod);
+        Ok(self.mark(changed))
+    }
+
+    fn delete(&mut self, pod: PodView) -> bool {
+        let changed = self.pods.delete(&pod);
+        self.mark(changed)
+    }
+
+    fn changed(&mut self) {
+        self.changed = true;
+    }
+}
+
+/// What one term keeps from pass to pass.
+#[derive(Default)]
+struct Passes {
+    incremental: Incremental,
+    /// The log said the audit is paused (said again only after it ran).
+    paused_logged: bool,
+    last_report: Option<PolicyReport>,
+    report_failing: bool,
+    /// The report as this term last saw it; `None`: to be read before the next write.
+    fence: Option<Fence>,
+}
+
+/// One pass: once the pods and the nodes are listed, the audit brought up to date (the nodes
+/// that changed, or the fleet), the gauges, and the report when asked. True when another pass
+/// is due (the report changed under this term).
+async fn pass(auditor: &mut Auditor<'_>, pods: &mut PodsIndex, passes: &mut Passes) -> bool {
+    let Auditor {
+        client,
+        config,
+        fleet,
+        status,
+        facts,
+        metrics,
+        leadership: Leadership { term, .. },
+        ..
+    } = auditor;
+    let pods_health = health(status, Kind::Pods);
+    let nodes_health = health(status, Kind::Nodes);
+    if pods_health != Health::Synced || nodes_health != Health::Synced {
+        let unavailable = matches!(pods_health, Health::Unavailable(_))
+            || matches!(nodes_health, Health::Unavailable(_));
+        if unavailable && !passes.paused_logged {
+            tracing::warn!("continuous audit paused: nodes or operator pods cannot be listed");
+            passes.paused_logged = true;
+        }
+        return false;
+    }
+    passes.paused_logged = false;
+    let current = facts.borrow_and_update().clone();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+    let incremental = &mut passes.incremental;
+    // A pass over a broken fleet is CPU for a while: the runtime moves the other tasks (the
+    // reviews) off this worker thread meanwhile. The report's messages are made from the same
+    // records as the pass, under the same lock.
+    let built = cpu_bound(|| {
+        let mut state = fleet.lock();
+        let mut todo = std::mem::take(&mut state.dirty);
+        todo.merge(std::mem::take(&mut pods.dirty));
+        let pass = incremental.update(&state.nodes, &pods.pods, &current, &config.policy, todo);
+        let audit = incremental.audit()?;
+        metrics.record(audit, seconds);
+        tracing::debug!(
+            nodes = audit.nodes.len(),
+            audited = pass.audited,
+            whole = pass.whole,
+            ok = audit.nodes.iter().filter(|n| n.is_ok()).count(),
+            "audit"
+        );
+        config.report.then(|| {
+            report::build_from(
+                audit,
+                |name| incremental.detail(name, &state.nodes, &pods.pods, &config.policy),
+                report::Timestamp { seconds, nanos: 0 },
+            )
+        })
+    });
+    match built {
+        Some(built) => report_pass(client, term, passes, built).await,
+        None => false,
+    }
+}
+
+/// Writes the pass's report unless it says what the last one written says. True when another
+/// pass is due: the report changed since this term last wrote it.
+async fn report_pass(
+    client: &Client,
+    term: &Term,
+    passes: &mut Passes,
+    mut built: PolicyReport,
+) -> bool {
+    if passes
+        .last_report
+        .as_ref()
+        .is_some_and(|last| last.says_the_same(&built))
+    {
+        return false;
+    }
+    match write_report(client, term, &mut passes.fence, &mut built).await {
+        Ok(true) => {
+            if passes.report_failing {
+                tracing::info!("ClusterPolicyReport written again");
+            }
+            passes.report_failing = false;
+            passes.last_report = Some(built);
+            false
+        }
+        // The term is over: the Lease's change ends this one.
+        Ok(false) => false,
+        Err(e) => {
+            let again = fence_broken(&e);
+            if again {
+                tracing::warn!(error = %e, "the ClusterPolicyReport changed since this auditor last wrote it: reading it again before the next write");
+            } else if !passes.report_failing {
+                tracing::warn!(error = %e, "cannot write the ClusterPolicyReport; retrying on the next change");
+            }
+            passes.report_failing = true;
+            again
         }
     }
 }

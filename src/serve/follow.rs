@@ -1,7 +1,9 @@
 //! Following one kind of object: the watch stream every kind is read through (retried within
-//! seconds, listed again from scratch after a 403 or 404), the GPU-policy objects kept as what
-//! the decisions read ([`Following`]), the reflector of the other kinds, and the health each
-//! watch records.
+//! seconds, listed again from scratch after a 403 or 404), the one watch driver ([`Watch`]:
+//! kube's watcher events applied to an [`Index`] while the kind's health is recorded and said
+//! in the log the same way for every kind), the GPU-policy objects kept as what the decisions
+//! read ([`Following`]) and the reflector stores of the other kinds. The node records
+//! ([`super::nodes`]) and the pod records ([`super::auditor`]) go through the same driver.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -9,9 +11,9 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::api::Api;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, reflector as reflect};
 use tokio::sync::mpsc;
 use tokio::time::sleep;
 
@@ -132,34 +134,16 @@ impl Following<'_> {
             status,
             dirty,
         } = self;
+        let mut index = KeptIndex {
+            kept,
+            bounds,
+            dirty,
+        };
         loop {
             let stream = watcher(api.clone(), cfg.clone());
-            futures::pin_mut!(stream);
-            let mut failing = false;
-            loop {
-                let Some(item) = stream.next().await else {
-                    return;
-                };
-                let changed = match item {
-                    Ok(event) => {
-                        if kept.apply(&event, bounds) == Fit::Over {
-                            break;
-                        }
-                        match event {
-                            Event::InitDone => {
-                                watch_synced(kind, namespace, status);
-                                failing = false;
-                                true
-                            }
-                            Event::Apply(_) | Event::Delete(_) => true,
-                            Event::Init | Event::InitApply(_) => false,
-                        }
-                    }
-                    Err(e) => watch_failed(&e, kind, namespace, status, &mut failing),
-                };
-                if changed {
-                    let _ = dirty.try_send(());
-                }
+            let watch = Watch::new(kind, namespace, status);
+            if watch.drive(stream, &mut index).await.is_ok() {
+                return;
             }
             kept.clear();
             let was = set_health(status, kind, Health::Unavailable(Unavailable::TooMany));
@@ -177,6 +161,50 @@ impl Following<'_> {
     }
 }
 
+/// One kind's [`Kept`] objects within their bounds, as an index: every change marks the state
+/// dirty.
+struct KeptIndex<'a> {
+    kept: &'a Kept,
+    bounds: Bounds,
+    dirty: &'a mpsc::Sender<()>,
+}
+
+impl KeptIndex<'_> {
+    fn fit(&self, event: &Event<PolicyObject>) -> Result<(), Over> {
+        match self.kept.apply(event, self.bounds) {
+            Fit::Kept => Ok(()),
+            Fit::Over => Err(Over),
+        }
+    }
+}
+
+impl Index<PolicyObject> for KeptIndex<'_> {
+    fn init(&mut self) {
+        let _ = self.fit(&Event::Init);
+    }
+
+    fn init_apply(&mut self, object: PolicyObject) {
+        let _ = self.fit(&Event::InitApply(object));
+    }
+
+    fn init_done(&mut self) -> Result<(), Over> {
+        self.fit(&Event::InitDone)
+    }
+
+    fn apply(&mut self, object: PolicyObject) -> Result<bool, Over> {
+        self.fit(&Event::Apply(object)).map(|()| true)
+    }
+
+    fn delete(&mut self, object: PolicyObject) -> bool {
+        let _ = self.fit(&Event::Delete(object));
+        true
+    }
+
+    fn changed(&mut self) {
+        let _ = self.dirty.try_send(());
+    }
+}
+
 /// Feeds one reflector and records how its watch is doing; every change marks the state dirty.
 pub(super) async fn follow<K>(
     stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
@@ -186,32 +214,165 @@ pub(super) async fn follow<K>(
     status: &Mutex<Status>,
     dirty: &mpsc::Sender<()>,
 ) where
-    K: reflector::Lookup + Clone,
+    K: reflector::Lookup + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    let stream = reflect(writer, stream);
-    futures::pin_mut!(stream);
-    let mut failing = false;
-    while let Some(item) = stream.next().await {
-        let changed = match item {
-            Ok(Event::InitDone) => {
-                watch_synced(kind, namespace, status);
-                failing = false;
-                true
-            }
-            Ok(Event::Apply(_) | Event::Delete(_)) => true,
-            Ok(Event::Init | Event::InitApply(_)) => false,
-            Err(e) => watch_failed(&e, kind, namespace, status, &mut failing),
-        };
-        if changed {
-            let _ = dirty.try_send(());
+    let mut index = StoreIndex { writer, dirty };
+    // A store has no bounds: the stream runs until it ends.
+    let _ = Watch::new(kind, namespace, status)
+        .drive(stream, &mut index)
+        .await;
+}
+
+/// A reflector's store, as an index: every change marks the state dirty.
+struct StoreIndex<'a, K>
+where
+    K: reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    writer: Writer<K>,
+    dirty: &'a mpsc::Sender<()>,
+}
+
+impl<K> Index<K> for StoreIndex<'_, K>
+where
+    K: reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn init(&mut self) {
+        self.writer.apply_watcher_event(&Event::Init);
+    }
+
+    fn init_apply(&mut self, object: K) {
+        self.writer.apply_watcher_event(&Event::InitApply(object));
+    }
+
+    fn init_done(&mut self) -> Result<(), Over> {
+        self.writer.apply_watcher_event(&Event::InitDone);
+        Ok(())
+    }
+
+    fn apply(&mut self, object: K) -> Result<bool, Over> {
+        self.writer.apply_watcher_event(&Event::Apply(object));
+        Ok(true)
+    }
+
+    fn delete(&mut self, object: K) -> bool {
+        self.writer.apply_watcher_event(&Event::Delete(object));
+        true
+    }
+
+    fn changed(&mut self) {
+        let _ = self.dirty.try_send(());
+    }
+}
+
+/// The index went past its bounds: it keeps nothing, and its watch stops.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) struct Over;
+
+/// What one watch keeps up to date, and who hears of its changes.
+pub(super) trait Index<K> {
+    /// A list starts: what it gives replaces everything once it is done.
+    fn init(&mut self);
+    /// One object of the list in progress.
+    fn init_apply(&mut self, object: K);
+    /// The list is complete: its objects are the index now.
+    fn init_done(&mut self) -> Result<(), Over>;
+    /// An object was added or changed; true when the index changed.
+    fn apply(&mut self, object: K) -> Result<bool, Over>;
+    /// An object was deleted; true when the index changed.
+    fn delete(&mut self, object: K) -> bool;
+    /// The watch failed, before its health is recorded.
+    fn failed(&mut self, _error: &watcher::Error) {}
+    /// Tells the index's followers that it changed.
+    fn changed(&mut self);
+    /// Tells the index's followers that the kind's health changed (listed, or unavailable):
+    /// by default as a change.
+    fn health_changed(&mut self) {
+        self.changed();
+    }
+}
+
+/// One kind's watch: where its health is kept, and whether it is failing now.
+pub(super) struct Watch<'a> {
+    kind: Kind,
+    namespace: &'a str,
+    status: &'a Mutex<Status>,
+    /// In a bout of passing trouble (said once per bout).
+    failing: bool,
+}
+
+impl<'a> Watch<'a> {
+    pub(super) fn new(kind: Kind, namespace: &'a str, status: &'a Mutex<Status>) -> Self {
+        Watch {
+            kind,
+            namespace,
+            status,
+            failing: false,
         }
+    }
+
+    /// Applies one item of the watch stream to `index` and records how the watch is doing.
+    /// `Err(Over)`: the index went past its bounds, and the stream is to be dropped.
+    pub(super) fn step<K>(
+        &mut self,
+        item: Result<Event<K>, watcher::Error>,
+        index: &mut impl Index<K>,
+    ) -> Result<(), Over> {
+        match item {
+            Ok(Event::Init) => index.init(),
+            Ok(Event::InitApply(object)) => index.init_apply(object),
+            Ok(Event::InitDone) => {
+                index.init_done()?;
+                watch_synced(self.kind, self.namespace, self.status);
+                self.failing = false;
+                index.health_changed();
+            }
+            Ok(Event::Apply(object)) => {
+                if index.apply(object)? {
+                    index.changed();
+                }
+            }
+            Ok(Event::Delete(object)) => {
+                if index.delete(object) {
+                    index.changed();
+                }
+            }
+            Err(e) => {
+                index.failed(&e);
+                if watch_failed(
+                    &e,
+                    self.kind,
+                    self.namespace,
+                    self.status,
+                    &mut self.failing,
+                ) {
+                    index.health_changed();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drives `index` with `stream` until the stream ends (`Ok`) or the index goes past its
+    /// bounds (`Err(Over)`).
+    pub(super) async fn drive<K>(
+        mut self,
+        stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
+        index: &mut impl Index<K>,
+    ) -> Result<(), Over> {
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            self.step(item, index)?;
+        }
+        Ok(())
     }
 }
 
 /// Records a watch error: a 404 or 403 makes the kind unavailable (said once); other trouble
 /// passes (said once per bout). True when the kind's health changed.
-pub(super) fn watch_failed(
+fn watch_failed(
     e: &watcher::Error,
     kind: Kind,
     namespace: &str,
@@ -248,7 +409,7 @@ pub(super) fn watch_failed(
 }
 
 /// The list is complete: the kind is synced (said when it was unavailable before).
-pub(super) fn watch_synced(kind: Kind, namespace: &str, status: &Mutex<Status>) {
+fn watch_synced(kind: Kind, namespace: &str, status: &Mutex<Status>) {
     let was = set_health(status, kind, Health::Synced);
     if let Health::Unavailable(_) = was {
         tracing::info!(what = %kind.describe(namespace), "now readable");

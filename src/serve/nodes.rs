@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use kube::Client;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::{self};
 use tokio::sync::{mpsc, watch};
 
-use super::follow::{watch_failed, watch_synced, watcher};
+use super::follow::{Index, Over, Watch, watcher};
 use super::health::{Kind, Status, unavailable};
 use super::watch_config::DEFAULT_PAGE_SIZE;
 use crate::core::facts::ClusterFacts;
@@ -30,12 +30,13 @@ pub(super) async fn follow_nodes(
     namespace: &str,
     dirty: &mpsc::Sender<()>,
 ) {
+    let mut index = NodeIndex { fleet, dirty };
     loop {
         let mut filter = wanted(&mut facts, fleet);
         fleet.lock().nodes.set_filter(filter.clone());
         let stream = watcher(Api::<NodeView>::all(client.clone()), cfg.clone());
         futures::pin_mut!(stream);
-        let mut failing = false;
+        let mut watch = Watch::new(Kind::Nodes, namespace, status);
         loop {
             let item = tokio::select! {
                 item = stream.next() => match item {
@@ -72,66 +73,77 @@ pub(super) async fn follow_nodes(
                     }
                 }
             };
-            let mut state = fleet.lock();
-            let changed = match item {
-                Ok(Event::Init) => {
-                    state.nodes.start_relist();
-                    false
-                }
-                Ok(Event::InitApply(node)) => {
-                    state.nodes.relist_apply(&node);
-                    false
-                }
-                Ok(Event::InitDone) => {
-                    let changed = state.nodes.finish_relist();
-                    for name in &changed {
-                        state.dirty.add(name);
-                    }
-                    state.synced = true;
-                    state.set_trouble(None, std::time::Instant::now());
-                    drop(state);
-                    watch_synced(Kind::Nodes, namespace, status);
-                    failing = false;
-                    fleet.changed.notify_one();
-                    // Readiness waits for the nodes too.
-                    let _ = dirty.try_send(());
-                    continue;
-                }
-                Ok(Event::Apply(node)) => {
-                    state.resumed();
-                    let changed = state.nodes.apply(&node);
-                    if changed {
-                        state.dirty.add(node.name());
-                    }
-                    changed
-                }
-                Ok(Event::Delete(node)) => {
-                    state.resumed();
-                    let changed = state.nodes.delete(node.name());
-                    if changed {
-                        state.dirty.add(node.name());
-                    }
-                    changed
-                }
-                Err(e) => {
-                    let trouble = match unavailable(&e) {
-                        Some(_) => Trouble::Forbidden,
-                        None => Trouble::Interrupted,
-                    };
-                    state.set_trouble(Some(trouble), std::time::Instant::now());
-                    drop(state);
-                    if watch_failed(&e, Kind::Nodes, namespace, status, &mut failing) {
-                        fleet.changed.notify_one();
-                        let _ = dirty.try_send(());
-                    }
-                    continue;
-                }
-            };
-            drop(state);
-            if changed {
-                fleet.changed.notify_one();
-            }
+            // The node records have no bounds.
+            let _ = watch.step(item, &mut index);
         }
+    }
+}
+
+/// The node records as an index: a change wakes the auditor ([`Fleet::changed`]); a change
+/// of the nodes' health wakes the facts publisher too (readiness waits for the nodes).
+struct NodeIndex<'a> {
+    fleet: &'a Fleet,
+    dirty: &'a mpsc::Sender<()>,
+}
+
+impl Index<NodeView> for NodeIndex<'_> {
+    fn init(&mut self) {
+        self.fleet.lock().nodes.start_relist();
+    }
+
+    fn init_apply(&mut self, node: NodeView) {
+        self.fleet.lock().nodes.relist_apply(&node);
+    }
+
+    fn init_done(&mut self) -> Result<(), Over> {
+        let mut state = self.fleet.lock();
+        let changed = state.nodes.finish_relist();
+        for name in &changed {
+            state.dirty.add(name);
+        }
+        state.synced = true;
+        state.set_trouble(None, std::time::Instant::now());
+        Ok(())
+    }
+
+    fn apply(&mut self, node: NodeView) -> Result<bool, Over> {
+        let mut state = self.fleet.lock();
+        state.resumed();
+        let changed = state.nodes.apply(&node);
+        if changed {
+            state.dirty.add(node.name());
+        }
+        Ok(changed)
+    }
+
+    fn delete(&mut self, node: NodeView) -> bool {
+        let mut state = self.fleet.lock();
+        state.resumed();
+        let changed = state.nodes.delete(node.name());
+        if changed {
+            state.dirty.add(node.name());
+        }
+        changed
+    }
+
+    fn failed(&mut self, error: &watcher::Error) {
+        let trouble = match unavailable(error) {
+            Some(_) => Trouble::Forbidden,
+            None => Trouble::Interrupted,
+        };
+        self.fleet
+            .lock()
+            .set_trouble(Some(trouble), std::time::Instant::now());
+    }
+
+    fn changed(&mut self) {
+        self.fleet.changed.notify_one();
+    }
+
+    fn health_changed(&mut self) {
+        self.fleet.changed.notify_one();
+        // Readiness waits for the nodes too.
+        let _ = self.dirty.try_send(());
     }
 }
 
