@@ -33,28 +33,23 @@
 use std::sync::{Arc, Mutex};
 
 use kube::Client;
-use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::auditor;
-use super::follow::{Following, POLICY_PAGE_SIZE, follow, health, watcher as stream};
-use super::health::{Health, Kind, Status, Unavailable};
-use super::kept::{self, Kept};
+use super::follow::health;
+use super::health::{Health, Kind, Status};
+use super::kept::Kept;
 use super::lease::{Election, Leadership};
 use super::nodes::follow_nodes;
+use super::stores::{Healths, StoreWatches, Stores, current_facts};
 use super::watch_config::WatchConfig;
 use crate::audit::metrics::AuditMetrics;
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::nvidia_driver::NvidiaDriver;
-use crate::core::version::{self, Followed};
-use crate::k8s::api::{cluster_from, cluster_policy_resource, unavailable_source};
-use crate::k8s::daemonset::DaemonSetView;
-use crate::k8s::deployment::{self, DeploymentView, Unread};
+use crate::core::version::Followed;
 use crate::k8s::fleet::Fleet;
-use crate::k8s::gpu_cluster;
 use crate::k8s::nvidia_driver;
 use crate::metrics::Metrics;
 
@@ -88,74 +83,19 @@ pub async fn watch_cluster(
     });
     let (dirty_tx, dirty_rx) = mpsc::channel::<()>(1);
 
-    let (daemonsets, ds_writer) = reflector::store::<DaemonSetView>();
-    let (deployments, deployment_writer) = reflector::store::<DeploymentView>();
+    let (stores, writers) = Stores::new();
     let cfg = watcher::Config::default().any_semantic();
     let paged = cfg.clone().page_size(config.page_size);
-    // A GPU-policy object can be as large as the API server lets it (1.5 MB): a few per page,
-    // so one page's body stays small whatever they hold.
-    let policy_pages = cfg.clone().page_size(POLICY_PAGE_SIZE);
-
-    let stores = Stores {
-        policies: Kept::default(),
-        drivers: Kept::default(),
-        gpu_clusters: Kept::default(),
-        daemonsets,
-        deployments,
-    };
-    let kept = |resource: &kube::api::ApiResource, kept, bounds, kind| Following {
-        api: Api::all_with(client.clone(), resource),
-        cfg: policy_pages.clone(),
-        kept,
-        bounds,
-        kind,
-        namespace: &namespace,
-        status: &status,
-        dirty: &dirty_tx,
-    };
     tokio::join!(
-        kept(
-            &cluster_policy_resource(),
-            &stores.policies,
-            kept::POLICIES,
-            Kind::ClusterPolicies
-        )
-        .run(),
-        kept(
-            &nvidia_driver::resource(),
-            &stores.drivers,
-            kept::DRIVERS,
-            Kind::NvidiaDrivers
-        )
-        .run(),
-        kept(
-            &gpu_cluster::resource(),
-            &stores.gpu_clusters,
-            kept::GPU_CLUSTERS,
-            Kind::GpuClusters
-        )
-        .run(),
-        follow(
-            stream(Api::namespaced(client.clone(), &namespace), cfg.clone()),
-            ds_writer,
-            Kind::DaemonSets,
-            &namespace,
-            &status,
-            &dirty_tx,
-        ),
-        async {
-            if watch_deployments {
-                follow(
-                    stream(Api::namespaced(client.clone(), &namespace), cfg.clone()),
-                    deployment_writer,
-                    Kind::Deployments,
-                    &namespace,
-                    &status,
-                    &dirty_tx,
-                )
-                .await;
-            }
-        },
+        StoreWatches {
+            client: &client,
+            namespace: &namespace,
+            cfg,
+            status: &status,
+            dirty: &dirty_tx,
+            watch_deployments,
+        }
+        .run(&stores, writers),
         follow_nodes(
             &client,
             paged.clone(),
@@ -194,14 +134,6 @@ pub fn elect(client: &Client, config: &WatchConfig) -> Election {
     }
 }
 
-struct Stores {
-    policies: Kept,
-    drivers: Kept,
-    gpu_clusters: Kept,
-    daemonsets: Store<DaemonSetView>,
-    deployments: Store<DeploymentView>,
-}
-
 /// What the facts publisher reads and writes, besides its own state.
 struct Publisher<'a> {
     config: &'a WatchConfig,
@@ -215,71 +147,37 @@ impl Publisher<'_> {
     /// After each burst of changes (debounced): publishes the facts and opens readiness once
     /// the ClusterPolicy and DaemonSets are read (or at the sync timeout).
     async fn run(self, mut dirty: mpsc::Receiver<()>, on_synced: impl FnOnce() + Send) {
-        let Publisher {
-            config,
-            stores,
-            status,
-            facts_tx,
-            audit_metrics,
-        } = self;
-        let deadline = Instant::now() + config.sync_timeout;
+        let deadline = Instant::now() + self.config.sync_timeout;
         let mut on_synced = Some(on_synced);
-        let mut logged_source: Option<PolicySource> = None;
-        let mut logged_version: Option<Followed> = None;
+        let mut logged = Logged::default();
         loop {
             tokio::select! {
                 received = dirty.recv() => if received.is_none() { return },
                 () = sleep_until(deadline), if on_synced.is_some() => {}
             }
-            sleep(config.debounce).await;
+            sleep(self.config.debounce).await;
             while dirty.try_recv().is_ok() {}
 
+            let status = self.status;
             let policies_health = health(status, Kind::ClusterPolicies);
             let drivers_health = health(status, Kind::NvidiaDrivers);
             let gpu_clusters_health = health(status, Kind::GpuClusters);
             let ds_health = health(status, Kind::DaemonSets);
             let deployments_health = health(status, Kind::Deployments);
             let mut facts = current_facts(
-                stores,
+                self.stores,
                 &Healths {
                     policies: &policies_health,
                     gpu_clusters: &gpu_clusters_health,
                     daemonsets: &ds_health,
                     deployments: &deployments_health,
                 },
-                config,
+                self.config,
             );
             if drivers_health == Health::Synced {
-                facts.nvidia_drivers = Some(nvidia_drivers(&stores.drivers));
+                facts.nvidia_drivers = Some(nvidia_drivers(&self.stores.drivers));
             }
-            let facts_changed = facts_tx.send_if_modified(|current| {
-                if **current == facts {
-                    return false;
-                }
-                *current = Arc::new(facts.clone());
-                true
-            });
-            if policies_health.settled()
-                && (facts_changed || logged_source.as_ref() != Some(&facts.source))
-            {
-                log_source(&facts);
-                audit_metrics
-                    .set_cluster_policy_available(matches!(facts.source, PolicySource::Found(_)));
-                logged_source = Some(facts.source.clone());
-            }
-            let version = facts.operator.clone();
-            if deployments_health.settled() && logged_version.as_ref() != Some(&version) {
-                if facts.operator.source.assumed().is_some() {
-                    tracing::warn!("{}", facts.operator.describe());
-                } else {
-                    tracing::info!(
-                        era = facts.operator.era().name(),
-                        "{}",
-                        facts.operator.describe()
-                    );
-                }
-                logged_version = Some(version);
-            }
+            self.publish(facts, &policies_health, &deployments_health, &mut logged);
             // Every kind a decision reads, the nodes included: a replica that took traffic
             // before its nodes were listed could only refuse the policy changes that need them.
             // A kind RBAC forbids is waited for too, up to the timeout.
@@ -292,94 +190,84 @@ impl Publisher<'_> {
                 (Kind::Nodes, &health(status, Kind::Nodes)),
             ]
             .map(|(kind, health)| {
-                audit_metrics.set_watch_readable(kind.label(), *health == Health::Synced);
+                self.audit_metrics
+                    .set_watch_readable(kind.label(), *health == Health::Synced);
                 (kind, health.ready_to_serve())
             });
-            let settled = kinds.iter().all(|(_, settled)| *settled);
-            if on_synced.is_some() && (settled || Instant::now() >= deadline) {
-                if !settled {
-                    let missing: Vec<String> = kinds
-                        .iter()
-                        .filter(|(_, settled)| !settled)
-                        .map(|(kind, _)| kind.describe(&config.namespace))
-                        .collect();
-                    tracing::warn!(
-                        timeout = ?config.sync_timeout,
-                        missing = %missing.join(", "),
-                        "not everything the decisions read was listed in time; ready with what is known, and the decisions that need what is missing refuse what could break nodes"
-                    );
-                }
-                if let Some(f) = on_synced.take() {
-                    f();
-                }
+            if let Some(f) = on_synced.take_if(|_| self.ready(&kinds, deadline)) {
+                f();
             }
         }
     }
-}
 
-/// How the watched kinds that make the facts are doing.
-#[derive(Copy, Clone)]
-struct Healths<'a> {
-    policies: &'a Health,
-    gpu_clusters: &'a Health,
-    daemonsets: &'a Health,
-    deployments: &'a Health,
-}
-
-/// The facts the stores give now; the operator version is the given one, else the one the
-/// Deployments show.
-fn current_facts(stores: &Stores, healths: &Healths<'_>, config: &WatchConfig) -> ClusterFacts {
-    let Healths {
-        policies,
-        gpu_clusters,
-        daemonsets,
-        deployments,
-    } = *healths;
-    let gpu_clusters_health = gpu_clusters;
-    let objects = stores.policies.values();
-    let policies = match policies {
-        Health::Synced => Ok(objects.as_slice()),
-        Health::Starting => Err(PolicySource::Failed("not read yet".to_owned())),
-        Health::Unavailable(Unavailable::NotFound) => Err(unavailable_source(404)),
-        Health::Unavailable(Unavailable::Forbidden) => Err(unavailable_source(403)),
-        Health::Unavailable(Unavailable::TooMany) => Err(PolicySource::Failed(format!(
-            "more ClusterPolicies than the guard keeps ({})",
-            kept::POLICIES.objects
-        ))),
-    };
-    let ds_state = stores.daemonsets.state();
-    let ds_refs: Vec<&DaemonSetView> = ds_state.iter().map(AsRef::as_ref).collect();
-    let daemonsets = (*daemonsets == Health::Synced).then_some(ds_refs.as_slice());
-    // The GPUClusters count once listed; unavailable (no CRD before v26.7, no RBAC) is none.
-    let gpu_cluster_objects = stores.gpu_clusters.values();
-    let gpu_clusters = (*gpu_clusters == Health::Synced).then_some(gpu_cluster_objects.as_slice());
-    let mut facts = cluster_from(policies, gpu_clusters, daemonsets);
-    facts.gpu_clusters_unknown = match gpu_clusters_health {
-        Health::Synced | Health::Unavailable(Unavailable::NotFound) => None,
-        Health::Starting => Some("gpuclusters.nvidia.com are not listed yet".to_owned()),
-        Health::Unavailable(Unavailable::Forbidden) => {
-            Some("RBAC forbids listing gpuclusters.nvidia.com".to_owned())
+    /// Publishes `facts` when they changed, and says in the log where the switches and the
+    /// operator version come from whenever that changes (once their kinds are settled).
+    fn publish(
+        &self,
+        facts: ClusterFacts,
+        policies_health: &Health,
+        deployments_health: &Health,
+        logged: &mut Logged,
+    ) {
+        let facts_changed = self.facts_tx.send_if_modified(|current| {
+            if **current == facts {
+                return false;
+            }
+            *current = Arc::new(facts.clone());
+            true
+        });
+        if policies_health.settled()
+            && (facts_changed || logged.source.as_ref() != Some(&facts.source))
+        {
+            log_source(&facts);
+            self.audit_metrics
+                .set_cluster_policy_available(matches!(facts.source, PolicySource::Found(_)));
+            logged.source = Some(facts.source.clone());
         }
-        Health::Unavailable(Unavailable::TooMany) => Some(format!(
-            "more GPUClusters than the guard keeps ({})",
-            kept::GPU_CLUSTERS.objects
-        )),
-    };
-    let state = stores.deployments.state();
-    let refs: Vec<&DeploymentView> = state.iter().map(AsRef::as_ref).collect();
-    let listed = match deployments {
-        Health::Synced => Ok(refs.as_slice()),
-        Health::Starting => Err(&Unread::NotYet),
-        Health::Unavailable(Unavailable::NotFound) => Err(&Unread::NotFound),
-        Health::Unavailable(Unavailable::Forbidden) => Err(&Unread::Forbidden),
-        // Not a bound of the Deployments.
-        Health::Unavailable(Unavailable::TooMany) => Err(&Unread::NotYet),
-    };
-    facts.operator = version::resolve(
-        config.operator_version.clone(),
-        deployment::operator_version(&config.namespace, listed),
-    );
-    facts
+        let version = facts.operator.clone();
+        if deployments_health.settled() && logged.version.as_ref() != Some(&version) {
+            if facts.operator.source.assumed().is_some() {
+                tracing::warn!("{}", facts.operator.describe());
+            } else {
+                tracing::info!(
+                    era = facts.operator.era().name(),
+                    "{}",
+                    facts.operator.describe()
+                );
+            }
+            logged.version = Some(version);
+        }
+    }
+
+    /// Whether readiness opens now (called while it is not open yet): every kind settled, or
+    /// the sync timeout passed, which the log says with what is missing.
+    fn ready(&self, kinds: &[(Kind, bool)], deadline: Instant) -> bool {
+        let settled = kinds.iter().all(|(_, settled)| *settled);
+        if !settled && Instant::now() < deadline {
+            return false;
+        }
+        if !settled {
+            let missing: Vec<String> = kinds
+                .iter()
+                .filter(|(_, settled)| !settled)
+                .map(|(kind, _)| kind.describe(&self.config.namespace))
+                .collect();
+            tracing::warn!(
+                timeout = ?self.config.sync_timeout,
+                missing = %missing.join(", "),
+                "not everything the decisions read was listed in time; ready with what is known, and the decisions that need what is missing refuse what could break nodes"
+            );
+        }
+        true
+    }
+}
+
+/// What the publisher last said in the log: where the switches came from, and the operator
+/// version.
+#[derive(Default)]
+struct Logged {
+    source: Option<PolicySource>,
+    version: Option<Followed>,
 }
 
 /// The NVIDIADriver resources the store holds, by name; one that cannot be read (the CRD's
@@ -419,11 +307,7 @@ fn log_source(facts: &ClusterFacts) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::operator::OperatorVersion;
     use crate::core::policy::Policy;
-    use crate::core::version::VersionSource;
-    use crate::k8s::policy_object::PolicyObject;
-    use kube::runtime::watcher::Event;
 
     /// `serve` spawns the watch on the runtime, so its future must be `Send`. Compiling this
     /// function is the test.
@@ -441,157 +325,5 @@ mod tests {
             leadership,
             || {},
         ));
-    }
-
-    /// The healths of the ClusterPolicies, DaemonSets and Deployments; GPUClusters unavailable.
-    fn healths<'a>(
-        policies: &'a Health,
-        daemonsets: &'a Health,
-        deployments: &'a Health,
-    ) -> Healths<'a> {
-        const NO_GPU_CLUSTERS: Health = Health::Unavailable(Unavailable::NotFound);
-        Healths {
-            policies,
-            gpu_clusters: &NO_GPU_CLUSTERS,
-            daemonsets,
-            deployments,
-        }
-    }
-
-    /// A listed GPUCluster, and no ClusterPolicy CRD: the DRA stack, which the facts say.
-    #[test]
-    fn a_listed_gpu_cluster_makes_the_dra_stack() {
-        let object: PolicyObject = serde_json::from_value(serde_json::json!({
-            "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
-            "metadata": {"name": "gpu-cluster"},
-            "spec": {"dcgmExporter": {"enabled": true}}
-        }))
-        .unwrap();
-        let stores = empty_stores();
-        stores
-            .gpu_clusters
-            .apply(&Event::Apply(object), kept::GPU_CLUSTERS);
-        let config = WatchConfig::new("gpu-operator", Policy::default());
-        let missing = Health::Unavailable(Unavailable::NotFound);
-        let listed = |gpu_clusters: &Health| {
-            current_facts(
-                &stores,
-                &Healths {
-                    gpu_clusters,
-                    ..healths(&missing, &Health::Synced, &Health::Synced)
-                },
-                &config,
-            )
-        };
-        let c = listed(&Health::Synced);
-        assert_eq!(c.stack, crate::core::operands::Stack::GpuCluster);
-        assert_eq!(c.source, PolicySource::GpuCluster("gpu-cluster".to_owned()));
-        assert!(
-            c.annotation().ends_with("; GPUCluster (DRA) stack"),
-            "{}",
-            c.annotation()
-        );
-        // Not listed yet: the stack is not known to be the DRA one.
-        let c = listed(&Health::Starting);
-        assert_eq!(c.stack, crate::core::operands::Stack::ClusterPolicy);
-    }
-
-    fn empty_stores() -> Stores {
-        Stores {
-            policies: Kept::default(),
-            drivers: Kept::default(),
-            gpu_clusters: Kept::default(),
-            daemonsets: reflector::store::<DaemonSetView>().0,
-            deployments: reflector::store::<DeploymentView>().0,
-        }
-    }
-
-    #[test]
-    fn nothing_listed_yet_means_defaults_and_no_daemonset_knowledge() {
-        let stores = empty_stores();
-        let config = WatchConfig::new("gpu-operator", Policy::default());
-        let c = current_facts(
-            &stores,
-            &healths(&Health::Starting, &Health::Starting, &Health::Starting),
-            &config,
-        );
-        let switches = ClusterFacts {
-            source: PolicySource::NotGiven,
-            operator: crate::core::facts::operator_defaults().operator,
-            ..c.clone()
-        };
-        assert_eq!(switches, crate::core::facts::operator_defaults());
-        assert_eq!(c.daemonsets, None);
-        assert_eq!(
-            c.operator.source.assumed(),
-            Some("deployments in namespace gpu-operator not read yet")
-        );
-        let c = current_facts(
-            &stores,
-            &healths(
-                &Health::Unavailable(Unavailable::Forbidden),
-                &Health::Synced,
-                &Health::Synced,
-            ),
-            &config,
-        );
-        assert_eq!(c.source.state(), "forbidden");
-        assert_eq!(c.daemonsets.map(|d| d.is_empty()), Some(true));
-    }
-
-    fn operator_deployment(image: &str) -> DeploymentView {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "gpu-operator", "namespace": "gpu-operator", "resourceVersion": "1"},
-            "spec": {"template": {"metadata": {"labels": {"app": "gpu-operator"}},
-                "spec": {"containers": [{"name": "gpu-operator", "image": image}]}}}
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn the_version_follows_the_operator_deployment_unless_one_is_given() {
-        let (reader, mut writer) = reflector::store::<DeploymentView>();
-        writer.apply_watcher_event(&Event::Apply(operator_deployment(
-            "nvcr.io/nvidia/gpu-operator:v24.9.2",
-        )));
-        let stores = Stores {
-            deployments: reader,
-            ..empty_stores()
-        };
-        let mut config = WatchConfig::new("gpu-operator", Policy::default());
-        let facts = |config: &WatchConfig, deployments: Health| {
-            current_facts(
-                &stores,
-                &healths(&Health::Synced, &Health::Synced, &deployments),
-                config,
-            )
-        };
-        let c = facts(&config, Health::Synced);
-        assert_eq!(c.operator.era(), crate::core::operands::Era::V24_9);
-        assert_eq!(
-            c.annotation(),
-            "ClusterPolicy unavailable (no ClusterPolicy object exists): the GPU Operator's \
-             default operand switches are assumed; GPU Operator v24.9.2 read from Deployment \
-             gpu-operator/gpu-operator"
-        );
-        // RBAC forbids the Deployments: the newest era, assumed, and why.
-        let c = facts(&config, Health::Unavailable(Unavailable::Forbidden));
-        assert_eq!(c.operator.era(), crate::core::operands::Era::NEWEST);
-        assert!(c.operator.source.assumed().is_some());
-        assert_eq!(
-            c.operator.describe(),
-            "GPU Operator v26.7 assumed (deployments in namespace gpu-operator are forbidden)"
-        );
-        // A given version wins over the Deployment's.
-        config.operator_version = Some(Followed {
-            version: OperatorVersion::parse("v26.3.0").unwrap(),
-            source: VersionSource::Given("--operator-version".into()),
-        });
-        let c = facts(&config, Health::Synced);
-        assert_eq!(c.operator.era(), crate::core::operands::Era::V26_3);
-        assert_eq!(
-            c.operator.describe(),
-            "GPU Operator v26.3.0 given by --operator-version"
-        );
     }
 }

@@ -1,0 +1,370 @@
+//! The stores the facts are made of (the kept GPU-policy objects, the DaemonSets and the
+//! Deployments), the watches that follow them, and the [`ClusterFacts`] they give.
+
+use std::sync::Mutex;
+
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+
+use super::follow::{Following, POLICY_PAGE_SIZE, follow, watcher as stream};
+use super::health::{Health, Kind, Status, Unavailable};
+use super::kept::{self, Kept};
+use super::watch_config::WatchConfig;
+use crate::core::facts::{ClusterFacts, PolicySource};
+use crate::core::version;
+use crate::k8s::api::{cluster_from, cluster_policy_resource, unavailable_source};
+use crate::k8s::daemonset::DaemonSetView;
+use crate::k8s::deployment::{self, DeploymentView, Unread};
+use crate::k8s::gpu_cluster;
+use crate::k8s::nvidia_driver;
+
+pub(super) struct Stores {
+    pub(super) policies: Kept,
+    pub(super) drivers: Kept,
+    pub(super) gpu_clusters: Kept,
+    pub(super) daemonsets: Store<DaemonSetView>,
+    pub(super) deployments: Store<DeploymentView>,
+}
+
+/// The writers of the reflector stores.
+pub(super) struct Writers {
+    daemonsets: Writer<DaemonSetView>,
+    deployments: Writer<DeploymentView>,
+}
+
+impl Stores {
+    /// Empty stores, and the writers that fill the reflector ones.
+    pub(super) fn new() -> (Stores, Writers) {
+        let (daemonsets, ds_writer) = reflector::store::<DaemonSetView>();
+        let (deployments, deployment_writer) = reflector::store::<DeploymentView>();
+        let stores = Stores {
+            policies: Kept::default(),
+            drivers: Kept::default(),
+            gpu_clusters: Kept::default(),
+            daemonsets,
+            deployments,
+        };
+        let writers = Writers {
+            daemonsets: ds_writer,
+            deployments: deployment_writer,
+        };
+        (stores, writers)
+    }
+}
+
+/// What the stores' watches share.
+pub(super) struct StoreWatches<'a> {
+    pub(super) client: &'a Client,
+    pub(super) namespace: &'a str,
+    /// List and watch settings of the DaemonSets and Deployments.
+    pub(super) cfg: watcher::Config,
+    pub(super) status: &'a Mutex<Status>,
+    pub(super) dirty: &'a mpsc::Sender<()>,
+    /// False when a version is given: the Deployments are then not watched.
+    pub(super) watch_deployments: bool,
+}
+
+impl StoreWatches<'_> {
+    /// Follows every kind the facts are made of into `stores` until the watch ends.
+    pub(super) async fn run(self, stores: &Stores, writers: Writers) {
+        let StoreWatches {
+            client,
+            namespace,
+            cfg,
+            status,
+            dirty,
+            watch_deployments,
+        } = self;
+        // A GPU-policy object can be as large as the API server lets it (1.5 MB): a few per
+        // page, so one page's body stays small whatever they hold.
+        let policy_pages = cfg.clone().page_size(POLICY_PAGE_SIZE);
+        let kept = |resource: &kube::api::ApiResource, kept, bounds, kind| Following {
+            api: Api::all_with(client.clone(), resource),
+            cfg: policy_pages.clone(),
+            kept,
+            bounds,
+            kind,
+            namespace,
+            status,
+            dirty,
+        };
+        tokio::join!(
+            kept(
+                &cluster_policy_resource(),
+                &stores.policies,
+                kept::POLICIES,
+                Kind::ClusterPolicies
+            )
+            .run(),
+            kept(
+                &nvidia_driver::resource(),
+                &stores.drivers,
+                kept::DRIVERS,
+                Kind::NvidiaDrivers
+            )
+            .run(),
+            kept(
+                &gpu_cluster::resource(),
+                &stores.gpu_clusters,
+                kept::GPU_CLUSTERS,
+                Kind::GpuClusters
+            )
+            .run(),
+            follow(
+                stream(Api::namespaced(client.clone(), namespace), cfg.clone()),
+                writers.daemonsets,
+                Kind::DaemonSets,
+                namespace,
+                status,
+                dirty,
+            ),
+            async {
+                if watch_deployments {
+                    follow(
+                        stream(Api::namespaced(client.clone(), namespace), cfg.clone()),
+                        writers.deployments,
+                        Kind::Deployments,
+                        namespace,
+                        status,
+                        dirty,
+                    )
+                    .await;
+                }
+            },
+        );
+    }
+}
+
+/// How the watched kinds that make the facts are doing.
+#[derive(Copy, Clone)]
+pub(super) struct Healths<'a> {
+    pub(super) policies: &'a Health,
+    pub(super) gpu_clusters: &'a Health,
+    pub(super) daemonsets: &'a Health,
+    pub(super) deployments: &'a Health,
+}
+
+/// The facts the stores give now; the operator version is the given one, else the one the
+/// Deployments show.
+pub(super) fn current_facts(
+    stores: &Stores,
+    healths: &Healths<'_>,
+    config: &WatchConfig,
+) -> ClusterFacts {
+    let Healths {
+        policies,
+        gpu_clusters,
+        daemonsets,
+        deployments,
+    } = *healths;
+    let gpu_clusters_health = gpu_clusters;
+    let objects = stores.policies.values();
+    let policies = match policies {
+        Health::Synced => Ok(objects.as_slice()),
+        Health::Starting => Err(PolicySource::Failed("not read yet".to_owned())),
+        Health::Unavailable(Unavailable::NotFound) => Err(unavailable_source(404)),
+        Health::Unavailable(Unavailable::Forbidden) => Err(unavailable_source(403)),
+        Health::Unavailable(Unavailable::TooMany) => Err(PolicySource::Failed(format!(
+            "more ClusterPolicies than the guard keeps ({})",
+            kept::POLICIES.objects
+        ))),
+    };
+    let ds_state = stores.daemonsets.state();
+    let ds_refs: Vec<&DaemonSetView> = ds_state.iter().map(AsRef::as_ref).collect();
+    let daemonsets = (*daemonsets == Health::Synced).then_some(ds_refs.as_slice());
+    // The GPUClusters count once listed; unavailable (no CRD before v26.7, no RBAC) is none.
+    let gpu_cluster_objects = stores.gpu_clusters.values();
+    let gpu_clusters = (*gpu_clusters == Health::Synced).then_some(gpu_cluster_objects.as_slice());
+    let mut facts = cluster_from(policies, gpu_clusters, daemonsets);
+    facts.gpu_clusters_unknown = match gpu_clusters_health {
+        Health::Synced | Health::Unavailable(Unavailable::NotFound) => None,
+        Health::Starting => Some("gpuclusters.nvidia.com are not listed yet".to_owned()),
+        Health::Unavailable(Unavailable::Forbidden) => {
+            Some("RBAC forbids listing gpuclusters.nvidia.com".to_owned())
+        }
+        Health::Unavailable(Unavailable::TooMany) => Some(format!(
+            "more GPUClusters than the guard keeps ({})",
+            kept::GPU_CLUSTERS.objects
+        )),
+    };
+    let state = stores.deployments.state();
+    let refs: Vec<&DeploymentView> = state.iter().map(AsRef::as_ref).collect();
+    let listed = match deployments {
+        Health::Synced => Ok(refs.as_slice()),
+        Health::Starting => Err(&Unread::NotYet),
+        Health::Unavailable(Unavailable::NotFound) => Err(&Unread::NotFound),
+        Health::Unavailable(Unavailable::Forbidden) => Err(&Unread::Forbidden),
+        // Not a bound of the Deployments.
+        Health::Unavailable(Unavailable::TooMany) => Err(&Unread::NotYet),
+    };
+    facts.operator = version::resolve(
+        config.operator_version.clone(),
+        deployment::operator_version(&config.namespace, listed),
+    );
+    facts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::operator::OperatorVersion;
+    use crate::core::policy::Policy;
+    use crate::core::version::{Followed, VersionSource};
+    use crate::k8s::policy_object::PolicyObject;
+    use kube::runtime::watcher::Event;
+
+    /// The healths of the ClusterPolicies, DaemonSets and Deployments; GPUClusters unavailable.
+    fn healths<'a>(
+        policies: &'a Health,
+        daemonsets: &'a Health,
+        deployments: &'a Health,
+    ) -> Healths<'a> {
+        const NO_GPU_CLUSTERS: Health = Health::Unavailable(Unavailable::NotFound);
+        Healths {
+            policies,
+            gpu_clusters: &NO_GPU_CLUSTERS,
+            daemonsets,
+            deployments,
+        }
+    }
+
+    /// A listed GPUCluster, and no ClusterPolicy CRD: the DRA stack, which the facts say.
+    #[test]
+    fn a_listed_gpu_cluster_makes_the_dra_stack() {
+        let object: PolicyObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+            "metadata": {"name": "gpu-cluster"},
+            "spec": {"dcgmExporter": {"enabled": true}}
+        }))
+        .unwrap();
+        let stores = empty_stores();
+        stores
+            .gpu_clusters
+            .apply(&Event::Apply(object), kept::GPU_CLUSTERS);
+        let config = WatchConfig::new("gpu-operator", Policy::default());
+        let missing = Health::Unavailable(Unavailable::NotFound);
+        let listed = |gpu_clusters: &Health| {
+            current_facts(
+                &stores,
+                &Healths {
+                    gpu_clusters,
+                    ..healths(&missing, &Health::Synced, &Health::Synced)
+                },
+                &config,
+            )
+        };
+        let c = listed(&Health::Synced);
+        assert_eq!(c.stack, crate::core::operands::Stack::GpuCluster);
+        assert_eq!(c.source, PolicySource::GpuCluster("gpu-cluster".to_owned()));
+        assert!(
+            c.annotation().ends_with("; GPUCluster (DRA) stack"),
+            "{}",
+            c.annotation()
+        );
+        // Not listed yet: the stack is not known to be the DRA one.
+        let c = listed(&Health::Starting);
+        assert_eq!(c.stack, crate::core::operands::Stack::ClusterPolicy);
+    }
+
+    fn empty_stores() -> Stores {
+        Stores {
+            policies: Kept::default(),
+            drivers: Kept::default(),
+            gpu_clusters: Kept::default(),
+            daemonsets: reflector::store::<DaemonSetView>().0,
+            deployments: reflector::store::<DeploymentView>().0,
+        }
+    }
+
+    #[test]
+    fn nothing_listed_yet_means_defaults_and_no_daemonset_knowledge() {
+        let stores = empty_stores();
+        let config = WatchConfig::new("gpu-operator", Policy::default());
+        let c = current_facts(
+            &stores,
+            &healths(&Health::Starting, &Health::Starting, &Health::Starting),
+            &config,
+        );
+        let switches = ClusterFacts {
+            source: PolicySource::NotGiven,
+            operator: crate::core::facts::operator_defaults().operator,
+            ..c.clone()
+        };
+        assert_eq!(switches, crate::core::facts::operator_defaults());
+        assert_eq!(c.daemonsets, None);
+        assert_eq!(
+            c.operator.source.assumed(),
+            Some("deployments in namespace gpu-operator not read yet")
+        );
+        let c = current_facts(
+            &stores,
+            &healths(
+                &Health::Unavailable(Unavailable::Forbidden),
+                &Health::Synced,
+                &Health::Synced,
+            ),
+            &config,
+        );
+        assert_eq!(c.source.state(), "forbidden");
+        assert_eq!(c.daemonsets.map(|d| d.is_empty()), Some(true));
+    }
+
+    fn operator_deployment(image: &str) -> DeploymentView {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "gpu-operator", "namespace": "gpu-operator", "resourceVersion": "1"},
+            "spec": {"template": {"metadata": {"labels": {"app": "gpu-operator"}},
+                "spec": {"containers": [{"name": "gpu-operator", "image": image}]}}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_version_follows_the_operator_deployment_unless_one_is_given() {
+        let (reader, mut writer) = reflector::store::<DeploymentView>();
+        writer.apply_watcher_event(&Event::Apply(operator_deployment(
+            "nvcr.io/nvidia/gpu-operator:v24.9.2",
+        )));
+        let stores = Stores {
+            deployments: reader,
+            ..empty_stores()
+        };
+        let mut config = WatchConfig::new("gpu-operator", Policy::default());
+        let facts = |config: &WatchConfig, deployments: Health| {
+            current_facts(
+                &stores,
+                &healths(&Health::Synced, &Health::Synced, &deployments),
+                config,
+            )
+        };
+        let c = facts(&config, Health::Synced);
+        assert_eq!(c.operator.era(), crate::core::operands::Era::V24_9);
+        assert_eq!(
+            c.annotation(),
+            "ClusterPolicy unavailable (no ClusterPolicy object exists): the GPU Operator's \
+             default operand switches are assumed; GPU Operator v24.9.2 read from Deployment \
+             gpu-operator/gpu-operator"
+        );
+        // RBAC forbids the Deployments: the newest era, assumed, and why.
+        let c = facts(&config, Health::Unavailable(Unavailable::Forbidden));
+        assert_eq!(c.operator.era(), crate::core::operands::Era::NEWEST);
+        assert!(c.operator.source.assumed().is_some());
+        assert_eq!(
+            c.operator.describe(),
+            "GPU Operator v26.7 assumed (deployments in namespace gpu-operator are forbidden)"
+        );
+        // A given version wins over the Deployment's.
+        config.operator_version = Some(Followed {
+            version: OperatorVersion::parse("v26.3.0").unwrap(),
+            source: VersionSource::Given("--operator-version".into()),
+        });
+        let c = facts(&config, Health::Synced);
+        assert_eq!(c.operator.era(), crate::core::operands::Era::V26_3);
+        assert_eq!(
+            c.operator.describe(),
+            "GPU Operator v26.3.0 given by --operator-version"
+        );
+    }
+}
