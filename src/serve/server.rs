@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 pub use super::conn::ConnArgs;
-use super::conn::{AbortOnDrop, Acceptor, ConnConfig, Stage};
+use super::conn::{AbortOnDrop, Acceptor, ConnConfig, Connections, Stage};
 use super::parse::{parse_duration, parse_listen};
 use super::pool::Pool;
 use super::readiness::{Readiness, admin_router};
@@ -248,24 +248,8 @@ impl Server {
         }));
         let hurried_in_delay = hurried.clone();
         let connections = webhook
-            .run(move |stage: watch::Sender<Stage>| async move {
-                shutdown.await;
-                // Report draining before the listener closes, so a probe
-                // from now on explains why the endpoint is going away.
-                stopping.set_serving(false);
-                if !delay.is_zero() {
-                    // Clients are told to go now, while they can still reach this replica.
-                    stage.send_replace(Stage::Leaving);
-                    info!(delay = ?delay, "readiness is 503; still accepting until the endpoint \
-                          is removed; HTTP/2 clients sent GOAWAY, HTTP/1.1 answers close");
-                    let mut hurried = hurried_in_delay;
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        _ = hurried.wait_for(|h| *h) => {
-                            warn!("second signal: ending the shutdown delay now");
-                        }
-                    }
-                }
+            .run(move |stage: watch::Sender<Stage>| {
+                stop_when(shutdown, stopping, delay, hurried_in_delay, stage)
             })
             .await;
         info!(
@@ -273,21 +257,53 @@ impl Server {
             limit = ?opts.drain_timeout,
             "shutting down: no new connections, letting requests in flight finish"
         );
-        let mut hurried = hurried;
-        if *hurried.borrow() {
-            // Cut at once: the JoinSet aborts its tasks when dropped.
-            drop(connections);
-        } else {
-            tokio::select! {
-                () = connections.drain(opts.drain_timeout) => {}
-                _ = hurried.wait_for(|h| *h) => {
-                    warn!("second signal: ending the drain now, cutting the connections still open");
-                }
-            }
-        }
+        drain(connections, opts.drain_timeout, hurried).await;
         admin.stop().await;
         info!("shut down");
         Ok(())
+    }
+}
+
+/// Waits for `shutdown`, then reports draining and, for the shutdown `delay` (ended early once
+/// `hurried`), tells clients to go while the listener still accepts.
+async fn stop_when(
+    shutdown: impl Future<Output = ()>,
+    stopping: Readiness,
+    delay: Duration,
+    mut hurried: watch::Receiver<bool>,
+    stage: watch::Sender<Stage>,
+) {
+    shutdown.await;
+    // Report draining before the listener closes, so a probe
+    // from now on explains why the endpoint is going away.
+    stopping.set_serving(false);
+    if !delay.is_zero() {
+        // Clients are told to go now, while they can still reach this replica.
+        stage.send_replace(Stage::Leaving);
+        info!(delay = ?delay, "readiness is 503; still accepting until the endpoint \
+              is removed; HTTP/2 clients sent GOAWAY, HTTP/1.1 answers close");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = hurried.wait_for(|h| *h) => {
+                warn!("second signal: ending the shutdown delay now");
+            }
+        }
+    }
+}
+
+/// Lets the requests in flight finish within `limit`; once `hurried`, cuts the connections
+/// still open.
+async fn drain(connections: Connections, limit: Duration, mut hurried: watch::Receiver<bool>) {
+    if *hurried.borrow() {
+        // Cut at once: the JoinSet aborts its tasks when dropped.
+        drop(connections);
+    } else {
+        tokio::select! {
+            () = connections.drain(limit) => {}
+            _ = hurried.wait_for(|h| *h) => {
+                warn!("second signal: ending the drain now, cutting the connections still open");
+            }
+        }
     }
 }
 
