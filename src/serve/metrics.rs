@@ -1,7 +1,7 @@
 //! `serve`'s metrics: the webhook's connections ([`ConnectionMetrics`], updated by
-//! [`super::conn`] and [`super::server`]), its connection pools ([`PoolMetrics`],
-//! [`super::pool`]) and the operator version decisions follow ([`VersionMetrics`],
-//! [`super::cmd`]).
+//! `conn.rs` and `server.rs`), its connection pools ([`PoolMetrics`],
+//! `pool.rs`) and the operator version decisions follow ([`VersionMetrics`],
+//! `cmd.rs`).
 
 use std::sync::Mutex;
 

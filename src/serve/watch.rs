@@ -18,8 +18,9 @@
 //!   only the nodes a change touched.
 //!
 //! Every kind is read through [`super::follow`]'s stream (retried within seconds, listed again
-//! from scratch after a 403 or 404); the GPU-policy objects are kept as what the decisions read
-//! ([`super::kept`]).
+//! from scratch after a 403 or 404) and applied by its one watch driver, which records the
+//! kind's health; the GPU-policy objects are kept as what the decisions read ([`super::kept`]),
+//! and the stores the facts are made of are followed in `stores.rs`.
 //!
 //! A missing ClusterPolicy CRD (404) or missing RBAC (403) is not an error:
 //! the operator's defaults are used, the log says so once,

@@ -206,7 +206,7 @@ impl PolicyReviewMetrics {
     }
 }
 
-/// The requests refused because their client source held its share ([`super::shares`]).
+/// The requests refused because their client source held its share (`shares.rs`).
 pub struct ShareMetrics {
     refusals: Family<ShareLabels, Counter>,
     last_refused: Family<ShareSourceLabels, Gauge>,
