@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod echo;
+pub mod era;
 pub mod facts;
 pub mod labels;
 pub mod nvidia_driver;

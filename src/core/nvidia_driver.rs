@@ -49,11 +49,12 @@ impl NvidiaDriver {
     pub fn selects(&self, labels: &Labels, version: &OperatorVersion) -> bool {
         let pooled = NFD_OS_KEYS.iter().all(|k| labels.contains_key(*k))
             && (!self.precompiled || labels.contains_key(NFD_KERNEL_KEY));
-        let key = if self.vgpu_host_manager && version.release >= (24, 3) {
-            VGPU_MANAGER_DEPLOY_KEY
-        } else {
-            DRIVER_DEPLOY_KEY
-        };
+        let key =
+            if self.vgpu_host_manager && version.vgpu_host_manager_selects_vgpu_manager_label() {
+                VGPU_MANAGER_DEPLOY_KEY
+            } else {
+                DRIVER_DEPLOY_KEY
+            };
         pooled
             && labels.get(key).is_some_and(|v| v == "true")
             && labels.get(GPU_PRESENT_KEY).is_some_and(|v| v == "true")

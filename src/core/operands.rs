@@ -3,14 +3,30 @@
 //! Every operand DaemonSet selects nodes with `nvidia.com/gpu.deploy.<operand>:
 //! "true"`, so an operand runs on a node only when that label's value is the
 //! exact string `true`. This module holds [`OPERANDS`], the one table of every
-//! fact about each operand (add an operand by adding a row), and the vocabulary
-//! of values the operator's own components write. Where each fact comes from in
-//! the operator's source: `docs/gpu-operator.md`.
+//! fact about each operand (add an operand by adding a row), and the model each
+//! era's labelling pass is worked out into from it. Beside it: the settings that
+//! choose a node's operands ([`settings`]), [`OperandSet`], the values a deploy
+//! label may hold ([`value`]), and deploy labels on a node ([`deploy`]). Where
+//! each fact comes from in the operator's source: `docs/gpu-operator.md`.
+
+mod deploy;
+mod set;
+mod settings;
+mod value;
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Serialize;
+
+pub use crate::core::era::Era;
+pub use deploy::{
+    LabelChange, changed_deploy_labels, closest_known, deploy_labels, is_gpu_node,
+    is_unknown_deploy_key,
+};
+pub use set::OperandSet;
+pub use settings::{GPU_CLUSTER_NAME, SandboxMode, Stack, Workload};
+pub use value::{DRIVER_PAUSE, MIG_PAUSE, VGPU_PAUSE, Value};
 
 /// Node labels, as the API server stores them.
 pub type Labels = BTreeMap<String, String>;
@@ -18,11 +34,6 @@ pub type Labels = BTreeMap<String, String>;
 /// Prefix of every deploy label.
 pub const DEPLOY_PREFIX: &str = "nvidia.com/gpu.deploy.";
 
-/// The values the pausing components write into a deploy label: k8s-driver-manager (which
-/// appends its to the value it found, after `_`), mig-manager and vgpu-device-manager.
-pub const DRIVER_PAUSE: &str = "paused-for-driver-upgrade";
-pub const MIG_PAUSE: &str = "paused-for-mig-change";
-pub const VGPU_PAUSE: &str = "paused-for-vgpu-change";
 /// The control label: `false` (exactly) makes the operator delete every deploy label.
 pub const OPERANDS_KEY: &str = "nvidia.com/gpu.deploy.operands";
 /// Set by the operator on nodes where NFD found an NVIDIA PCI device.
@@ -41,62 +52,6 @@ pub const NFD_OS_KEYS: [&str; 2] = [
 ];
 /// NFD's kernel label: with `usePrecompiled` the pools are per OS and kernel.
 pub const NFD_KERNEL_KEY: &str = "feature.node.kubernetes.io/kernel-version.full";
-
-/// A deploy-label key that is neither the operands switch nor any operand's label.
-pub fn is_unknown_deploy_key(key: &str) -> bool {
-    key.starts_with(DEPLOY_PREFIX) && key != OPERANDS_KEY && Operand::from_key(key).is_none()
-}
-
-/// The deploy labels among these labels, in key order, found without looking at the others.
-pub fn deploy_labels(labels: &Labels) -> impl Iterator<Item = (&String, &String)> {
-    use std::ops::Bound;
-    labels
-        .range::<str, _>((Bound::Included(DEPLOY_PREFIX), Bound::Unbounded))
-        .take_while(|(k, _)| k.starts_with(DEPLOY_PREFIX))
-}
-
-/// A deploy label whose value a request changes.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct LabelChange<'a> {
-    pub key: &'a str,
-    /// Its value before the request; `None` when absent (or for CREATE).
-    pub old: Option<&'a str>,
-    /// Its value after; `None` when the request removes it.
-    pub new: Option<&'a str>,
-}
-
-/// The deploy labels whose value differs between `old` (`None` for CREATE: no labels) and
-/// `new`, in key order: one walk over both label maps' deploy labels.
-pub fn changed_deploy_labels<'a>(old: Option<&'a Labels>, new: &'a Labels) -> Vec<LabelChange<'a>> {
-    use std::cmp::Ordering;
-    let mut out = Vec::new();
-    let mut olds = old.into_iter().flat_map(deploy_labels).peekable();
-    let mut news = deploy_labels(new).peekable();
-    loop {
-        let order = match (olds.peek(), news.peek()) {
-            (None, None) => break,
-            (Some(_), None) => Ordering::Less,
-            (None, Some(_)) => Ordering::Greater,
-            (Some((o, _)), Some((n, _))) => o.cmp(n),
-        };
-        let change = match order {
-            Ordering::Less => olds.next().map(|(k, v)| (k, Some(v), None)),
-            Ordering::Greater => news.next().map(|(k, v)| (k, None, Some(v))),
-            Ordering::Equal => match (olds.next(), news.next()) {
-                (Some((k, o)), Some((_, n))) if o != n => Some((k, Some(o), Some(n))),
-                _ => None,
-            },
-        };
-        if let Some((key, old, new)) = change {
-            out.push(LabelChange {
-                key,
-                old: old.map(String::as_str),
-                new: new.map(String::as_str),
-            });
-        }
-    }
-    out
-}
 
 /// A component that the GPU Operator (or a tool next to it) schedules with a deploy label.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -150,54 +105,6 @@ pub enum Wait {
     DraDriver,
 }
 
-/// The one name a GPUCluster may have (its CRD's validation rule,
-/// gpu-operator@v26.7.0 `api/nvidia/v1alpha1/gpucluster_types.go`).
-pub const GPU_CLUSTER_NAME: &str = "gpu-cluster";
-
-/// Which of the operator's custom resources drives the node labelling and the operands.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub enum Stack {
-    /// A ClusterPolicy (or none known): the device-plugin stack.
-    #[default]
-    ClusterPolicy,
-    /// A GPUCluster and no ClusterPolicy (v26.7 and later): the DRA stack, whose nodes get the
-    /// DRA operands' deploy labels and lose the device-plugin stack's.
-    GpuCluster,
-    /// Both exist: the v26.7 operator refuses to reconcile either (each controller errors out,
-    /// the node-labelling reconcile labels nothing), so labels and DaemonSets stay as they are.
-    Both,
-}
-
-impl Stack {
-    /// The stack the operator of this era follows: before v26.7 there is no GPUCluster.
-    pub fn in_era(self, era: Era) -> Stack {
-        if era < Era::V26_7 {
-            Stack::ClusterPolicy
-        } else {
-            self
-        }
-    }
-
-    /// As `check -o json` and the audit's JSON spell it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Stack::ClusterPolicy => "cluster-policy",
-            Stack::GpuCluster => "gpu-cluster",
-            Stack::Both => "both",
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Stack::ClusterPolicy => "ClusterPolicy (device-plugin) stack",
-            Stack::GpuCluster => "GPUCluster (DRA) stack",
-            Stack::Both => {
-                "a ClusterPolicy and a GPUCluster both exist: the operator reconciles neither and labels no node"
-            }
-        }
-    }
-}
-
 /// What the GPUCluster (DRA) stack does with an operand (gpu-operator@v26.7.0
 /// `controllers/state_manager.go`, `gpuClusterStateLabels`, `devicePluginOnlyStateLabelKeys`;
 /// `internal/state/manager.go`, `newGPUClusterStates`).
@@ -215,97 +122,6 @@ pub enum OnGpuCluster {
     Swept,
     /// Never touched (nvsm).
     Untouched,
-}
-
-/// A span of operator versions whose labelling code is the same.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Era {
-    /// v22.9.x – v23.3.x: no kata manager nor confidential-computing manager.
-    V23_3,
-    /// v23.6.x – v25.10.x (named for v24.9, the first release the model was made from).
-    V24_9,
-    /// v26.3.x: sandbox mode, kata sandbox device plugin.
-    V26_3,
-    /// v26.7.x and later: `client`, empty values reset, DRA keys, non-GPU nodes swept.
-    V26_7,
-}
-
-impl Era {
-    pub const NEWEST: Era = Era::V26_7;
-    /// Every era, oldest first.
-    pub const ALL: [Era; 4] = [Era::V23_3, Era::V24_9, Era::V26_3, Era::V26_7];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Era::V23_3 => "v23.3",
-            Era::V24_9 => "v24.9",
-            Era::V26_3 => "v26.3",
-            Era::V26_7 => "v26.7",
-        }
-    }
-}
-
-/// `nvidia.com/gpu.workload.config`.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Workload {
-    Container,
-    VmPassthrough,
-    VmVgpu,
-}
-
-impl Workload {
-    pub const ALL: [Workload; 3] = [
-        Workload::Container,
-        Workload::VmPassthrough,
-        Workload::VmVgpu,
-    ];
-
-    pub fn parse(v: &str) -> Option<Workload> {
-        match v {
-            "container" => Some(Workload::Container),
-            "vm-passthrough" => Some(Workload::VmPassthrough),
-            "vm-vgpu" => Some(Workload::VmVgpu),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Workload::Container => "container",
-            Workload::VmPassthrough => "vm-passthrough",
-            Workload::VmVgpu => "vm-vgpu",
-        }
-    }
-}
-
-/// `spec.sandboxWorkloads.mode` (v26.3 and later; CRD default kubevirt).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub enum SandboxMode {
-    #[default]
-    KubeVirt,
-    Kata,
-}
-
-impl SandboxMode {
-    pub const ALL: [SandboxMode; 2] = [SandboxMode::KubeVirt, SandboxMode::Kata];
-
-    /// As the ClusterPolicy spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            SandboxMode::KubeVirt => "kubevirt",
-            SandboxMode::Kata => "kata",
-        }
-    }
-
-    /// The mode the operator of this era follows: before v26.3 there is no mode, and
-    /// vm-passthrough nodes get what `kubevirt` gives them later.
-    pub const fn in_era(self, era: Era) -> SandboxMode {
-        if (era as u8) < (Era::V26_3 as u8) {
-            SandboxMode::KubeVirt
-        } else {
-            self
-        }
-    }
 }
 
 /// Label sets of `gpuStateLabels` an operand's key belongs to, one bit per workload (and, for
@@ -527,6 +343,7 @@ pub const OPERANDS: [OperandInfo; 23] = [
 ];
 
 /// What an era's labelling pass does, worked out from the rows once, at compile time.
+#[derive(Copy, Clone)]
 struct EraModel {
     /// Per [`Sets`] bit: the label set of a node of that workload and mode.
     sets: [OperandSet; 4],
@@ -557,7 +374,7 @@ const fn era_model(era: Era) -> EraModel {
     while i < OPERANDS.len() {
         let info = &OPERANDS[i];
         let op = OperandSet::of(&[info.operand]);
-        let has = era as u8 >= info.since as u8;
+        let has = era.reaches(info.since);
         if has {
             match info.labelled {
                 Labelled::In(sets) => {
@@ -583,13 +400,12 @@ const fn era_model(era: Era) -> EraModel {
             while mode < 2 {
                 let wrong_mode = match info.mode {
                     Some(needed) => {
-                        era as u8 >= Era::V26_3 as u8
-                            && needed as u8 != SandboxMode::ALL[mode] as u8
+                        era.has_sandbox_mode() && needed as u8 != SandboxMode::ALL[mode] as u8
                     }
                     None => false,
                 };
                 let gpu_cluster_only = matches!(info.labelled, Labelled::Swept);
-                if !has || era as u8 > info.until as u8 || wrong_mode || gpu_cluster_only {
+                if !has || !info.until.reaches(era) || wrong_mode || gpu_cluster_only {
                     m.not_deployed[mode] = m.not_deployed[mode].union(op);
                 }
                 mode += 1;
@@ -619,12 +435,16 @@ const fn era_model(era: Era) -> EraModel {
     m
 }
 
-const ERA_MODELS: [EraModel; 4] = [
-    era_model(Era::V23_3),
-    era_model(Era::V24_9),
-    era_model(Era::V26_3),
-    era_model(Era::V26_7),
-];
+/// Every era's model, in the order of [`Era::ALL`].
+const ERA_MODELS: [EraModel; Era::ALL.len()] = {
+    let mut models = [era_model(Era::ALL[0]); Era::ALL.len()];
+    let mut i = 1;
+    while i < models.len() {
+        models[i] = era_model(Era::ALL[i]);
+        i += 1;
+    }
+    models
+};
 
 /// `gpuStateLabels[workload]` as this era's `getEffectiveStateLabels` returns it.
 pub fn label_set(era: Era, workload: Workload, mode: SandboxMode) -> OperandSet {
@@ -758,152 +578,6 @@ impl Serialize for Operand {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(self.name())
     }
-}
-
-/// The set of operands the DaemonSet controller will run on a node.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct OperandSet(u32);
-
-impl OperandSet {
-    pub const EMPTY: OperandSet = OperandSet(0);
-
-    pub fn contains(self, op: Operand) -> bool {
-        self.0 & (1 << op as u32) != 0
-    }
-
-    pub fn insert(&mut self, op: Operand) {
-        self.0 |= 1 << op as u32;
-    }
-
-    pub fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
-    pub fn iter(self) -> impl Iterator<Item = Operand> {
-        Operand::all().filter(move |op| self.contains(*op))
-    }
-
-    /// Every known operand mapped to whether it runs: the JSON form used by `check`.
-    pub fn to_map(self) -> BTreeMap<&'static str, bool> {
-        Operand::all()
-            .map(|op| (op.name(), self.contains(op)))
-            .collect()
-    }
-
-    /// The set of these operands, for constants.
-    pub const fn of(ops: &[Operand]) -> OperandSet {
-        let mut bits = 0;
-        let mut i = 0;
-        while i < ops.len() {
-            bits |= 1 << ops[i] as u32;
-            i += 1;
-        }
-        OperandSet(bits)
-    }
-
-    pub const fn union(self, other: OperandSet) -> OperandSet {
-        OperandSet(self.0 | other.0)
-    }
-
-    /// The operands in both sets.
-    pub const fn intersection(self, other: OperandSet) -> OperandSet {
-        OperandSet(self.0 & other.0)
-    }
-
-    /// The operands of this set that are not in `other`.
-    pub const fn without(self, other: OperandSet) -> OperandSet {
-        OperandSet(self.0 & !other.0)
-    }
-
-    pub fn remove(&mut self, op: Operand) {
-        self.0 &= !(1 << op as u32);
-    }
-}
-
-impl FromIterator<Operand> for OperandSet {
-    fn from_iter<I: IntoIterator<Item = Operand>>(iter: I) -> Self {
-        let mut set = OperandSet::EMPTY;
-        for op in iter {
-            set.insert(op);
-        }
-        set
-    }
-}
-
-/// What a deploy label's value means, to the DaemonSet controller and to the people and
-/// components that write it.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Value {
-    /// Exactly `true`: the only value that schedules the operand.
-    On,
-    /// Exactly `false`: kept off, and the operator never overwrites it.
-    Off,
-    /// The empty string: nothing is scheduled (k8s-driver-manager's patches can leave it).
-    Empty,
-    /// `pre-installed`: k8s-driver-manager saw a driver on the host.
-    PreInstalled,
-    /// `paused-for-*` or `<value>_paused-for-driver-upgrade`: an upgrade or MIG/vGPU change is running.
-    Paused,
-    /// A person probably meant "on" (`True`, `yes`, `1`, `enabled`, ` true`), yet it schedules nothing.
-    LooksOn,
-    /// A person probably meant "off" (`False`, `no`, `0`, `disabled`): off, as intended.
-    LooksOff,
-    /// Anything else: schedules nothing, and no component writes it.
-    Other,
-}
-
-impl Value {
-    pub fn of(value: &str) -> Value {
-        match value {
-            "true" => return Value::On,
-            "false" => return Value::Off,
-            "" => return Value::Empty,
-            "pre-installed" => return Value::PreInstalled,
-            _ => {}
-        }
-        if value.starts_with("paused-for-") || value.ends_with("_paused-for-driver-upgrade") {
-            return Value::Paused;
-        }
-        match value.trim().to_ascii_lowercase().as_str() {
-            "true" | "yes" | "y" | "on" | "1" | "enabled" | "enable" => Value::LooksOn,
-            "false" | "no" | "n" | "off" | "0" | "disabled" | "disable" => Value::LooksOff,
-            _ => Value::Other,
-        }
-    }
-
-    /// Written by the operator, k8s-driver-manager, mig-manager or vgpu-device-manager themselves.
-    pub fn is_component_written(self) -> bool {
-        matches!(
-            self,
-            Value::On | Value::Off | Value::Empty | Value::PreInstalled | Value::Paused
-        )
-    }
-}
-
-/// Whether the operator treats the node as a GPU node (and so manages its deploy labels).
-pub fn is_gpu_node(labels: &Labels) -> bool {
-    labels.get(GPU_PRESENT_KEY).map(String::as_str) == Some("true")
-        || NFD_NVIDIA_PCI_KEYS
-            .iter()
-            .any(|k| labels.get(*k).map(String::as_str) == Some("true"))
-}
-
-/// The known deploy-label suffix closest to an unknown one, for a did-you-mean hint.
-pub fn closest_known(suffix: &str) -> Option<&'static str> {
-    // A label name has at most 63 characters; a longer one matches nothing, and the distance
-    // would cost time in the square of its length.
-    if suffix.len() > 63 {
-        return None;
-    }
-    let candidates = OPERANDS
-        .iter()
-        .map(|i| &i.key[DEPLOY_PREFIX.len()..])
-        .chain(std::iter::once("operands"));
-    candidates
-        .map(|name| (strsim::jaro_winkler(suffix, name), name))
-        .filter(|(score, _)| *score >= 0.85)
-        .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, name)| name)
 }
 
 #[cfg(test)]

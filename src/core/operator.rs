@@ -8,8 +8,8 @@
 //! oracle (`tests/e2e/oracle/`) holds this model to the real operator.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
+pub use crate::core::era::{OperatorVersion, Outside};
 use crate::core::operands::{
     DRIVER_PAUSE, Era, GPU_PRESENT_KEY, Labels, MIG_PAUSE, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY,
     Operand, OperandSet, SandboxMode, Stack, VGPU_PAUSE, Workload, deploy_labels,
@@ -23,103 +23,6 @@ const VGPU_HOST_DRIVER: &str = "nvidia.com/vgpu.host-driver-version";
 /// The labels besides the deploy labels, `gpu.present` and NFD's that the labelling pass reads:
 /// the decision, and so the webhook, must keep them (`policy::reads_label`).
 pub const PASS_READS: [&str; 4] = [WORKLOAD, MIG_CAPABLE, PRODUCT, VGPU_HOST_DRIVER];
-
-/// An operator version (the one a decision follows, with where it came from, is
-/// [`Followed`](crate::core::version::Followed)).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OperatorVersion {
-    pub era: Era,
-    /// As given or read (`v25.3.4`), or the era's name when assumed.
-    pub text: String,
-    /// Older or newer than every version the model follows: decided as its nearest era.
-    pub outside: Option<Outside>,
-    /// Its major and minor number (the newest modelled release when assumed).
-    pub release: (u32, u32),
-}
-
-/// A version the model does not follow, on which side.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Outside {
-    /// Before the oldest modelled release.
-    Older,
-    /// After the newest modelled release.
-    Newer,
-}
-
-/// The first release (major, minor) of each era, oldest first, and the newest release the model
-/// was checked against (`docs/gpu-operator.md`, the eras).
-const ERA_STARTS: [((u32, u32), Era); 4] = [
-    ((22, 9), Era::V23_3),
-    ((23, 6), Era::V24_9),
-    ((26, 3), Era::V26_3),
-    ((26, 7), Era::V26_7),
-];
-const NEWEST_MODELLED: (u32, u32) = (26, 7);
-
-impl OperatorVersion {
-    /// The newest modelled version, for when nothing says which one runs.
-    pub fn newest() -> OperatorVersion {
-        OperatorVersion {
-            era: Era::NEWEST,
-            text: Era::NEWEST.name().to_owned(),
-            outside: None,
-            release: NEWEST_MODELLED,
-        }
-    }
-
-    /// Reads `v25.3.4`, `25.3.4`, `v26.7.0-rc.1`: the major and minor number decide.
-    pub fn parse(text: &str) -> Result<OperatorVersion, String> {
-        let bad = || format!("{text:?} is not a GPU Operator version like v25.3.4");
-        let t = text.trim().trim_start_matches('v');
-        let mut parts = t.split(['.', '-', '+']);
-        let major: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        let minor: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-        let release = (major, minor);
-        let (first, oldest) = ERA_STARTS[0];
-        let era = ERA_STARTS
-            .iter()
-            .rev()
-            .find(|(start, _)| release >= *start)
-            .map_or(oldest, |(_, era)| *era);
-        let outside = if release < first {
-            Some(Outside::Older)
-        } else if release > NEWEST_MODELLED {
-            Some(Outside::Newer)
-        } else {
-            None
-        };
-        Ok(OperatorVersion {
-            era,
-            text: format!("v{}", t),
-            outside,
-            release,
-        })
-    }
-
-    /// For a version outside the model, what is decided instead, in words.
-    pub fn outside_model(&self) -> Option<String> {
-        let (side, bound) = match self.outside? {
-            Outside::Older => ("older than", ERA_STARTS[0].0),
-            Outside::Newer => ("newer than", NEWEST_MODELLED),
-        };
-        let which = match self.outside? {
-            Outside::Older => "oldest",
-            Outside::Newer => "newest",
-        };
-        Some(format!(
-            "outside the model: {side} v{}.{}, its {which} version; decided as {}",
-            bound.0,
-            bound.1,
-            self.era.name()
-        ))
-    }
-}
-
-impl fmt::Display for OperatorVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
-}
 
 /// The ClusterPolicy's sandbox settings, as far as labelling needs them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -233,7 +136,7 @@ impl Plan {
         }
         if !nfd {
             // v26.7's node-labelling controller strips every node without gpu.present=true.
-            if flipped_off || era >= Era::V26_7 {
+            if flipped_off || era.sweeps_non_gpu_nodes() {
                 plan.sweep = managed(era);
             }
         } else if operands_disabled {
@@ -270,7 +173,7 @@ impl Plan {
         }
         let added = match value {
             None => self.wanted.union(self.wanted_if_absent).contains(op),
-            Some("") => self.wanted.contains(op) && self.era >= Era::V26_7,
+            Some("") => self.wanted.contains(op) && self.era.resets_empty_values(),
             Some(_) => false,
         };
         if added { Some("true") } else { value }
@@ -526,27 +429,6 @@ mod tests {
             assert_eq!(managed(era), want, "{era:?}");
             assert_eq!(mig_labelled(era), OperandSet::of(&[MigManager]));
         }
-    }
-
-    #[test]
-    fn versions_map_to_eras() {
-        for (v, era) in [
-            ("v24.9.2", Era::V24_9),
-            ("v25.3.4", Era::V24_9),
-            ("25.10.1", Era::V24_9),
-            ("v26.3.0", Era::V26_3),
-            ("v26.7.0", Era::V26_7),
-            ("v27.1.0-rc.1", Era::V26_7),
-            ("v23.9.1", Era::V24_9),
-            ("v23.6.0", Era::V24_9),
-            ("v23.3.2", Era::V23_3),
-            ("v22.9.0", Era::V23_3),
-        ] {
-            assert_eq!(OperatorVersion::parse(v).unwrap().era, era, "{v}");
-        }
-        assert!(OperatorVersion::parse("latest").is_err());
-        let a = OperatorVersion::newest();
-        assert_eq!((a.era, a.to_string()), (Era::V26_7, "v26.7".to_owned()));
     }
 
     #[test]

@@ -29,10 +29,10 @@ pub enum Build {
 impl Build {
     /// The build the GPU Operator of this version ships.
     pub fn of(version: &OperatorVersion) -> Build {
-        if version.release < (25, 10) {
-            Build::Shell
-        } else {
+        if version.ships_go_driver_manager() {
             Build::Go
+        } else {
+            Build::Shell
         }
     }
 }

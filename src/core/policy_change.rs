@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 use super::facts::ClusterFacts;
 use super::nvidia_driver::NvidiaDriver;
-use super::operands::{Era, Labels, Operand, OperandSet};
+use super::operands::{Labels, Operand, OperandSet};
 use super::operator::labelling_pass;
 use super::policy::{self, Policy, PolicyNote, Verdict};
 use super::review::Operation;
@@ -285,7 +285,7 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             // From v26.7 the hand-over to NVIDIADriver resources leaves the ClusterPolicy's
             // driver pods running, orphaned, until the NVIDIADriver upgrade replaces them.
             let orphaned = |labels: &Labels| {
-                before.operator.era() >= Era::V26_7
+                before.operator.era().orphans_policy_driver_on_handover()
                     && !before.driver_crd
                     && policy::simulate(labels, before).contains(Operand::Driver)
             };
@@ -336,7 +336,8 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             let before_here = before.is_some_and(|d| d.selects(labels, version));
             // Before v26.3 a pool the new selector drops keeps its DaemonSet running
             // (`docs/gpu-operator.md` §11.4); a deleted resource's DaemonSets always go.
-            let kept = after.is_some() && before_here && facts.operator.era() < Era::V26_3;
+            let kept =
+                after.is_some() && before_here && facts.operator.era().keeps_dropped_driver_pools();
             Outcome::labels_kept(
                 group,
                 ops,

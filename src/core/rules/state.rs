@@ -3,7 +3,7 @@
 use super::{Change, Ctx, Found, Rule};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{
-    CC_CAPABLE_KEY, Era, GPU_PRESENT_KEY, Labels, Operand, OperandSet, Wait, Workload, is_gpu_node,
+    CC_CAPABLE_KEY, GPU_PRESENT_KEY, Labels, Operand, OperandSet, Wait, Workload, is_gpu_node,
 };
 use crate::core::operator::workload;
 
@@ -397,7 +397,7 @@ fn stuck_sandbox_step(
     } else if workload == Workload::VmVgpu && missing(Operand::VgpuDeviceManager) {
         StuckStep::VgpuDevices
     } else if workload == Workload::VmVgpu
-        && era < Era::V26_7
+        && era.vgpu_device_manager_needs_operator_vgpu_manager()
         && set.contains(Operand::VgpuDeviceManager)
         && !set.contains(Operand::VgpuManager)
     {

@@ -5,7 +5,6 @@ use super::{finding, lose, name_nodes, plural};
 use crate::core::echo::echo;
 use crate::core::facts::ClusterFacts;
 use crate::core::nvidia_driver::NvidiaDriver;
-use crate::core::operands::Era;
 use crate::core::policy_change::model::{Outcome, PolicyChange, PolicyReview};
 use crate::core::rules::{Found, Rule};
 
@@ -84,7 +83,9 @@ pub(super) fn overlap(
         // From v26.7 a default NVIDIADriver takes the nodes no other one claims: sharing a node
         // with a non-default one is the design, not a conflict (`AssignOwners`). Two defaults
         // conflict, as two non-defaults do.
-        if facts.operator.era() >= Era::V26_7 && this.default != other.default {
+        if facts.operator.era().default_nvidia_driver_takes_the_rest()
+            && this.default != other.default
+        {
             continue;
         }
         let shared = outcomes

@@ -2,7 +2,6 @@
 //! about the fleet.
 
 use crate::core::echo::echo;
-use crate::core::operands::Era;
 use crate::core::policy_change::model::{PolicyChange, PolicyReview};
 use crate::core::review::Operation;
 use crate::core::rules::{Change, Found, Rule};
@@ -21,7 +20,7 @@ pub(crate) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
         PolicyChange::ClusterPolicy { after, .. } => {
             // Whether a GPUCluster exists is not known: this ClusterPolicy could make both.
             if review.operation == Operation::Create
-                && after.operator.era() >= Era::V26_7
+                && after.operator.era().has_gpu_cluster()
                 && after.stack == Stack::ClusterPolicy
                 && let Some(why) = &after.gpu_clusters_unknown
             {
@@ -51,7 +50,7 @@ pub(crate) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
             facts,
             cluster_policy: Some(cp),
             ..
-        } if facts.operator.era() >= Era::V26_7
+        } if facts.operator.era().has_gpu_cluster()
             && matches!(review.operation, Operation::Create | Operation::Update) =>
         {
             (
@@ -64,7 +63,7 @@ pub(crate) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
             facts,
             cluster_policy: None,
             ..
-        } if facts.operator.era() >= Era::V26_7
+        } if facts.operator.era().has_gpu_cluster()
             && review.operation == Operation::Create
             && matches!(
                 facts.source,

@@ -7,7 +7,7 @@ use super::{finding, name_nodes, plural};
 use crate::core::echo::echo;
 use crate::core::facts::ClusterFacts;
 use crate::core::nvidia_driver::NvidiaDriver;
-use crate::core::operands::{Era, Operand};
+use crate::core::operands::Operand;
 use crate::core::policy_change::model::{HOST_TOOLKIT_ANNOTATION, Outcome};
 use crate::core::rules::{Found, Rule};
 
@@ -134,7 +134,7 @@ pub(super) fn driver_back_where_served(
         return;
     }
     let resources = echo(&serving.into_iter().collect::<Vec<_>>().join(", ")).into_owned();
-    let kept = if after.operator.era() >= Era::V26_3 {
+    let kept = if after.operator.era().disables_nvidia_drivers_when_crd_off() {
         "the operator sets them disabled and leaves their DaemonSets"
     } else {
         "this operator version goes on reconciling them"
@@ -163,7 +163,10 @@ pub(super) fn runtime_classes_deleted(
     outcomes: &[Outcome<'_, '_>],
     out: &mut Vec<Found>,
 ) {
-    if after.operator.era() < Era::V26_3 || before.nri_plugin || !after.nri_plugin {
+    if !after.operator.era().nri_plugin_deletes_runtime_classes()
+        || before.nri_plugin
+        || !after.nri_plugin
+    {
         return;
     }
     let toolkit = outcomes
