@@ -11,10 +11,11 @@ use std::collections::BTreeMap;
 
 pub use crate::core::era::{OperatorVersion, Outside};
 use crate::core::operands::{
-    DRIVER_PAUSE, Era, GPU_PRESENT_KEY, Labels, MIG_PAUSE, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY,
-    Operand, OperandSet, SandboxMode, Stack, VGPU_PAUSE, Workload, deploy_labels,
-    gpu_cluster_labels, label_set, managed, mig_labelled,
+    Era, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, OperandSet,
+    SandboxMode, Stack, Workload, deploy_labels, gpu_cluster_labels, label_set, managed,
+    mig_labelled,
 };
+pub use crate::core::pauses::restored_value;
 
 const WORKLOAD: &str = "nvidia.com/gpu.workload.config";
 const MIG_CAPABLE: &str = "nvidia.com/mig.capable";
@@ -276,21 +277,6 @@ fn label_actions(
         }
     }
     actions
-}
-
-/// The value a paused label gets back when the pause ends; `None` when it is not paused.
-///
-/// k8s-driver-manager (`maybeSetTrue`): `paused-for-driver-upgrade` → `true`,
-/// `v_paused-for-driver-upgrade` → `v`. mig-parted and vgpu-device-manager: `paused-for-mig-change`
-/// and `paused-for-vgpu-change` → `true`.
-pub fn restored_value(value: &str) -> Option<String> {
-    match value {
-        DRIVER_PAUSE | MIG_PAUSE | VGPU_PAUSE => Some("true".to_owned()),
-        _ => value
-            .strip_suffix(DRIVER_PAUSE)
-            .and_then(|v| v.strip_suffix('_'))
-            .map(|v| restored_value(v).unwrap_or_else(|| v.to_owned())),
-    }
 }
 
 #[cfg(test)]
@@ -796,31 +782,5 @@ mod tests {
             Stack::ClusterPolicy,
         );
         assert_eq!(e.actions[&key("dcgm")], LabelAction::Add);
-    }
-
-    #[test]
-    fn paused_values_come_back() {
-        assert_eq!(
-            restored_value("paused-for-driver-upgrade").as_deref(),
-            Some("true")
-        );
-        assert_eq!(
-            restored_value("paused-for-mig-change").as_deref(),
-            Some("true")
-        );
-        assert_eq!(
-            restored_value("paused-for-vgpu-change").as_deref(),
-            Some("true")
-        );
-        assert_eq!(
-            restored_value("foo_paused-for-driver-upgrade").as_deref(),
-            Some("foo")
-        );
-        assert_eq!(
-            restored_value("pre-installed_paused-for-driver-upgrade").as_deref(),
-            Some("pre-installed")
-        );
-        assert_eq!(restored_value("true"), None);
-        assert_eq!(restored_value("false"), None);
     }
 }

@@ -9,8 +9,8 @@
 //! as it was before a request, not from what the request writes. Labels a component does not
 //! own are not touched by its end.
 
-use crate::core::operands::{DEPLOY_PREFIX, DRIVER_PAUSE, Labels, MIG_PAUSE, VGPU_PAUSE};
-use crate::core::operator::{OperatorVersion, restored_value};
+use crate::core::era::OperatorVersion;
+use crate::core::operands::{DEPLOY_PREFIX, DRIVER_PAUSE, Labels, MIG_PAUSE, Operand, VGPU_PAUSE};
 
 /// How a release's k8s-driver-manager is built: a bash script up to v0.8.1 (GPU Operator up to
 /// v25.3), Go from v0.9.0 (v25.10) (`gpu-operator@<tag> deployments/gpu-operator/values.yaml`,
@@ -73,58 +73,59 @@ impl Pauser {
         }
     }
 
-    /// The deploy labels it reads before pausing and writes back at the end (suffixes), and
+    /// The deploy labels it reads before pausing and writes back at the end, and
     /// whether it writes one only when it had a value. NVIDIA/k8s-driver-manager v0.12.0
     /// `cmd/driver-manager/main.go` (`fetchCurrentLabels`, `rescheduleGPUOperatorComponents`);
     /// NVIDIA/mig-parted v0.15.0 `pkg/mig/reconfigure/reconfigure.go`
     /// (`getCurrentNodeLabels`, `restartKubernetesGPUClients`); NVIDIA/vgpu-device-manager
     /// v0.5.0 `cmd/nvidia-k8s-vgpu-dm/main.go` (`getNodeStateLabels`,
     /// `rescheduleGPUOperands`). Keys an older release does not know are not on its nodes.
-    fn keys(self, build: Build) -> &'static [(&'static str, bool)] {
+    fn keys(self, build: Build) -> &'static [(Operand, bool)] {
+        use Operand as O;
         match self {
             // NVIDIA/k8s-driver-manager v0.8.1 `driver-manager` (`_fetch_current_labels`,
             // `_reschedule_gpu_operator_components`): every key written, an absent one as "".
             Pauser::DriverManager if build == Build::Shell => &[
-                ("operator-validator", false),
-                ("container-toolkit", false),
-                ("device-plugin", false),
-                ("gpu-feature-discovery", false),
-                ("dcgm-exporter", false),
-                ("dcgm", false),
-                ("nvsm", false),
-                ("sandbox-validator", false),
-                ("sandbox-device-plugin", false),
-                ("vgpu-device-manager", false),
+                (O::OperatorValidator, false),
+                (O::ContainerToolkit, false),
+                (O::DevicePlugin, false),
+                (O::GpuFeatureDiscovery, false),
+                (O::DcgmExporter, false),
+                (O::Dcgm, false),
+                (O::Nvsm, false),
+                (O::SandboxValidator, false),
+                (O::SandboxDevicePlugin, false),
+                (O::VgpuDeviceManager, false),
             ],
             Pauser::DriverManager => &[
-                ("operator-validator", false),
-                ("container-toolkit", false),
-                ("device-plugin", false),
-                ("gpu-feature-discovery", false),
-                ("dcgm-exporter", false),
-                ("dcgm", false),
-                ("mig-manager", true),
-                ("nvsm", false),
-                ("sandbox-validator", false),
-                ("sandbox-device-plugin", false),
-                ("vgpu-device-manager", false),
-                ("client", true),
-                ("dra-driver", false),
-                ("dra-validator", false),
-                ("dcgm-dra", false),
-                ("dcgm-exporter-dra", false),
+                (O::OperatorValidator, false),
+                (O::ContainerToolkit, false),
+                (O::DevicePlugin, false),
+                (O::GpuFeatureDiscovery, false),
+                (O::DcgmExporter, false),
+                (O::Dcgm, false),
+                (O::MigManager, true),
+                (O::Nvsm, false),
+                (O::SandboxValidator, false),
+                (O::SandboxDevicePlugin, false),
+                (O::VgpuDeviceManager, false),
+                (O::Client, true),
+                (O::DraDriver, false),
+                (O::DraValidator, false),
+                (O::DcgmDra, false),
+                (O::DcgmExporterDra, false),
             ],
             Pauser::MigManager => &[
-                ("device-plugin", false),
-                ("gpu-feature-discovery", false),
-                ("dcgm-exporter", false),
-                ("dcgm", false),
-                ("nvsm", false),
-                ("client", true),
+                (O::DevicePlugin, false),
+                (O::GpuFeatureDiscovery, false),
+                (O::DcgmExporter, false),
+                (O::Dcgm, false),
+                (O::Nvsm, false),
+                (O::Client, true),
             ],
             Pauser::VgpuDeviceManager => &[
-                ("sandbox-device-plugin", false),
-                ("sandbox-validator", false),
+                (O::SandboxDevicePlugin, false),
+                (O::SandboxValidator, false),
             ],
         }
     }
@@ -179,9 +180,9 @@ pub fn resumes(labels: &Labels, build: Build) -> Vec<(String, Resume)> {
         if !active {
             continue;
         }
-        for (suffix, only_if_set) in pauser.keys(build) {
-            let key = format!("{DEPLOY_PREFIX}{suffix}");
-            let Some(value) = labels.get(&key) else {
+        for (op, only_if_set) in pauser.keys(build) {
+            let key = op.key();
+            let Some(value) = labels.get(key) else {
                 continue;
             };
             if *only_if_set && value.is_empty() {
@@ -193,7 +194,7 @@ pub fn resumes(labels: &Labels, build: Build) -> Vec<(String, Resume)> {
             };
             match out.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, r)) => *r = resume,
-                None => out.push((key, resume)),
+                None => out.push((key.to_owned(), resume)),
             }
         }
     }
@@ -228,6 +229,24 @@ pub fn after_pauses(old: Option<&Labels>, new: &Labels, build: Build) -> Option<
         }
     }
     Some(labels)
+}
+
+/// The value a paused label gets back when the pause ends, as its markers say; `None` when it
+/// is not paused. The one answer to "what does a paused value come back as", for the labelling
+/// model ([`LabelAction::RestoreFromPaused`](crate::core::operator::LabelAction)) and for
+/// [`after_pauses`]; only the shell k8s-driver-manager differs ([`Pauser::resume`]).
+///
+/// k8s-driver-manager (`maybeSetTrue`): `paused-for-driver-upgrade` → `true`,
+/// `v_paused-for-driver-upgrade` → `v`. mig-parted and vgpu-device-manager: `paused-for-mig-change`
+/// and `paused-for-vgpu-change` → `true`.
+pub fn restored_value(value: &str) -> Option<String> {
+    match value {
+        DRIVER_PAUSE | MIG_PAUSE | VGPU_PAUSE => Some("true".to_owned()),
+        _ => value
+            .strip_suffix(DRIVER_PAUSE)
+            .and_then(|v| v.strip_suffix('_'))
+            .map(|v| restored_value(v).unwrap_or_else(|| v.to_owned())),
+    }
 }
 
 #[cfg(test)]
@@ -388,5 +407,31 @@ mod tests {
         assert_eq!(v("v23.9.0"), Build::Shell);
         assert_eq!(v("v25.10.0"), Build::Go);
         assert_eq!(Build::of(&OperatorVersion::newest()), Build::Go);
+    }
+
+    #[test]
+    fn paused_values_come_back() {
+        assert_eq!(
+            restored_value("paused-for-driver-upgrade").as_deref(),
+            Some("true")
+        );
+        assert_eq!(
+            restored_value("paused-for-mig-change").as_deref(),
+            Some("true")
+        );
+        assert_eq!(
+            restored_value("paused-for-vgpu-change").as_deref(),
+            Some("true")
+        );
+        assert_eq!(
+            restored_value("foo_paused-for-driver-upgrade").as_deref(),
+            Some("foo")
+        );
+        assert_eq!(
+            restored_value("pre-installed_paused-for-driver-upgrade").as_deref(),
+            Some("pre-installed")
+        );
+        assert_eq!(restored_value("true"), None);
+        assert_eq!(restored_value("false"), None);
     }
 }
