@@ -143,7 +143,6 @@ impl Ctx<'_, '_> {
         };
         let labels = self.review.labels;
         let facts = self.facts;
-        let version = &facts.operator.version.text;
         // Judged as the operator sees a node NFD has labelled: a node with gpu.present=true
         // and no NFD label is flipped and swept by the operator (`check` shows that pass as
         // it is), but that is NFD's absence, not this request's doing. Nodes without any GPU
@@ -163,150 +162,176 @@ impl Ctx<'_, '_> {
             &facts.sandbox,
             facts.stack,
         );
-        let node = self.node();
         let was_off = old.get(OPERANDS_KEY).is_some_and(|v| v == "false");
         if plan.operands_disabled {
-            if !was_off {
-                let gone: Vec<&str> = deploy_labels(labels)
-                    .filter(|(k, _)| Operand::from_key(k).is_some_and(|op| plan.sweep.contains(op)))
-                    .map(|(k, _)| &k[DEPLOY_PREFIX.len()..])
-                    .collect();
-                if !gone.is_empty() {
-                    out.push(Found {
-                        rule: Rule::OperatorWillRestore,
-                        change: Change::New,
-                        message: format!(
-                            "node {node}: with {OPERANDS_KEY}=false the GPU Operator ({version}) sweeps every deploy \
-                             label it manages ({}), the =false ones too; removing {OPERANDS_KEY} later adds them all \
-                             back as \"true\", so those choices are lost.",
-                            gone.join(", ")
-                        ),
-                        warning: format!(
-                            "{OPERANDS_KEY}=false: the GPU Operator sweeps {} deploy labels; removing it later adds them back as true, =false choices lost",
-                            gone.len()
-                        ),
-                    });
-                }
-            } else {
-                // operands=false stays: every pass deletes the labels it manages, so what the
-                // request writes there is lost.
-                let mut lost: Vec<&str> = self
-                    .changes
-                    .iter()
-                    .filter(|c| c.new.is_some())
-                    .filter_map(|c| Operand::from_key(c.key))
-                    .filter(|op| plan.sweep.contains(*op))
-                    .map(Operand::name)
-                    .collect();
-                if !lost.is_empty() {
-                    lost.sort_unstable();
-                    out.push(Found {
-                        rule: Rule::OperatorWillRestore,
-                        change: Change::New,
-                        message: format!(
-                            "node {node}: {OPERANDS_KEY}=false stays on this node, so the GPU Operator ({version}) \
-                             deletes the deploy labels this request writes ({}) on its next labelling pass, and on \
-                             every pass while it stays; remove {OPERANDS_KEY} first (the operator then adds its \
-                             labels back as \"true\"), then set the ones to keep off to false.",
-                            lost.join(", ")
-                        ),
-                        warning: format!(
-                            "{OPERANDS_KEY}=false stays: the GPU Operator will delete the {} deploy labels this request writes",
-                            lost.len()
-                        ),
-                    });
-                }
-            }
+            self.operands_stay_off(&plan, was_off, out);
             return;
         }
-        if was_off {
-            let mut names: Vec<&str> = plan.added(labels).map(Operand::name).collect();
-            if !names.is_empty() {
-                names.sort_unstable();
+        if was_off && self.operands_back_on(&plan, out) {
+            return;
+        }
+        for change in self.changes {
+            self.change_undone(&plan, change, out);
+        }
+    }
+
+    /// `operands=false` on the node after the request: newly set, the pass sweeps every label
+    /// it manages; already there, it deletes what the request writes.
+    fn operands_stay_off(&self, plan: &Plan, was_off: bool, out: &mut Vec<Found>) {
+        let labels = self.review.labels;
+        let version = &self.facts.operator.version.text;
+        let node = self.node();
+        if !was_off {
+            let gone: Vec<&str> = deploy_labels(labels)
+                .filter(|(k, _)| Operand::from_key(k).is_some_and(|op| plan.sweep.contains(op)))
+                .map(|(k, _)| &k[DEPLOY_PREFIX.len()..])
+                .collect();
+            if !gone.is_empty() {
                 out.push(Found {
                     rule: Rule::OperatorWillRestore,
                     change: Change::New,
                     message: format!(
-                        "node {node}: without {OPERANDS_KEY}=false the GPU Operator ({version}) adds {} back as \"true\" \
-                         on its next labelling pass; set the ones to keep off to false afterwards.",
-                        names.join(", ")
+                        "node {node}: with {OPERANDS_KEY}=false the GPU Operator ({version}) sweeps every deploy \
+                         label it manages ({}), the =false ones too; removing {OPERANDS_KEY} later adds them all \
+                         back as \"true\", so those choices are lost.",
+                        gone.join(", ")
                     ),
                     warning: format!(
-                        "{OPERANDS_KEY} no longer false: the GPU Operator will add {} deploy labels back as true",
-                        names.len()
+                        "{OPERANDS_KEY}=false: the GPU Operator sweeps {} deploy labels; removing it later adds them back as true, =false choices lost",
+                        gone.len()
                     ),
                 });
-                return;
+            }
+        } else {
+            // operands=false stays: every pass deletes the labels it manages, so what the
+            // request writes there is lost.
+            let mut lost: Vec<&str> = self
+                .changes
+                .iter()
+                .filter(|c| c.new.is_some())
+                .filter_map(|c| Operand::from_key(c.key))
+                .filter(|op| plan.sweep.contains(*op))
+                .map(Operand::name)
+                .collect();
+            if !lost.is_empty() {
+                lost.sort_unstable();
+                out.push(Found {
+                    rule: Rule::OperatorWillRestore,
+                    change: Change::New,
+                    message: format!(
+                        "node {node}: {OPERANDS_KEY}=false stays on this node, so the GPU Operator ({version}) \
+                         deletes the deploy labels this request writes ({}) on its next labelling pass, and on \
+                         every pass while it stays; remove {OPERANDS_KEY} first (the operator then adds its \
+                         labels back as \"true\"), then set the ones to keep off to false.",
+                        lost.join(", ")
+                    ),
+                    warning: format!(
+                        "{OPERANDS_KEY}=false stays: the GPU Operator will delete the {} deploy labels this request writes",
+                        lost.len()
+                    ),
+                });
             }
         }
-        for &LabelChange {
+    }
+
+    /// `operands=false` removed: the pass adds the node's labels back as `true`. Whether it
+    /// found any (then the labels the request changes need no finding of their own).
+    fn operands_back_on(&self, plan: &Plan, out: &mut Vec<Found>) -> bool {
+        let version = &self.facts.operator.version.text;
+        let node = self.node();
+        let mut names: Vec<&str> = plan.added(self.review.labels).map(Operand::name).collect();
+        if names.is_empty() {
+            return false;
+        }
+        names.sort_unstable();
+        out.push(Found {
+            rule: Rule::OperatorWillRestore,
+            change: Change::New,
+            message: format!(
+                "node {node}: without {OPERANDS_KEY}=false the GPU Operator ({version}) adds {} back as \"true\" \
+                 on its next labelling pass; set the ones to keep off to false afterwards.",
+                names.join(", ")
+            ),
+            warning: format!(
+                "{OPERANDS_KEY} no longer false: the GPU Operator will add {} deploy labels back as true",
+                names.len()
+            ),
+        });
+        true
+    }
+
+    /// One label the request changes that the pass undoes: sweeps a value it sets, or adds a
+    /// label it removes or empties back as `true`.
+    fn change_undone(&self, plan: &Plan, change: &LabelChange<'_>, out: &mut Vec<Found>) {
+        let &LabelChange {
             key,
             old: old_value,
             new: new_value,
-        } in self.changes
-        {
-            let Some(op) = Operand::from_key(key) else {
-                continue;
-            };
-            let after = plan.value_after(op, new_value);
-            if let (Some(value), None) = (new_value, after) {
-                let where_ = match (plan.applied, plan.workload) {
-                    (Some(Stack::GpuCluster), _) => {
-                        "the GPUCluster (DRA) stack's deploy labels".to_owned()
-                    }
-                    (_, Some(w)) => format!("a {} node's deploy labels", w.name()),
-                    (_, None) => format!("the deploy labels of a node with {GPU_PRESENT_KEY}=true"),
-                };
-                out.push(Found {
-                    rule: Rule::OperatorWillRestore,
-                    change: Change::New,
-                    message: format!(
-                        "node {node}: this request sets {key}={value:?}, but the GPU Operator ({version}) sweeps \
-                         it on its next labelling pass: it is not one of {where_}."
-                    ),
-                    warning: format!(
-                        "{key}={value:?}: the GPU Operator will sweep it (not one of {where_})"
-                    ),
-                });
-                continue;
-            }
-            let what = match (old_value, new_value) {
-                (Some(_), None) if after == Some("true") => "removes",
-                (Some(o), Some("")) if !o.is_empty() && after == Some("true") => "empties",
-                _ => continue,
-            };
-            let done = if what == "removes" {
-                "removed"
-            } else {
-                "emptied"
-            };
-            // `container-toolkit=false` under a running device plugin is itself refused:
-            // the advice must name the device plugin too.
-            let plugin = Operand::DevicePlugin.key();
-            let strands_plugin = op == Operand::ContainerToolkit
-                && self.after.contains(Operand::DevicePlugin)
-                && facts.toolkit_managed;
-            let (fix, short_fix) = if strands_plugin {
-                (
-                    format!("set {key}=false together with {plugin}=false to keep the toolkit off"),
-                    "keep it off only with device-plugin=false too",
-                )
-            } else {
-                (
-                    format!("set {key}=false to keep {op} off"),
-                    "use =false to keep it off",
-                )
+        } = change;
+        let facts = self.facts;
+        let version = &facts.operator.version.text;
+        let node = self.node();
+        let Some(op) = Operand::from_key(key) else {
+            return;
+        };
+        let after = plan.value_after(op, new_value);
+        if let (Some(value), None) = (new_value, after) {
+            let where_ = match (plan.applied, plan.workload) {
+                (Some(Stack::GpuCluster), _) => {
+                    "the GPUCluster (DRA) stack's deploy labels".to_owned()
+                }
+                (_, Some(w)) => format!("a {} node's deploy labels", w.name()),
+                (_, None) => format!("the deploy labels of a node with {GPU_PRESENT_KEY}=true"),
             };
             out.push(Found {
                 rule: Rule::OperatorWillRestore,
                 change: Change::New,
                 message: format!(
-                    "node {node}: this request {what} {key}, but the GPU Operator ({version}) adds it back \
-                     as \"true\" on its next labelling pass; {fix}."
+                    "node {node}: this request sets {key}={value:?}, but the GPU Operator ({version}) sweeps \
+                     it on its next labelling pass: it is not one of {where_}."
                 ),
-                warning: format!("{key} {done}: the GPU Operator will add it back as true; {short_fix}"),
+                warning: format!(
+                    "{key}={value:?}: the GPU Operator will sweep it (not one of {where_})"
+                ),
             });
+            return;
         }
+        let what = match (old_value, new_value) {
+            (Some(_), None) if after == Some("true") => "removes",
+            (Some(o), Some("")) if !o.is_empty() && after == Some("true") => "empties",
+            _ => return,
+        };
+        let done = if what == "removes" {
+            "removed"
+        } else {
+            "emptied"
+        };
+        // `container-toolkit=false` under a running device plugin is itself refused:
+        // the advice must name the device plugin too.
+        let plugin = Operand::DevicePlugin.key();
+        let strands_plugin = op == Operand::ContainerToolkit
+            && self.after.contains(Operand::DevicePlugin)
+            && facts.toolkit_managed;
+        let (fix, short_fix) = if strands_plugin {
+            (
+                format!("set {key}=false together with {plugin}=false to keep the toolkit off"),
+                "keep it off only with device-plugin=false too",
+            )
+        } else {
+            (
+                format!("set {key}=false to keep {op} off"),
+                "use =false to keep it off",
+            )
+        };
+        out.push(Found {
+            rule: Rule::OperatorWillRestore,
+            change: Change::New,
+            message: format!(
+                "node {node}: this request {what} {key}, but the GPU Operator ({version}) adds it back \
+                 as \"true\" on its next labelling pass; {fix}."
+            ),
+            warning: format!("{key} {done}: the GPU Operator will add it back as true; {short_fix}"),
+        });
     }
 }
 

@@ -25,15 +25,13 @@ pub(crate) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
                 && let Some(why) = &after.gpu_clusters_unknown
             {
                 let version = &after.operator.version.text;
-                return Some(Found {
-                    rule: Rule::GpuClusterConflict,
-                    change: Change::New,
-                    message: format!(
-                        "{object}: whether a GPUCluster exists is not known ({why}), and the GPU Operator \
-                         ({version}) reconciles neither while both exist: retry once the guard can read the GPUClusters."
-                    ),
-                    warning: format!("{object}: whether a GPUCluster exists is not known"),
-                });
+                return Some(not_known(
+                    &object,
+                    "GPUCluster",
+                    "GPUClusters",
+                    why,
+                    version,
+                ));
             }
             if after.stack.in_era(after.operator.era()) != Stack::Both
                 || review.operation == Operation::Delete
@@ -75,19 +73,41 @@ pub(crate) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
             // Whether a ClusterPolicy exists is not known: the GPUCluster could make both.
             let version = &facts.operator.version.text;
             let why = facts.source.describe();
-            return Some(Found {
-                rule: Rule::GpuClusterConflict,
-                change: Change::New,
-                message: format!(
-                    "{object}: whether a ClusterPolicy exists is not known ({why}), and the GPU Operator ({version}) \
-                     reconciles neither while both exist: retry once the guard can read the ClusterPolicies."
-                ),
-                warning: format!("{object}: whether a ClusterPolicy exists is not known"),
-            });
+            return Some(not_known(
+                &object,
+                "ClusterPolicy",
+                "ClusterPolicies",
+                &why,
+                version,
+            ));
         }
         _ => return None,
     };
-    let version = &facts.operator.version.text;
+    Some(both_exist(
+        &object,
+        &other,
+        &facts.operator.version.text,
+        creates,
+    ))
+}
+
+/// Whether the other custom resource exists is not known (`kind`, read as `kinds`): the request
+/// could make both exist.
+fn not_known(object: &str, kind: &str, kinds: &str, why: &str, version: &str) -> Found {
+    Found {
+        rule: Rule::GpuClusterConflict,
+        change: Change::New,
+        message: format!(
+            "{object}: whether a {kind} exists is not known ({why}), and the GPU Operator ({version}) \
+             reconciles neither while both exist: retry once the guard can read the {kinds}."
+        ),
+        warning: format!("{object}: whether a {kind} exists is not known"),
+    }
+}
+
+/// `other` exists besides `object`: a request that `creates` it makes the conflict, any other
+/// finds it there already.
+fn both_exist(object: &str, other: &str, version: &str, creates: bool) -> Found {
     let (message, warning, change) = if creates {
         (
             format!(
@@ -108,10 +128,10 @@ pub(crate) fn stacks_conflict(review: &PolicyReview<'_>) -> Option<Found> {
             Change::Existing,
         )
     };
-    Some(Found {
+    Found {
         rule: Rule::GpuClusterConflict,
         change,
         message,
         warning,
-    })
+    }
 }
