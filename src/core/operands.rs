@@ -589,106 +589,124 @@ mod tests {
     /// row (and its variant) is therefore all a new operand needs.
     #[test]
     fn every_column_is_what_the_model_reads() {
-        use crate::core::facts::switched_off;
         for info in &OPERANDS {
-            let op = info.operand;
-            assert_eq!(op.info().key, info.key);
-            assert_eq!(Operand::from_key(info.key), Some(op));
-            for name in info.daemonsets {
-                let name = name.replace('*', "x-5.15");
-                assert_eq!(Operand::of_daemonset(&name), Some(op), "{name}");
-            }
-            for w in [
-                Wait::Toolkit,
-                Wait::ToolkitReady,
-                Wait::SandboxValidator,
-                Wait::DraDriver,
-            ] {
-                assert_eq!(op.waits_for(w), info.waits.contains(&w), "{op:?} {w:?}");
-            }
-            assert_eq!(op.column(), info.column);
-            assert_eq!(Operand::always_shown().any(|o| o == op), info.always_shown);
-            // The switch, and the sandbox workloads it needs: off when its own switch is off,
-            // or when sandbox workloads are.
-            let off = |field: &str, sandbox: bool| {
-                let Ok(set) = switched_off(|f, _| {
-                    Ok::<bool, std::convert::Infallible>(if f == "sandboxWorkloads" {
-                        sandbox
-                    } else {
-                        f != field
-                    })
-                });
-                set.contains(op)
-            };
-            match info.switch {
-                Some(s) => assert!(off(s.field, true), "{op:?}: its switch"),
-                None => assert!(!off("-", true), "{op:?} has no switch"),
-            }
-            assert_eq!(off("-", false), info.needs_sandbox(), "{op:?}: sandbox");
+            lookups_read_the_row(info);
             for era in Era::ALL {
-                let has = era >= info.since;
                 for mode in SandboxMode::ALL {
-                    let sets = |w| label_set(era, w, mode).contains(op);
-                    let want = |w| match info.labelled {
-                        Labelled::In(s) => has && s.intersects(Sets::of(w, mode.in_era(era))),
-                        _ => false,
-                    };
-                    for w in Workload::ALL {
-                        assert_eq!(sets(w), want(w), "{op:?} {era:?} {w:?} {mode:?}");
-                    }
-                    let deployed = info.has_daemonset()
-                        && has
-                        && era <= info.until
-                        && info.labelled != Labelled::Swept
-                        && (era < Era::V26_3 || info.mode.is_none_or(|m| m == mode));
-                    assert_eq!(
-                        !not_deployed(era, mode, Stack::ClusterPolicy).contains(op),
-                        deployed || !info.has_daemonset(),
-                        "{op:?} {era:?} {mode:?}: deployed"
-                    );
-                    // Before v26.7 a GPUCluster stack is the ClusterPolicy's.
-                    if era < Era::V26_7 {
-                        assert_eq!(
-                            not_deployed(era, mode, Stack::GpuCluster),
-                            not_deployed(era, mode, Stack::ClusterPolicy)
-                        );
-                    }
+                    cluster_policy_model_reads_the_row(info, era, mode);
                 }
-                // The GPUCluster stack deploys its own operands and what NVIDIADriver resources
-                // render (driver, vGPU manager), labels its set and sweeps the rest.
-                let (set, sweep) = gpu_cluster_labels(era);
-                let on_gc = matches!(
-                    info.on_gpu_cluster,
-                    OnGpuCluster::Added(_) | OnGpuCluster::Kept
-                );
-                if era >= Era::V26_7 {
-                    assert_eq!(
-                        !not_deployed(era, SandboxMode::KubeVirt, Stack::GpuCluster).contains(op),
-                        (has && on_gc) || !info.has_daemonset(),
-                        "{op:?} {era:?}: deployed on the GPUCluster stack"
-                    );
-                }
-                assert_eq!(
-                    set.contains(op),
-                    has && matches!(info.on_gpu_cluster, OnGpuCluster::Added(_)),
-                    "{op:?} {era:?}: GPUCluster set"
-                );
-                assert_eq!(
-                    sweep.contains(op),
-                    has && info.on_gpu_cluster == OnGpuCluster::Swept,
-                    "{op:?} {era:?}: GPUCluster sweep"
-                );
-                assert_eq!(
-                    managed(era).contains(op),
-                    has && info.labelled != Labelled::No,
-                    "{op:?} {era:?}: managed"
-                );
-                assert_eq!(
-                    mig_labelled(era).contains(op),
-                    has && info.labelled == Labelled::MigCapable
-                );
+                gpu_cluster_model_reads_the_row(info, era);
             }
         }
+    }
+
+    /// The operand's key, DaemonSets, waits, column, switch and sandbox need are its row's.
+    fn lookups_read_the_row(info: &OperandInfo) {
+        use crate::core::facts::switched_off;
+        let op = info.operand;
+        assert_eq!(op.info().key, info.key);
+        assert_eq!(Operand::from_key(info.key), Some(op));
+        for name in info.daemonsets {
+            let name = name.replace('*', "x-5.15");
+            assert_eq!(Operand::of_daemonset(&name), Some(op), "{name}");
+        }
+        for w in [
+            Wait::Toolkit,
+            Wait::ToolkitReady,
+            Wait::SandboxValidator,
+            Wait::DraDriver,
+        ] {
+            assert_eq!(op.waits_for(w), info.waits.contains(&w), "{op:?} {w:?}");
+        }
+        assert_eq!(op.column(), info.column);
+        assert_eq!(Operand::always_shown().any(|o| o == op), info.always_shown);
+        // The switch, and the sandbox workloads it needs: off when its own switch is off,
+        // or when sandbox workloads are.
+        let off = |field: &str, sandbox: bool| {
+            let Ok(set) = switched_off(|f, _| {
+                Ok::<bool, std::convert::Infallible>(if f == "sandboxWorkloads" {
+                    sandbox
+                } else {
+                    f != field
+                })
+            });
+            set.contains(op)
+        };
+        match info.switch {
+            Some(s) => assert!(off(s.field, true), "{op:?}: its switch"),
+            None => assert!(!off("-", true), "{op:?} has no switch"),
+        }
+        assert_eq!(off("-", false), info.needs_sandbox(), "{op:?}: sandbox");
+    }
+
+    /// The ClusterPolicy stack's label sets and deployments in this era and mode.
+    fn cluster_policy_model_reads_the_row(info: &OperandInfo, era: Era, mode: SandboxMode) {
+        let op = info.operand;
+        let has = era >= info.since;
+        let sets = |w| label_set(era, w, mode).contains(op);
+        let want = |w| match info.labelled {
+            Labelled::In(s) => has && s.intersects(Sets::of(w, mode.in_era(era))),
+            _ => false,
+        };
+        for w in Workload::ALL {
+            assert_eq!(sets(w), want(w), "{op:?} {era:?} {w:?} {mode:?}");
+        }
+        let deployed = info.has_daemonset()
+            && has
+            && era <= info.until
+            && info.labelled != Labelled::Swept
+            && (era < Era::V26_3 || info.mode.is_none_or(|m| m == mode));
+        assert_eq!(
+            !not_deployed(era, mode, Stack::ClusterPolicy).contains(op),
+            deployed || !info.has_daemonset(),
+            "{op:?} {era:?} {mode:?}: deployed"
+        );
+        // Before v26.7 a GPUCluster stack is the ClusterPolicy's.
+        if era < Era::V26_7 {
+            assert_eq!(
+                not_deployed(era, mode, Stack::GpuCluster),
+                not_deployed(era, mode, Stack::ClusterPolicy)
+            );
+        }
+    }
+
+    /// The GPUCluster stack deploys its own operands and what NVIDIADriver resources render
+    /// (driver, vGPU manager), labels its set and sweeps the rest; and the keys every pass
+    /// manages.
+    fn gpu_cluster_model_reads_the_row(info: &OperandInfo, era: Era) {
+        let op = info.operand;
+        let has = era >= info.since;
+        let (set, sweep) = gpu_cluster_labels(era);
+        let on_gc = matches!(
+            info.on_gpu_cluster,
+            OnGpuCluster::Added(_) | OnGpuCluster::Kept
+        );
+        if era >= Era::V26_7 {
+            assert_eq!(
+                !not_deployed(era, SandboxMode::KubeVirt, Stack::GpuCluster).contains(op),
+                (has && on_gc) || !info.has_daemonset(),
+                "{op:?} {era:?}: deployed on the GPUCluster stack"
+            );
+        }
+        assert_eq!(
+            set.contains(op),
+            has && matches!(info.on_gpu_cluster, OnGpuCluster::Added(_)),
+            "{op:?} {era:?}: GPUCluster set"
+        );
+        assert_eq!(
+            sweep.contains(op),
+            has && info.on_gpu_cluster == OnGpuCluster::Swept,
+            "{op:?} {era:?}: GPUCluster sweep"
+        );
+        assert_eq!(
+            managed(era).contains(op),
+            has && info.labelled != Labelled::No,
+            "{op:?} {era:?}: managed"
+        );
+        assert_eq!(
+            mig_labelled(era).contains(op),
+            has && info.labelled == Labelled::MigCapable
+        );
     }
 
     #[test]

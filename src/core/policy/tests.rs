@@ -1299,21 +1299,24 @@ fn assessing_leaves_out_rules_that_are_off_and_follows_the_cluster_facts() {
     assert!(assess("lab-node-0", &l, &host_toolkit, &Policy::default()).is_empty());
 }
 
-/// The webhook hands `decide` only the labels `reads_label` keeps. Over many label states,
-/// transitions, cluster facts and policies, the verdict on the kept labels must be the verdict on
-/// all of them; a rule that starts reading another label fails here until `reads_label` says so.
-#[test]
-fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
-    // A small deterministic generator (xorshift): the same states on every run.
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move |n: usize| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed % n as u64) as usize
-    };
-    let custom_pool = "example.com/gpu-pool";
-    let kernel = "feature.node.kubernetes.io/kernel-version.full";
+/// A small deterministic generator (xorshift): the same states on every run.
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn next(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+const CUSTOM_POOL: &str = "example.com/gpu-pool";
+const KERNEL: &str = "feature.node.kubernetes.io/kernel-version.full";
+
+/// The keys the generated label states draw from: every deploy label and the labels a rule or
+/// the operator's pass may read, and some nobody reads.
+fn keys_to_vary() -> Vec<String> {
     let mut keys: Vec<String> = Operand::all().map(|op| op.key().to_owned()).collect();
     keys.extend(
         [
@@ -1323,8 +1326,8 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
             GPU_PRESENT_KEY,
             NFD_NVIDIA_PCI_KEYS[0],
             NFD_NVIDIA_PCI_KEYS[2],
-            custom_pool,
-            kernel,
+            CUSTOM_POOL,
+            KERNEL,
             "kubernetes.io/hostname",
             "nvidia.com/gpu.product",
             "nvidia.com/gpu.workload.config",
@@ -1336,19 +1339,26 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
         ]
         .map(str::to_owned),
     );
-    let values = [
-        "true",
-        "false",
-        "",
-        "pre-installed",
-        "paused-for-mig-change",
-        "a",
-        "yes",
-        "vm-passthrough",
-        "vm-vgpu",
-        "NVIDIA-A100-SXM4-80GB",
-    ];
-    let facts = [
+    keys
+}
+
+/// The values the generated label states draw from.
+const VALUES_TO_VARY: [&str; 10] = [
+    "true",
+    "false",
+    "",
+    "pre-installed",
+    "paused-for-mig-change",
+    "a",
+    "yes",
+    "vm-passthrough",
+    "vm-vgpu",
+    "NVIDIA-A100-SXM4-80GB",
+];
+
+/// The cluster facts each generated state is decided under.
+fn facts_to_vary() -> [ClusterFacts; 5] {
+    [
         ClusterFacts::default(),
         ClusterFacts {
             toolkit_managed: false,
@@ -1365,10 +1375,10 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
             selectors: [
                 (
                     Operand::DevicePlugin,
-                    labels(&[(custom_pool, "a"), ("device-plugin", "true")]),
+                    labels(&[(CUSTOM_POOL, "a"), ("device-plugin", "true")]),
                 ),
-                (Operand::ContainerToolkit, labels(&[(kernel, "true")])),
-                (Operand::OperatorValidator, labels(&[(custom_pool, "a")])),
+                (Operand::ContainerToolkit, labels(&[(KERNEL, "true")])),
+                (Operand::OperatorValidator, labels(&[(CUSTOM_POOL, "a")])),
             ]
             .into_iter()
             .collect(),
@@ -1383,7 +1393,11 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
                 mode: crate::core::operands::SandboxMode::Kata,
             },
         ),
-    ];
+    ]
+}
+
+/// The policies each generated state is decided under.
+fn policies_to_vary() -> [Policy; 3] {
     let strict = Policy {
         actions: [Action::Deny; RULES.len()],
         enforce_on_create: true,
@@ -1394,80 +1408,128 @@ fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
         ..Policy::default()
     };
     warn_only.exemptions.usernames.push("admin".to_owned());
-    let policies = [Policy::default(), strict, warn_only];
+    [Policy::default(), strict, warn_only]
+}
 
-    let random_labels = |next: &mut dyn FnMut(usize) -> usize| -> Labels {
-        let count = next(keys.len());
-        (0..count)
-            .map(|_| {
-                (
-                    keys[next(keys.len())].clone(),
-                    values[next(values.len())].to_owned(),
-                )
-            })
-            .collect()
-    };
-    let kept = |l: &Labels, facts: &ClusterFacts| -> Labels {
+fn random_labels(rng: &mut Xorshift, keys: &[String]) -> Labels {
+    let count = rng.next(keys.len());
+    (0..count)
+        .map(|_| {
+            (
+                keys[rng.next(keys.len())].clone(),
+                VALUES_TO_VARY[rng.next(VALUES_TO_VARY.len())].to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A small edit of `old`, like a real `kubectl label`.
+fn edited_labels(rng: &mut Xorshift, keys: &[String], old: &Labels) -> Labels {
+    let mut new = old.clone();
+    for _ in 0..=rng.next(3) {
+        let key = keys[rng.next(keys.len())].clone();
+        match rng.next(3) {
+            0 => new.remove(&key),
+            _ => new.insert(
+                key,
+                VALUES_TO_VARY[rng.next(VALUES_TO_VARY.len())].to_owned(),
+            ),
+        };
+    }
+    new
+}
+
+/// How often the generated states reached each side of the question.
+#[derive(Default)]
+struct Reached {
+    dropped_some: usize,
+    denied: usize,
+    restored: usize,
+}
+
+/// The verdict on the labels `reads_label` keeps is the verdict on all of them, under every
+/// policy.
+fn same_verdict_on_kept_labels(
+    (old, new): (&Labels, &Labels),
+    (operation, username): (Operation, &str),
+    facts: &ClusterFacts,
+    policies: &[Policy],
+    reached: &mut Reached,
+) {
+    let kept = |l: &Labels| -> Labels {
         l.iter()
             .filter(|(k, _)| reads_label(k, facts))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     };
-    let mut dropped_some = 0;
-    let mut denied = 0;
-    let mut restored = 0;
-    for i in 0..3000 {
-        let old = random_labels(&mut next);
-        // Half the new states are small edits of the old one, like a real `kubectl label`.
-        let new = if i % 2 == 0 {
-            let mut new = old.clone();
-            for _ in 0..=next(3) {
-                let key = keys[next(keys.len())].clone();
-                match next(3) {
-                    0 => new.remove(&key),
-                    _ => new.insert(key, values[next(values.len())].to_owned()),
-                };
-            }
-            new
-        } else {
-            random_labels(&mut next)
+    let (old_kept, new_kept) = (kept(old), kept(new));
+    reached.dropped_some += usize::from(new_kept.len() < new.len());
+    for policy in policies {
+        let review = |old: &Labels, new: &Labels| {
+            let old = (operation != Operation::Create).then_some(old);
+            let review = Review {
+                node: "n",
+                operation,
+                old_labels: old,
+                labels: new,
+                username,
+                groups: &[],
+                dry_run: false,
+                unknown_not_copied: 0,
+            };
+            decide(&review, facts, policy)
         };
-        let operation = [Operation::Update, Operation::Create, Operation::Delete][next(3)];
-        let username = ["admin", "system:serviceaccount:gpu-operator:gpu-operator"][next(2)];
+        let full = review(old, new);
+        reached.denied += usize::from(!full.allowed());
+        reached.restored += usize::from(
+            full.findings
+                .iter()
+                .any(|f| f.rule == Rule::OperatorWillRestore),
+        );
+        assert_eq!(
+            review(&old_kept, &new_kept),
+            full,
+            "{operation:?} by {username}, facts {facts:?}, policy {policy:?}\nold {old:?}\nnew {new:?}"
+        );
+    }
+}
+
+/// The webhook hands `decide` only the labels `reads_label` keeps. Over many label states,
+/// transitions, cluster facts and policies, the verdict on the kept labels must be the verdict on
+/// all of them; a rule that starts reading another label fails here until `reads_label` says so.
+#[test]
+fn deciding_on_the_labels_reads_label_keeps_gives_the_same_verdicts() {
+    let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15);
+    let keys = keys_to_vary();
+    let facts = facts_to_vary();
+    let policies = policies_to_vary();
+    let mut reached = Reached::default();
+    for i in 0..3000 {
+        let old = random_labels(&mut rng, &keys);
+        // Half the new states are small edits of the old one.
+        let new = if i % 2 == 0 {
+            edited_labels(&mut rng, &keys, &old)
+        } else {
+            random_labels(&mut rng, &keys)
+        };
+        let operation = [Operation::Update, Operation::Create, Operation::Delete][rng.next(3)];
+        let username = ["admin", "system:serviceaccount:gpu-operator:gpu-operator"][rng.next(2)];
         for facts in &facts {
-            let (old_kept, new_kept) = (kept(&old, facts), kept(&new, facts));
-            dropped_some += usize::from(new_kept.len() < new.len());
-            for policy in &policies {
-                let review = |old: &Labels, new: &Labels| {
-                    let old = (operation != Operation::Create).then_some(old);
-                    let review = Review {
-                        node: "n",
-                        operation,
-                        old_labels: old,
-                        labels: new,
-                        username,
-                        groups: &[],
-                        dry_run: false,
-                        unknown_not_copied: 0,
-                    };
-                    decide(&review, facts, policy)
-                };
-                let full = review(&old, &new);
-                denied += usize::from(!full.allowed());
-                restored += usize::from(
-                    full.findings
-                        .iter()
-                        .any(|f| f.rule == Rule::OperatorWillRestore),
-                );
-                assert_eq!(
-                    review(&old_kept, &new_kept),
-                    full,
-                    "{operation:?} by {username}, facts {facts:?}, policy {policy:?}\nold {old:?}\nnew {new:?}"
-                );
-            }
+            same_verdict_on_kept_labels(
+                (&old, &new),
+                (operation, username),
+                facts,
+                &policies,
+                &mut reached,
+            );
         }
     }
     // The generator must reach both sides of the question, or the test proves nothing.
+    let Reached {
+        dropped_some,
+        denied,
+        restored,
+    } = reached;
     assert!(
         dropped_some > 1000,
         "labels dropped in {dropped_some} states"
@@ -1862,11 +1924,8 @@ fn a_cc_capable_node_without_its_cc_manager_hangs_the_sandbox_operands() {
     );
 }
 
-/// The sandbox validator's later steps stop on a missing component as the cc-manager step
-/// does: vfio-pci on vm-passthrough nodes, vgpu-manager and vgpu-devices on vm-vgpu nodes,
-/// and, before v26.7, a vGPU device manager that waits for the operator's vGPU manager only.
-#[test]
-fn a_sandbox_validator_step_whose_component_does_not_run_hangs_the_sandbox_operands() {
+/// A vm-passthrough and a vm-vgpu node with every component of their workload labelled on.
+fn sandbox_nodes() -> (Labels, Labels) {
     let gpu = [
         ("feature.node.kubernetes.io/pci-10de.present", "true"),
         ("nvidia.com/gpu.present", "true"),
@@ -1893,17 +1952,37 @@ fn a_sandbox_validator_step_whose_component_does_not_run_hangs_the_sandbox_opera
             ("cc-manager", Some("true")),
         ],
     );
-    let kubevirt = sandbox_on(crate::core::operands::SandboxMode::KubeVirt);
-    let stuck = |facts: &ClusterFacts, old: &Labels, new: &Labels| {
-        update_with("n", old, new, facts, &Policy::default())
-            .findings
-            .into_iter()
-            .filter(|f| f.rule == Rule::OperandWithoutSandboxValidator)
-            .map(|f| (f.change, f.message))
-            .collect::<Vec<_>>()
-    };
-    let v25 = facts_for("v25.3.4", kubevirt.clone());
-    let v26_7 = facts_for("v26.7.0", kubevirt.clone());
+    (passthrough, vgpu)
+}
+
+/// Sandbox workloads on in kubevirt mode, under this version.
+fn kubevirt_facts(version: &str) -> ClusterFacts {
+    facts_for(
+        version,
+        sandbox_on(crate::core::operands::SandboxMode::KubeVirt),
+    )
+}
+
+/// The `operand-without-sandbox-validator` findings of an update: whether new, and the message.
+fn sandbox_stuck(facts: &ClusterFacts, old: &Labels, new: &Labels) -> Vec<(Change, String)> {
+    update_with("n", old, new, facts, &Policy::default())
+        .findings
+        .into_iter()
+        .filter(|f| f.rule == Rule::OperandWithoutSandboxValidator)
+        .map(|f| (f.change, f.message))
+        .collect::<Vec<_>>()
+}
+
+/// The sandbox validator's later steps stop on a missing component as the cc-manager step
+/// does: vfio-pci on vm-passthrough nodes (here), vgpu-manager and vgpu-devices on vm-vgpu
+/// nodes, and, before v26.7, a vGPU device manager that waits for the operator's vGPU manager
+/// only (the tests below).
+#[test]
+fn a_sandbox_validator_step_whose_component_does_not_run_hangs_the_sandbox_operands() {
+    let (passthrough, vgpu) = sandbox_nodes();
+    let stuck = sandbox_stuck;
+    let v25 = kubevirt_facts("v25.3.4");
+    let v26_7 = kubevirt_facts("v26.7.0");
 
     // Every component running: nothing, on either workload and version.
     for facts in [&v25, &v26_7] {
@@ -1925,6 +2004,14 @@ fn a_sandbox_validator_step_whose_component_does_not_run_hangs_the_sandbox_opera
     let mut own_vfio = v25.clone();
     own_vfio.disabled.insert(Operand::VfioManager);
     assert!(stuck(&own_vfio, &passthrough, &no_vfio).is_empty());
+}
+
+#[test]
+fn a_vgpu_step_whose_component_does_not_run_hangs_the_sandbox_operands() {
+    let (_, vgpu) = sandbox_nodes();
+    let stuck = sandbox_stuck;
+    let v25 = kubevirt_facts("v25.3.4");
+    let v26_7 = kubevirt_facts("v26.7.0");
 
     // vgpu-manager labelled off: the vgpu-manager step waits; both the sandbox device plugin
     // and the vGPU device manager hang behind it.
@@ -1951,6 +2038,14 @@ fn a_sandbox_validator_step_whose_component_does_not_run_hangs_the_sandbox_opera
         "{}",
         found[0].1
     );
+}
+
+#[test]
+fn a_host_installed_vgpu_manager_hangs_the_vgpu_device_manager_before_v26_7() {
+    let (_, vgpu) = sandbox_nodes();
+    let stuck = sandbox_stuck;
+    let v25 = kubevirt_facts("v25.3.4");
+    let v26_7 = kubevirt_facts("v26.7.0");
 
     // A host-installed vGPU manager (switched off in the ClusterPolicy): before v26.7 the
     // device manager waits for the operator's one for ever; v26.7 accepts the host's.
@@ -1968,6 +2063,13 @@ fn a_sandbox_validator_step_whose_component_does_not_run_hangs_the_sandbox_opera
     let mut host = v26_7.clone();
     host.disabled.insert(Operand::VgpuManager);
     assert!(stuck(&host, &vgpu, &vgpu).is_empty());
+}
+
+#[test]
+fn the_validator_has_no_cc_manager_step_before_v23_6() {
+    let (passthrough, _) = sandbox_nodes();
+    let stuck = sandbox_stuck;
+    let v25 = kubevirt_facts("v25.3.4");
 
     // Before v23.6 the validator has no cc-manager step: a cc-capable node without one is fine.
     let cc = with(
@@ -1977,7 +2079,7 @@ fn a_sandbox_validator_step_whose_component_does_not_run_hangs_the_sandbox_opera
             ("cc-manager", Some("false")),
         ],
     );
-    assert!(stuck(&facts_for("v23.3.0", kubevirt.clone()), &passthrough, &cc).is_empty());
+    assert!(stuck(&kubevirt_facts("v23.3.0"), &passthrough, &cc).is_empty());
     assert_eq!(stuck(&v25, &passthrough, &cc).len(), 1);
 }
 

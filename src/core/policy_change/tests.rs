@@ -899,13 +899,12 @@ fn from_v26_7_a_default_nvidiadriver_shares_nodes_without_conflict_but_two_defau
     assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
 }
 
-/// v26.7: a ClusterPolicy created while a GPUCluster exists, or a GPUCluster while a
-/// ClusterPolicy exists, stops the operator: refused, and nothing else is judged; a change of
-/// either while both exist is said, and a ClusterPolicy change is judged too as it will act once
-/// the GPUCluster goes; before v26.7 a GPUCluster means nothing.
+/// v26.7: a ClusterPolicy created while a GPUCluster exists (or a GPUCluster while a
+/// ClusterPolicy exists, the next test) stops the operator: refused, and nothing else is judged;
+/// a change of either while both exist is said, and a ClusterPolicy change is judged too as it
+/// will act once the GPUCluster goes; before v26.7 a GPUCluster means nothing.
 #[test]
 fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
-    use crate::core::facts::PolicySource;
     use crate::core::operands::Stack;
     let mut both = operator_defaults();
     both.stack = Stack::Both;
@@ -959,7 +958,14 @@ fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
     let v = over(&cp_review(&old, &old_off, None), &groups);
     assert_eq!(v.decision, Decision::Denied);
     assert_eq!(v.findings[0].rule, Rule::ToolkitSwitchedOff);
+}
 
+/// v26.7: a GPUCluster created while a ClusterPolicy exists, or while whether one exists is not
+/// known, is refused; without a ClusterPolicy, or deleted, nothing is said.
+#[test]
+fn a_gpu_cluster_next_to_a_cluster_policy_is_refused() {
+    use crate::core::facts::PolicySource;
+    let groups = [group(gpu_labels(), &["gpu-0"])];
     // A GPUCluster created while ClusterPolicy cluster-policy exists.
     let mut policy = operator_defaults();
     policy.source = PolicySource::Found("cluster-policy".into());
