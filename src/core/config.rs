@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::core::operator::OperatorVersion;
+use crate::core::era::OperatorVersion;
 use crate::core::policy::{DEFAULT_OPERATOR_NAMESPACE, Exemptions, Mode, Policy};
 use crate::core::rules::{Action, RULES, Rule};
 
@@ -225,7 +225,7 @@ fn check_shape(text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::operands::Era;
+    use crate::core::era::Era;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("test.yaml"))

@@ -1,8 +1,8 @@
 //! An NVIDIADriver resource as the decision reads it (`docs/gpu-operator.md` §11.4): which
 //! nodes it claims, and where its driver DaemonSets run under each operator version.
 
+use crate::core::era::OperatorVersion;
 use crate::core::operands::{GPU_PRESENT_KEY, Labels, NFD_KERNEL_KEY, NFD_OS_KEYS};
-use crate::core::operator::OperatorVersion;
 
 /// The node label every `gpu` and `vgpu` driver DaemonSet selects besides its pool.
 pub const DRIVER_DEPLOY_KEY: &str = "nvidia.com/gpu.deploy.driver";

@@ -9,11 +9,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::core::era::Era;
+// Re-exported from their homes (`core::era`, `core::pauses`) for the callers that name them here.
 pub use crate::core::era::{OperatorVersion, Outside};
 use crate::core::operands::{
-    Era, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, OperandSet,
-    SandboxMode, Stack, Workload, deploy_labels, gpu_cluster_labels, label_set, managed,
-    mig_labelled,
+    GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, OPERANDS_KEY, Operand, OperandSet, SandboxMode,
+    Stack, Workload, deploy_labels, gpu_cluster_labels, label_set, managed, mig_labelled,
 };
 pub use crate::core::pauses::restored_value;
 

@@ -3,8 +3,8 @@
 //! cluster shows (the image tag of the operator's Deployment); where no cluster is read, or it
 //! shows none, the newest modelled version is assumed, with the reason ([`Followed::assumed`]).
 
-use crate::core::operands::Era;
-use crate::core::operator::OperatorVersion;
+use crate::core::era::Era;
+use crate::core::era::OperatorVersion;
 
 /// The GPU Operator version a decision follows, and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]

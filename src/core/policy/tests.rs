@@ -3,10 +3,11 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::core::era::Era;
+use crate::core::era::OperatorVersion;
 use crate::core::facts::PolicySource;
-use crate::core::operands::Era;
 use crate::core::operands::OPERANDS_KEY;
-use crate::core::operator::{OperatorVersion, labelling_pass};
+use crate::core::operator::labelling_pass;
 use crate::core::version::VersionSource;
 
 const P: &str = "nvidia.com/gpu.deploy.";

@@ -58,7 +58,7 @@ fn gpu_labels_with(key: &str, value: &str) -> Labels {
 
 /// Sets the facts' operator version.
 fn at(version: &str) -> impl Fn(&mut ClusterFacts) + Copy + '_ {
-    move |f| f.operator.version = crate::core::operator::OperatorVersion::parse(version).unwrap()
+    move |f| f.operator.version = crate::core::era::OperatorVersion::parse(version).unwrap()
 }
 
 fn switched(f: impl FnOnce(&mut ClusterFacts)) -> ClusterFacts {
@@ -836,7 +836,7 @@ fn a_node_without_nfd_os_labels_is_in_no_pool_and_gets_no_nvidiadriver_pod() {
         crate::core::operands::NFD_KERNEL_KEY.into(),
         "5.15.0-1026-nvidia".into(),
     );
-    let newest = crate::core::operator::OperatorVersion::newest();
+    let newest = crate::core::era::OperatorVersion::newest();
     assert!(!precompiled.selects(&gpu_labels(), &newest));
     assert!(precompiled.selects(&kernel, &newest));
 }
@@ -845,7 +845,7 @@ fn a_node_without_nfd_os_labels_is_in_no_pool_and_gets_no_nvidiadriver_pod() {
 /// v24.3; in v23.9 they select the driver's, like every other type.
 #[test]
 fn a_vgpu_host_manager_driver_selects_the_driver_label_in_v23_9() {
-    use crate::core::operator::OperatorVersion;
+    use crate::core::era::OperatorVersion;
     let mut host = driver("host", &[]);
     host.vgpu_host_manager = true;
     let driver_only = gpu_labels();

@@ -392,7 +392,7 @@ impl Ctx<'_, '_> {
     /// reads them, so they are as unknown there as a typo, whatever a later version does.
     fn deploy_label_of_a_later_version(&self, out: &mut Vec<Found>) {
         let era = self.facts.operator.era();
-        let mut later: Vec<(&str, crate::core::operands::Era)> = self
+        let mut later: Vec<(&str, crate::core::era::Era)> = self
             .written_deploy_labels()
             .filter_map(|(key, _)| Operand::from_key(key).map(|op| (key, op.info().since)))
             .filter(|(_, since)| *since > era)
