@@ -734,50 +734,6 @@ mod tests {
     }
 
     #[test]
-    fn only_exact_true_is_on() {
-        assert_eq!(Value::of("true"), Value::On);
-        for v in ["True", "TRUE", "yes", "1", "enabled", " true", "on"] {
-            assert_eq!(Value::of(v), Value::LooksOn, "{v:?}");
-        }
-        for v in ["False", "no", "0", "disabled"] {
-            assert_eq!(Value::of(v), Value::LooksOff, "{v:?}");
-        }
-    }
-
-    #[test]
-    fn component_values_are_recognised() {
-        assert_eq!(Value::of("false"), Value::Off);
-        assert_eq!(Value::of(""), Value::Empty);
-        assert_eq!(Value::of("pre-installed"), Value::PreInstalled);
-        assert_eq!(Value::of("paused-for-driver-upgrade"), Value::Paused);
-        assert_eq!(Value::of("paused-for-mig-change"), Value::Paused);
-        assert_eq!(Value::of("paused-for-vgpu-change"), Value::Paused);
-        assert_eq!(
-            Value::of("pre-installed_paused-for-driver-upgrade"),
-            Value::Paused
-        );
-        assert_eq!(Value::of("maybe"), Value::Other);
-    }
-
-    #[test]
-    fn typos_get_a_suggestion() {
-        assert_eq!(closest_known("container-tookit"), Some("container-toolkit"));
-        assert_eq!(closest_known("device-plugins"), Some("device-plugin"));
-        assert_eq!(closest_known("dcgm-exportr"), Some("dcgm-exporter"));
-        assert_eq!(closest_known("zzzz"), None);
-    }
-
-    #[test]
-    fn gpu_node_is_recognised_by_operator_or_nfd_label() {
-        let mut labels = Labels::new();
-        assert!(!is_gpu_node(&labels));
-        labels.insert(GPU_PRESENT_KEY.into(), "false".into());
-        assert!(!is_gpu_node(&labels));
-        labels.insert(NFD_NVIDIA_PCI_KEYS[1].into(), "true".into());
-        assert!(is_gpu_node(&labels));
-    }
-
-    #[test]
     fn daemonset_names_and_columns_come_from_the_table() {
         assert_eq!(
             Operand::of_daemonset("nvidia-driver-daemonset-5.15.0-1026-nvidia-ubuntu22.04"),
@@ -792,69 +748,5 @@ mod tests {
         let shown: Vec<&str> = Operand::always_shown().map(Operand::column).collect();
         assert_eq!(shown, ["driver", "toolkit", "device-plugin", "gfd", "dcgm"]);
         assert!(!Operand::Nvsm.info().has_daemonset());
-    }
-
-    #[test]
-    fn operand_set_holds_every_operand() {
-        let all: OperandSet = Operand::all().collect();
-        assert_eq!(all.iter().count(), OPERANDS.len());
-        let one: OperandSet = [Operand::DcgmExporterDra].into_iter().collect();
-        assert!(one.contains(Operand::DcgmExporterDra));
-        assert!(!one.contains(Operand::Driver));
-    }
-
-    #[test]
-    fn changed_deploy_labels_are_the_differences_in_key_order() {
-        let l = |pairs: &[(&str, &str)]| -> Labels {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        let d = |s: &str| format!("{DEPLOY_PREFIX}{s}");
-        let old = l(&[
-            (&d("dcgm"), "true"),
-            (&d("device-plugin"), "true"),
-            (&d("driver"), "true"),
-            ("nvidia.com/gpu.present", "true"),
-            ("zz/other", "a"),
-        ]);
-        let new = l(&[
-            (&d("container-toolkit"), "false"),
-            (&d("device-plugin"), "true"),
-            (&d("driver"), ""),
-            ("nvidia.com/gpu.present", "false"),
-        ]);
-        let got: Vec<(String, Option<&str>, Option<&str>)> =
-            changed_deploy_labels(Some(&old), &new)
-                .into_iter()
-                .map(|c| (c.key.to_owned(), c.old, c.new))
-                .collect();
-        assert_eq!(
-            got,
-            [
-                (d("container-toolkit"), None, Some("false")),
-                (d("dcgm"), Some("true"), None),
-                (d("driver"), Some("true"), Some("")),
-            ]
-        );
-        // CREATE: every deploy label is written.
-        let created: Vec<&str> = changed_deploy_labels(None, &new)
-            .iter()
-            .map(|c| c.key)
-            .collect();
-        assert_eq!(created.len(), 3);
-        assert!(changed_deploy_labels(Some(&old), &old).is_empty());
-    }
-
-    #[test]
-    fn operand_set_constants_and_differences() {
-        let a = OperandSet::of(&[Operand::Driver, Operand::Dcgm]);
-        let b = OperandSet::of(&[Operand::Dcgm, Operand::Nvsm]);
-        assert_eq!(a.union(b).iter().count(), 3);
-        assert_eq!(a.without(b).iter().collect::<Vec<_>>(), [Operand::Driver]);
-        let mut c = a;
-        c.remove(Operand::Driver);
-        assert_eq!(c.iter().collect::<Vec<_>>(), [Operand::Dcgm]);
     }
 }

@@ -86,3 +86,70 @@ pub fn closest_known(suffix: &str) -> Option<&'static str> {
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, name)| name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typos_get_a_suggestion() {
+        assert_eq!(closest_known("container-tookit"), Some("container-toolkit"));
+        assert_eq!(closest_known("device-plugins"), Some("device-plugin"));
+        assert_eq!(closest_known("dcgm-exportr"), Some("dcgm-exporter"));
+        assert_eq!(closest_known("zzzz"), None);
+    }
+
+    #[test]
+    fn gpu_node_is_recognised_by_operator_or_nfd_label() {
+        let mut labels = Labels::new();
+        assert!(!is_gpu_node(&labels));
+        labels.insert(GPU_PRESENT_KEY.into(), "false".into());
+        assert!(!is_gpu_node(&labels));
+        labels.insert(NFD_NVIDIA_PCI_KEYS[1].into(), "true".into());
+        assert!(is_gpu_node(&labels));
+    }
+
+    #[test]
+    fn changed_deploy_labels_are_the_differences_in_key_order() {
+        let l = |pairs: &[(&str, &str)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let d = |s: &str| format!("{DEPLOY_PREFIX}{s}");
+        let old = l(&[
+            (&d("dcgm"), "true"),
+            (&d("device-plugin"), "true"),
+            (&d("driver"), "true"),
+            ("nvidia.com/gpu.present", "true"),
+            ("zz/other", "a"),
+        ]);
+        let new = l(&[
+            (&d("container-toolkit"), "false"),
+            (&d("device-plugin"), "true"),
+            (&d("driver"), ""),
+            ("nvidia.com/gpu.present", "false"),
+        ]);
+        let got: Vec<(String, Option<&str>, Option<&str>)> =
+            changed_deploy_labels(Some(&old), &new)
+                .into_iter()
+                .map(|c| (c.key.to_owned(), c.old, c.new))
+                .collect();
+        assert_eq!(
+            got,
+            [
+                (d("container-toolkit"), None, Some("false")),
+                (d("dcgm"), Some("true"), None),
+                (d("driver"), Some("true"), Some("")),
+            ]
+        );
+        // CREATE: every deploy label is written.
+        let created: Vec<&str> = changed_deploy_labels(None, &new)
+            .iter()
+            .map(|c| c.key)
+            .collect();
+        assert_eq!(created.len(), 3);
+        assert!(changed_deploy_labels(Some(&old), &old).is_empty());
+    }
+}

@@ -73,3 +73,29 @@ impl FromIterator<Operand> for OperandSet {
         set
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::operands::OPERANDS;
+
+    #[test]
+    fn operand_set_holds_every_operand() {
+        let all: OperandSet = Operand::all().collect();
+        assert_eq!(all.iter().count(), OPERANDS.len());
+        let one: OperandSet = [Operand::DcgmExporterDra].into_iter().collect();
+        assert!(one.contains(Operand::DcgmExporterDra));
+        assert!(!one.contains(Operand::Driver));
+    }
+
+    #[test]
+    fn operand_set_constants_and_differences() {
+        let a = OperandSet::of(&[Operand::Driver, Operand::Dcgm]);
+        let b = OperandSet::of(&[Operand::Dcgm, Operand::Nvsm]);
+        assert_eq!(a.union(b).iter().count(), 3);
+        assert_eq!(a.without(b).iter().collect::<Vec<_>>(), [Operand::Driver]);
+        let mut c = a;
+        c.remove(Operand::Driver);
+        assert_eq!(c.iter().collect::<Vec<_>>(), [Operand::Dcgm]);
+    }
+}

@@ -59,3 +59,34 @@ impl Value {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_exact_true_is_on() {
+        assert_eq!(Value::of("true"), Value::On);
+        for v in ["True", "TRUE", "yes", "1", "enabled", " true", "on"] {
+            assert_eq!(Value::of(v), Value::LooksOn, "{v:?}");
+        }
+        for v in ["False", "no", "0", "disabled"] {
+            assert_eq!(Value::of(v), Value::LooksOff, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn component_values_are_recognised() {
+        assert_eq!(Value::of("false"), Value::Off);
+        assert_eq!(Value::of(""), Value::Empty);
+        assert_eq!(Value::of("pre-installed"), Value::PreInstalled);
+        assert_eq!(Value::of("paused-for-driver-upgrade"), Value::Paused);
+        assert_eq!(Value::of("paused-for-mig-change"), Value::Paused);
+        assert_eq!(Value::of("paused-for-vgpu-change"), Value::Paused);
+        assert_eq!(
+            Value::of("pre-installed_paused-for-driver-upgrade"),
+            Value::Paused
+        );
+        assert_eq!(Value::of("maybe"), Value::Other);
+    }
+}
