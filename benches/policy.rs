@@ -1,7 +1,7 @@
 //! The GPU-policy decision over a fleet: what `POST /validate/gpu-policy` does after parsing,
 //! on node records as `serve` keeps them (the large-node fixture's labels): group the records,
 //! make each group's label map, and decide a ClusterPolicy switching the toolkit off
-//! (`webhook::policy_review::decide_objects`). Fleets of 5,000 and 15,000 nodes in 8 kinds of
+//! (`policy_decision::decide_objects`). Fleets of 5,000 and 15,000 nodes in 8 kinds of
 //! node (a usual fleet: a few GPU models and MIG layouts), and 15,000 in 300 kinds (a very
 //! mixed one).
 
@@ -14,16 +14,16 @@ use gpu_deploy_guard::core::facts::operator_defaults;
 use gpu_deploy_guard::core::policy::{Decision, Policy};
 use gpu_deploy_guard::core::policy_change::PolicyKind;
 use gpu_deploy_guard::core::review::Operation;
-use gpu_deploy_guard::k8s::fleet::{Fleet, LabelFilter, NodeIndex};
+use gpu_deploy_guard::k8s::fleet::{LabelFilter, NodeIndex, SharedFleet};
 use gpu_deploy_guard::k8s::read;
-use gpu_deploy_guard::webhook::policy_review::{ObjectChange, decide_objects};
+use gpu_deploy_guard::policy_decision::{ObjectChange, decide_objects};
 use serde_json::{Value, json};
 
-fn fleet(nodes: usize, kinds: usize) -> Fleet {
+fn fleet(nodes: usize, kinds: usize) -> SharedFleet {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let template = read::node_file(&root.join("benches/fixtures/large-node.json")).unwrap();
     let facts = operator_defaults();
-    let fleet = Fleet::default();
+    let fleet = SharedFleet::default();
     {
         let mut state = fleet.lock();
         state.nodes = NodeIndex::new(LabelFilter::new(&facts));

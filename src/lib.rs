@@ -2,13 +2,16 @@
 //! node labels from breaking a node's GPU stack.
 //!
 //! Layers, each importing only from those before it:
-//! `core` <- `k8s` <- {`webhook`, `audit`} <- [`flags`] <- {`serve`, `cli`} <- `main`; [`flags`]
-//! holds the one flag `serve` shares with the offline commands, `--operator-version`.
+//! `core` <- `k8s` <- [`policy_decision`] <- {`webhook`, `audit`} <- [`flags`] <- {`serve`,
+//! `cli`} <- `main`; [`flags`] holds the one flag `serve` shares with the offline commands,
+//! `--operator-version`.
 //!
 //! - [`core`]: pure decision logic, no I/O: the operand table, the rule table,
 //!   the policy (`decide`, `assess`), the cluster facts, the configuration.
 //! - [`k8s`]: the partial Kubernetes objects and how to read them (files,
 //!   standard input, List streams, the API).
+//! - [`policy_decision`]: a GPU-policy change decided from its objects over the node records,
+//!   what the webhook's policy route and the offline `check-policy` and plugin share.
 //! - [`webhook`]: AdmissionReview bytes in, the verdict's response out.
 //! - [`audit`]: the pure audit of nodes and pods, and its outputs.
 //! - [`serve`]: the process: listeners, TLS, readiness, drain, the cluster watch.
@@ -35,5 +38,6 @@ pub mod core;
 pub mod flags;
 pub mod k8s;
 pub mod metrics;
+pub mod policy_decision;
 pub mod serve;
 pub mod webhook;

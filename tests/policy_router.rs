@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use gpu_deploy_guard::core::facts::ClusterFacts;
 use gpu_deploy_guard::core::policy::Policy;
-use gpu_deploy_guard::k8s::fleet::{Dirty, Fleet, LabelFilter, NodeIndex};
+use gpu_deploy_guard::k8s::fleet::{Dirty, LabelFilter, NodeIndex, SharedFleet};
 use gpu_deploy_guard::k8s::node::NodeView;
 use gpu_deploy_guard::metrics::Metrics;
 use gpu_deploy_guard::webhook::{Limits, Webhook, router};
@@ -50,7 +50,7 @@ fn gpu_node(name: &str) -> NodeView {
 struct Harness {
     metrics: Arc<Metrics>,
     app: axum::Router,
-    fleet: Arc<Fleet>,
+    fleet: Arc<SharedFleet>,
 }
 
 /// A webhook whose fleet holds `nodes`, listed (`synced`) or not.
@@ -66,7 +66,7 @@ fn harness_with(nodes: &[NodeView], synced: bool, facts: ClusterFacts) -> Harnes
         metrics.clone(),
         Limits::default(),
     );
-    let fleet = Arc::new(Fleet::default());
+    let fleet = Arc::new(SharedFleet::default());
     {
         let mut state = fleet.lock();
         state.nodes = NodeIndex::new(LabelFilter::new(&facts));

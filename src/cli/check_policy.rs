@@ -22,10 +22,10 @@ use crate::core::version;
 use crate::core::version::Followed;
 use crate::flags::{NOT_GIVEN, OperatorVersionArg};
 use crate::k8s::daemonset::learn_daemonsets;
-use crate::k8s::fleet::{Fleet, LabelFilter, NodeIndex};
+use crate::k8s::fleet::{LabelFilter, NodeIndex, SharedFleet};
 use crate::k8s::node::NodeView;
 use crate::k8s::{document, list, nvidia_driver, read};
-use crate::webhook::policy_review::{ObjectChange, decide_and_predict};
+use crate::policy_decision::{ObjectChange, decide_and_predict};
 
 #[derive(clap::Args)]
 pub struct CheckPolicyArgs {
@@ -247,7 +247,7 @@ pub fn report(
     format: Format,
     change: &ObjectChange<'_>,
     facts: &ClusterFacts,
-    fleet: &Fleet,
+    fleet: &SharedFleet,
     policy: &Policy,
 ) -> Result<(String, u8), String> {
     let (verdict, shifts) =
@@ -265,8 +265,8 @@ pub fn report(
 
 /// The node records of `nodes`, as the webhook keeps them once it has read the labels the
 /// change's own nodeSelectors name (`selector_keys`), listed.
-pub fn fleet_of(nodes: &[NodeView], facts: &ClusterFacts, selector_keys: &[String]) -> Fleet {
-    let fleet = Fleet::default();
+pub fn fleet_of(nodes: &[NodeView], facts: &ClusterFacts, selector_keys: &[String]) -> SharedFleet {
+    let fleet = SharedFleet::default();
     {
         let mut state = fleet.lock();
         state.nodes = NodeIndex::new(LabelFilter::new(facts).with_keys(selector_keys));

@@ -22,7 +22,7 @@ use crate::core::version;
 use crate::flags::OperatorVersionArg;
 use crate::k8s::api::{self, ClusterError, brief, cluster_policy_resource};
 use crate::k8s::{document, nvidia_driver, read};
-use crate::webhook::policy_review::ObjectChange;
+use crate::policy_decision::ObjectChange;
 
 #[derive(Args)]
 pub struct PolicyArgs {

@@ -14,6 +14,7 @@ use crate::core::facts::{ClusterFacts, switched_off};
 use crate::core::operands::Operand;
 use crate::core::operands::{SandboxMode, Workload};
 use crate::core::operator::Sandbox;
+use crate::core::policy_change::HOST_TOOLKIT_ANNOTATION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterPolicyError {
@@ -107,6 +108,22 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
             ..ClusterFacts::from_switches(disabled)
         },
     })
+}
+
+/// The facts of `cluster` with the switches `object` (a ClusterPolicy) gives, in its name:
+/// the cluster as it is once the object is applied.
+pub fn applied(cluster: &ClusterFacts, object: &Value) -> Result<ClusterFacts, ClusterPolicyError> {
+    let p = from_object(object)?;
+    Ok(cluster.with_cluster_policy(&p.name, &p.facts))
+}
+
+/// The reason a ClusterPolicy object gives for bringing the container toolkit with the hosts
+/// ([`HOST_TOOLKIT_ANNOTATION`]), as given.
+pub fn host_toolkit(object: Option<&Value>) -> Option<&str> {
+    object?
+        .pointer("/metadata/annotations")?
+        .get(HOST_TOOLKIT_ANNOTATION)?
+        .as_str()
 }
 
 /// The one the operator acts on when there are several: it marks the others `ignored`.

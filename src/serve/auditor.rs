@@ -31,7 +31,7 @@ use crate::audit::metrics::AuditMetrics;
 use crate::audit::report::{self, PolicyReport};
 use crate::core::facts::ClusterFacts;
 use crate::k8s::api::{Fence, fence_broken};
-use crate::k8s::fleet::{Fleet, PodIndex};
+use crate::k8s::fleet::{PodIndex, SharedFleet};
 use crate::k8s::pod::PodView;
 
 /// What the auditor reads and writes.
@@ -40,7 +40,7 @@ pub(super) struct Auditor<'a> {
     pub(super) config: &'a WatchConfig,
     /// List and watch settings of the pods (pages).
     pub(super) list: watcher::Config,
-    pub(super) fleet: &'a Fleet,
+    pub(super) fleet: &'a SharedFleet,
     pub(super) status: &'a Mutex<Status>,
     pub(super) facts: watch::Receiver<Arc<ClusterFacts>>,
     pub(super) metrics: &'a AuditMetrics,

@@ -20,7 +20,7 @@ use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
 use crate::core::version::{self, Followed};
 use crate::flags::OperatorVersionArg;
 use crate::k8s::deployment::{self, Unread};
-use crate::k8s::fleet::Fleet;
+use crate::k8s::fleet::SharedFleet;
 use crate::k8s::read;
 use crate::metrics::Metrics;
 use crate::webhook::{self, Webhook};
@@ -105,7 +105,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     let (facts_tx, facts_rx) = tokio::sync::watch::channel(Arc::new(facts));
     let version_rx = facts_rx.clone();
-    let fleet = Arc::new(Fleet::default());
+    let fleet = Arc::new(SharedFleet::default());
     let mut webhook = Webhook::watching(config.policy.clone(), facts_rx, metrics.clone(), limits);
     if !cluster.no_cluster_watch {
         webhook.fleet = Some(fleet.clone());
@@ -189,7 +189,7 @@ async fn start_cluster_watch(
     operator_version: Option<Followed>,
     cluster: &ClusterArgs,
     facts_tx: tokio::sync::watch::Sender<Arc<ClusterFacts>>,
-    fleet: Arc<Fleet>,
+    fleet: Arc<SharedFleet>,
     metrics: Arc<Metrics>,
     readiness: &Readiness,
 ) -> Option<ClusterWatch> {

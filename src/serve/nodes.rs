@@ -1,4 +1,4 @@
-//! The node follower: every replica's compact record of every node ([`Fleet`]), from a
+//! The node follower: every replica's compact record of every node ([`SharedFleet`]), from a
 //! metadata-only watch of the nodes.
 
 use std::sync::{Arc, Mutex};
@@ -14,7 +14,7 @@ use super::health::{Kind, Status, unavailable};
 use super::watch_config::DEFAULT_PAGE_SIZE;
 use crate::core::facts::ClusterFacts;
 use crate::k8s::api::list_pages_with;
-use crate::k8s::fleet::{Fleet, LabelFilter, Trouble};
+use crate::k8s::fleet::{LabelFilter, SharedFleet, Trouble};
 use crate::k8s::node::NodeView;
 
 /// Keeps `fleet`'s node records current from a metadata-only watch of the nodes. The records
@@ -24,7 +24,7 @@ use crate::k8s::node::NodeView;
 pub(super) async fn follow_nodes(
     client: &Client,
     cfg: watcher::Config,
-    fleet: &Fleet,
+    fleet: &SharedFleet,
     mut facts: watch::Receiver<Arc<ClusterFacts>>,
     status: &Mutex<Status>,
     namespace: &str,
@@ -79,10 +79,10 @@ pub(super) async fn follow_nodes(
     }
 }
 
-/// The node records as an index: a change wakes the auditor ([`Fleet::changed`]); a change
+/// The node records as an index: a change wakes the auditor ([`SharedFleet::changed`]); a change
 /// of the nodes' health wakes the facts publisher too (readiness waits for the nodes).
 struct NodeIndex<'a> {
-    fleet: &'a Fleet,
+    fleet: &'a SharedFleet,
     dirty: &'a mpsc::Sender<()>,
 }
 
@@ -148,8 +148,8 @@ impl Index<NodeView> for NodeIndex<'_> {
 }
 
 /// What the records must keep: the labels the facts' selectors read, and the keys decisions
-/// asked for ([`Fleet::request_keys`]).
-fn wanted(facts: &mut watch::Receiver<Arc<ClusterFacts>>, fleet: &Fleet) -> LabelFilter {
+/// asked for ([`SharedFleet::request_keys`]).
+fn wanted(facts: &mut watch::Receiver<Arc<ClusterFacts>>, fleet: &SharedFleet) -> LabelFilter {
     let base = LabelFilter::new(&facts.borrow_and_update());
     base.with_keys(&fleet.lock().requested_keys)
 }
@@ -160,7 +160,7 @@ fn wanted(facts: &mut watch::Receiver<Arc<ClusterFacts>>, fleet: &Fleet) -> Labe
 async fn learn_keys(
     client: &Client,
     cfg: &watcher::Config,
-    fleet: &Fleet,
+    fleet: &SharedFleet,
     keys: &[String],
 ) -> Result<usize, kube::Error> {
     let api = Api::<NodeView>::all(client.clone());

@@ -50,7 +50,7 @@ use crate::audit::metrics::AuditMetrics;
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::nvidia_driver::NvidiaDriver;
 use crate::core::version::Followed;
-use crate::k8s::fleet::Fleet;
+use crate::k8s::fleet::SharedFleet;
 use crate::k8s::nvidia_driver;
 use crate::metrics::Metrics;
 
@@ -66,7 +66,7 @@ pub async fn watch_cluster(
     config: WatchConfig,
     facts_tx: watch::Sender<Arc<ClusterFacts>>,
     metrics: Arc<Metrics>,
-    fleet: Arc<Fleet>,
+    fleet: Arc<SharedFleet>,
     leadership: Leadership,
     on_synced: impl FnOnce() + Send + 'static,
 ) {
@@ -322,7 +322,7 @@ mod tests {
             config,
             tx,
             Arc::new(Metrics::new()),
-            Arc::new(Fleet::default()),
+            Arc::new(SharedFleet::default()),
             leadership,
             || {},
         ));

@@ -7,13 +7,15 @@ use std::time::Duration;
 use axum::http::StatusCode;
 
 use crate::core::labels::MAX_NAME_CHARS;
+use crate::policy_decision::{MAX_MESSAGE_BYTES, ObjectError};
 
 /// Request uids are UUIDs (36 characters); the answer must repeat the uid, so a longer one is
 /// refused rather than echoed.
 pub const MAX_UID_CHARS: usize = 128;
 
-/// The most bytes of a parser's error message repeated in an answer or a log line.
-pub(super) const MAX_ERROR_BYTES: usize = 300;
+/// The most bytes of a parser's error message repeated in an answer or a log line: the bound
+/// the policy decision puts on an object's refusal too.
+pub(super) const MAX_ERROR_BYTES: usize = MAX_MESSAGE_BYTES;
 
 /// Why a request could not be reviewed. Each variant maps to one HTTP status.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +80,22 @@ pub enum BadRequest {
     UidTooLong(usize),
 }
 
+/// A GPU-policy object that cannot be decided: the same words, counted under the same reason
+/// as the refusals of the request it came in.
+impl From<ObjectError> for BadRequest {
+    fn from(e: ObjectError) -> BadRequest {
+        match e {
+            ObjectError::Invalid(message) => BadRequest::Invalid {
+                path: "request.object".to_owned(),
+                message,
+            },
+            ObjectError::Missing { operation, field } => {
+                BadRequest::MissingObject { operation, field }
+            }
+        }
+    }
+}
+
 impl BadRequest {
     pub(super) fn status(&self) -> StatusCode {
         match self {
@@ -125,6 +143,25 @@ impl BadRequest {
             BadRequest::TooManyWaiting { .. } => "too-many-waiting",
             BadRequest::NameTooLong { .. } => "name-too-long",
             BadRequest::UidTooLong(_) => "uid-too-long",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_refused_by_the_policy_decision_says_the_same_here() {
+        for e in [
+            ObjectError::Invalid("spec.toolkit.enabled: expected true or false".into()),
+            ObjectError::Missing {
+                operation: "UPDATE",
+                field: "oldObject",
+            },
+        ] {
+            let said = e.to_string();
+            assert_eq!(BadRequest::from(e).to_string(), said);
         }
     }
 }

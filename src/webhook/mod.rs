@@ -35,7 +35,7 @@ pub use shares::{BODY_WINDOW, MAX_WAITING_BYTES, WAITING_ROOM};
 use crate::core::echo::echo;
 use crate::core::facts::ClusterFacts;
 use crate::core::policy::Policy;
-use crate::k8s::fleet::Fleet;
+use crate::k8s::fleet::SharedFleet;
 use crate::metrics::Metrics;
 
 /// Limits that protect the server from slow or oversized clients.
@@ -82,7 +82,7 @@ pub struct Webhook {
     pub limits: Limits,
     /// Every node's decision-relevant labels, kept by the cluster watch: GPU-policy changes are
     /// decided over them. `None` without a cluster watch.
-    pub fleet: Option<Arc<Fleet>>,
+    pub fleet: Option<Arc<SharedFleet>>,
     /// Room for request bodies, taken by the transport's layer ([`body`]).
     budget: body::Budget,
     /// One slow reading at a time: a body the scanner refused or cannot read, read again with

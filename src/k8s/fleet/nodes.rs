@@ -1,0 +1,353 @@
+//! Every node as a small record of the labels the decision reads ([`NodeIndex`]).
+
+use std::collections::{BTreeMap, HashMap, btree_map};
+use std::sync::Arc;
+
+use super::filter::LabelFilter;
+use super::interner::{Interner, Sym};
+use crate::core::operands::Labels;
+use crate::k8s::node::NodeView;
+
+/// A node's labels that the decision reads, sorted by key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRecord {
+    labels: Box<[(Sym, Sym)]>,
+}
+
+impl NodeRecord {
+    /// The kept labels as the decision's label map.
+    pub fn labels(&self) -> Labels {
+        self.labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}
+
+/// A record's identity: the addresses of its interned strings. Records of one index share
+/// the strings of equal text, so equal records have equal keys.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct RecordKey(Vec<(usize, usize)>);
+
+impl RecordKey {
+    fn of(record: &NodeRecord) -> RecordKey {
+        RecordKey(
+            record
+                .labels
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        Arc::as_ptr(k).cast::<u8>() as usize,
+                        Arc::as_ptr(v).cast::<u8>() as usize,
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Every node of the cluster as a [`NodeRecord`], by name.
+#[derive(Debug, Default)]
+pub struct NodeIndex {
+    filter: LabelFilter,
+    records: BTreeMap<Box<str>, NodeRecord>,
+    /// Filled while a re-list runs; replaces `records` when it completes.
+    relist: Option<BTreeMap<Box<str>, NodeRecord>>,
+    strings: Interner,
+}
+
+impl NodeIndex {
+    pub fn new(filter: LabelFilter) -> NodeIndex {
+        NodeIndex {
+            filter,
+            ..NodeIndex::default()
+        }
+    }
+
+    pub fn filter(&self) -> &LabelFilter {
+        &self.filter
+    }
+
+    /// Records made from now on keep what `filter` keeps; those made before stay as they are
+    /// until the nodes are listed again.
+    pub fn set_filter(&mut self, filter: LabelFilter) {
+        self.filter = filter;
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&NodeRecord> {
+        self.records.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.records.keys().map(|k| &**k)
+    }
+
+    /// The nodes grouped by identical records: a fleet has few distinct label sets, so a decision
+    /// over every node is made once per group. Groups and their names come sorted.
+    pub fn groups(&self) -> Vec<(&NodeRecord, Vec<&str>)> {
+        let mut by_record: HashMap<RecordKey, (&NodeRecord, Vec<&str>)> = HashMap::new();
+        for (name, record) in &self.records {
+            by_record
+                .entry(RecordKey::of(record))
+                .or_insert_with(|| (record, Vec::new()))
+                .1
+                .push(name);
+        }
+        let mut groups: Vec<(&NodeRecord, Vec<&str>)> = by_record.into_values().collect();
+        groups.sort_by(|a, b| a.1[0].cmp(b.1[0]));
+        groups
+    }
+
+    /// Interned strings held (for the tests and the benchmark's accounting).
+    pub fn interned(&self) -> usize {
+        self.strings.len()
+    }
+
+    fn record(&mut self, node: &NodeView) -> NodeRecord {
+        let filter = &self.filter;
+        let strings = &mut self.strings;
+        let labels: Vec<(Sym, Sym)> = node
+            .labels()
+            .iter()
+            .filter(|(k, _)| filter.keeps(k))
+            .map(|(k, v)| (strings.get(k), strings.get(v)))
+            .collect();
+        NodeRecord {
+            labels: labels.into_boxed_slice(),
+        }
+    }
+
+    /// A node was added or changed: true when its record changed (a heartbeat gives false).
+    pub fn apply(&mut self, node: &NodeView) -> bool {
+        let record = self.record(node);
+        let changed = match self.records.entry(node.name().into()) {
+            btree_map::Entry::Occupied(mut e) => {
+                if *e.get() == record {
+                    false
+                } else {
+                    e.insert(record);
+                    true
+                }
+            }
+            btree_map::Entry::Vacant(e) => {
+                e.insert(record);
+                true
+            }
+        };
+        self.strings.sweep_if_grown();
+        changed
+    }
+
+    /// A node was deleted: true when it was known.
+    pub fn delete(&mut self, name: &str) -> bool {
+        let known = self.records.remove(name).is_some();
+        self.strings.sweep_if_grown();
+        known
+    }
+
+    /// A re-list starts; the records stay in use until [`Self::finish_relist`].
+    pub fn start_relist(&mut self) {
+        self.relist = Some(BTreeMap::new());
+    }
+
+    /// One node of the re-list.
+    pub fn relist_apply(&mut self, node: &NodeView) {
+        let record = self.record(node);
+        self.relist
+            .get_or_insert_with(BTreeMap::new)
+            .insert(node.name().into(), record);
+    }
+
+    /// The re-list is complete: it replaces the records. Returns the names of the nodes added,
+    /// changed or gone.
+    pub fn finish_relist(&mut self) -> Vec<Box<str>> {
+        let new = self.relist.take().unwrap_or_default();
+        let mut changed: Vec<Box<str>> = self
+            .records
+            .iter()
+            .filter(|(name, old)| new.get(*name) != Some(*old))
+            .map(|(name, _)| name.clone())
+            .collect();
+        changed.extend(
+            new.keys()
+                .filter(|name| !self.records.contains_key(*name))
+                .cloned(),
+        );
+        self.records = new;
+        self.strings.sweep_if_grown();
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::audit;
+    use crate::core::facts::operator_defaults;
+    use crate::core::operands::Operand;
+    use crate::k8s::fleet::NodeGroups;
+    use crate::k8s::pod::PodView;
+    use crate::k8s::read;
+
+    /// Every node fixture: the lab's, the published real ones, the large benchmark node.
+    fn fixture_nodes() -> Vec<NodeView> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut paths: Vec<std::path::PathBuf> =
+            ["tests/fixtures/nodes", "tests/fixtures/real-nodes"]
+                .iter()
+                .flat_map(|dir| std::fs::read_dir(root.join(dir)).unwrap())
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|x| x == "json" || x == "yaml"))
+                .collect();
+        paths.push(root.join("benches/fixtures/large-node.json"));
+        paths.sort();
+        // Named after their files: two published nodes share a name.
+        let nodes: Vec<NodeView> = paths
+            .iter()
+            .map(|p| {
+                let mut node = read::node_file(p).unwrap();
+                let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+                node.metadata.name = Some(stem);
+                node
+            })
+            .collect();
+        assert!(nodes.len() >= 9, "{} fixtures", nodes.len());
+        nodes
+    }
+
+    fn recorded(index: &NodeIndex, nodes: &[NodeView]) -> Vec<NodeView> {
+        nodes
+            .iter()
+            .map(|n| {
+                let mut v = NodeView::default();
+                v.metadata.name = n.metadata.name.clone();
+                v.metadata.labels = Some(index.get(n.name()).unwrap().labels());
+                v
+            })
+            .collect()
+    }
+
+    #[test]
+    fn records_give_the_audit_the_whole_nodes_give() {
+        let nodes = fixture_nodes();
+        let mut facts = operator_defaults();
+        for with_selector in [false, true] {
+            if with_selector {
+                // A DaemonSet selecting a label outside the decision's own set.
+                facts.selectors.insert(
+                    Operand::DcgmExporter,
+                    [("node-role.kubernetes.io/gpu".to_owned(), String::new())].into(),
+                );
+            }
+            let mut index = NodeIndex::new(LabelFilter::new(&facts));
+            for n in &nodes {
+                index.apply(n);
+            }
+            let kept: usize = nodes
+                .iter()
+                .map(|n| index.get(n.name()).unwrap().labels.len())
+                .sum();
+            let all: usize = nodes.iter().map(|n| n.labels().len()).sum();
+            assert!(kept * 3 < all, "records keep {kept} of {all} labels");
+            let pods: &[PodView] = &[];
+            let policy = crate::core::policy::Policy::default();
+            assert_eq!(
+                audit(&recorded(&index, &nodes), pods, &facts, &policy),
+                audit(&nodes, pods, &facts, &policy),
+                "selector: {with_selector}"
+            );
+            assert_eq!(
+                index.filter().keeps("node-role.kubernetes.io/gpu"),
+                with_selector
+            );
+        }
+    }
+
+    #[test]
+    fn a_wider_filter_covers_a_narrower_one_only() {
+        let plain = LabelFilter::new(&operator_defaults());
+        let mut facts = operator_defaults();
+        facts.selectors.insert(
+            Operand::DevicePlugin,
+            [("example.com/pool".to_owned(), "gpu".to_owned())].into(),
+        );
+        let wide = LabelFilter::new(&facts);
+        assert!(wide.covers(&plain));
+        assert!(!plain.covers(&wide));
+        assert!(plain.covers(&plain));
+    }
+
+    #[test]
+    fn heartbeats_change_nothing_and_interned_strings_stay_in_proportion() {
+        let facts = operator_defaults();
+        let mut index = NodeIndex::new(LabelFilter::new(&facts));
+        let mk = |name: &str, version: &str| {
+            let mut n = NodeView::default();
+            n.metadata.name = Some(name.to_owned());
+            n.metadata.labels = Some(
+                [
+                    ("nvidia.com/gpu.deploy.driver".to_owned(), "true".to_owned()),
+                    // Read by the decision and different on every change: the worst case.
+                    (
+                        "nvidia.com/vgpu.host-driver-version".to_owned(),
+                        version.to_owned(),
+                    ),
+                    ("kubernetes.io/hostname".to_owned(), name.to_owned()),
+                ]
+                .into(),
+            );
+            n
+        };
+        assert!(index.apply(&mk("a", "1")));
+        assert!(!index.apply(&mk("a", "1")), "the same labels again");
+        for i in 0..20_000 {
+            index.apply(&mk("a", &i.to_string()));
+        }
+        assert!(
+            index.interned() < 3 * Interner::FLOOR,
+            "{} strings interned for one node",
+            index.interned()
+        );
+        assert_eq!(index.len(), 1);
+        // A re-list names what it changed.
+        index.start_relist();
+        index.relist_apply(&mk("a", "19999"));
+        index.relist_apply(&mk("b", "1"));
+        assert_eq!(index.finish_relist(), vec![Box::from("b")]);
+        index.start_relist();
+        index.relist_apply(&mk("b", "1"));
+        assert_eq!(index.finish_relist(), vec![Box::from("a")]);
+        assert!(index.get("a").is_none());
+    }
+
+    #[test]
+    fn groups_copied_out_of_the_lock_are_the_index_groups() {
+        let nodes = fixture_nodes();
+        let mut index = NodeIndex::new(LabelFilter::new(&operator_defaults()));
+        for n in &nodes {
+            index.apply(n);
+        }
+        let copied = NodeGroups::copy(&index);
+        let groups = copied.groups();
+        let direct = index.groups();
+        assert_eq!(groups.len(), direct.len());
+        for (copy, (record, names)) in groups.iter().zip(&direct) {
+            assert_eq!(copy.labels, record.labels());
+            assert_eq!(&copy.nodes, names);
+        }
+        assert_eq!(
+            groups.iter().map(|g| g.nodes.len()).sum::<usize>(),
+            nodes.len()
+        );
+        assert!(copied.keeps("nvidia.com/gpu.deploy.driver"));
+        assert!(!copied.keeps("kubernetes.io/hostname"));
+    }
+}
