@@ -29,7 +29,7 @@ pub mod read;
 pub mod response;
 mod shares;
 
-use bad_request::{BadRequest, MAX_ERROR_BYTES};
+use bad_request::BadRequest;
 pub use shares::{BODY_WINDOW, MAX_WAITING_BYTES, WAITING_ROOM};
 
 use crate::core::echo::echo;
@@ -87,7 +87,8 @@ pub struct Webhook {
     budget: body::Budget,
     /// One slow reading at a time: a body the scanner refused or cannot read, read again with
     /// serde to say why (serde's message for a wrongly typed string repeats it, escaped: up to
-    /// six times its size before it is cut to [`MAX_ERROR_BYTES`]), and a GPU-policy review,
+    /// six times its size before it is cut to
+    /// [`MAX_ERROR_BYTES`](bad_request::MAX_ERROR_BYTES)), and a GPU-policy review,
     /// whose objects are read into trees. The API server sends neither often; a client that
     /// sends many waits its turn, and the memory they take stays that of one body.
     slow_read: Arc<Semaphore>,

@@ -1,11 +1,13 @@
 //! Reading a request body as a Node AdmissionReview: bytes in, the webhook's view of the
-//! request ([`RequestView`]) out, or why not ([`BadRequest`]).
+//! request ([`RequestView`]) out, or why not ([`BadRequest`]). A GPU-policy AdmissionReview is
+//! read by [`policy`], with the same checks of its envelope.
 //!
 //! Two readers make the same view: the scanner ([`scan`]), fast, which reads what the webhook
 //! needs and skips the rest unbuilt, and serde (`reference`), the reference it is held to,
 //! which also says where and why a body is refused. Labels outside Kubernetes syntax
 //! ([`check_lengths`](crate::core::labels::check_lengths)) are refused by both while reading.
 
+pub mod policy;
 pub mod reference;
 pub mod scan;
 mod scanner;
@@ -86,11 +88,7 @@ pub fn scan_review(bytes: &[u8]) -> Scanned<'_> {
 /// Refuses what no API server sends and the answer or the log would have to repeat: a uid
 /// that is not short, a name longer than Kubernetes allows.
 fn check_bounds(request: &RequestView<'_>) -> Result<(), (BadRequest, Option<String>)> {
-    let uid_chars = request.uid.chars().count();
-    if uid_chars > MAX_UID_CHARS {
-        return Err((BadRequest::UidTooLong(uid_chars), None));
-    }
-    let uid = || Some(request.uid.clone());
+    check_uid(&request.uid)?;
     let names = [
         ("request.name", Some(request.name.as_str())),
         (
@@ -103,20 +101,52 @@ fn check_bounds(request: &RequestView<'_>) -> Result<(), (BadRequest, Option<Str
         ),
     ];
     for (field, name) in names {
-        let chars = name.map_or(0, |n| n.chars().count());
-        if chars > MAX_NAME_CHARS {
-            return Err((BadRequest::NameTooLong { field, chars }, uid()));
-        }
+        check_name(field, name.unwrap_or_default(), &request.uid)?;
+    }
+    Ok(())
+}
+
+/// Refuses a uid longer than an answer repeats ([`MAX_UID_CHARS`]); the answer then has none.
+fn check_uid(uid: &str) -> Result<(), (BadRequest, Option<String>)> {
+    let uid_chars = uid.chars().count();
+    if uid_chars > MAX_UID_CHARS {
+        return Err((BadRequest::UidTooLong(uid_chars), None));
+    }
+    Ok(())
+}
+
+/// Refuses a name (at `field`) longer than Kubernetes allows; the answer repeats `uid`.
+fn check_name(
+    field: &'static str,
+    name: &str,
+    uid: &str,
+) -> Result<(), (BadRequest, Option<String>)> {
+    let chars = name.chars().count();
+    if chars > MAX_NAME_CHARS {
+        return Err((
+            BadRequest::NameTooLong { field, chars },
+            Some(uid.to_owned()),
+        ));
     }
     Ok(())
 }
 
 fn check_review(kind: &str, api_version: &str) -> Result<(), (BadRequest, Option<String>)> {
+    check_envelope(kind, api_version, |text| echo(text).into_owned())
+}
+
+/// Refuses an envelope that is not a v1 AdmissionReview, repeating what it is as `shown` cuts
+/// it.
+fn check_envelope(
+    kind: &str,
+    api_version: &str,
+    shown: impl Fn(&str) -> String,
+) -> Result<(), (BadRequest, Option<String>)> {
     if kind != "AdmissionReview" {
-        return Err((BadRequest::Kind(echo(kind).into_owned()), None));
+        return Err((BadRequest::Kind(shown(kind)), None));
     }
     if api_version != "admission.k8s.io/v1" {
-        return Err((BadRequest::Version(echo(api_version).into_owned()), None));
+        return Err((BadRequest::Version(shown(api_version)), None));
     }
     Ok(())
 }
