@@ -155,11 +155,10 @@ mod tests {
         assert_eq!(inc.detail("no-such-node", index, pod_index, &policy), None);
     }
 
-    #[test]
-    fn label_and_pod_changes_re_audit_only_their_nodes_and_match_the_batch_audit() {
-        let facts = operator_defaults();
-        let policy = Policy::default();
-        let mut nodes = vec![
+    /// Nodes a, b and c with a device plugin on a and b and a toolkit pending on a, listed
+    /// into their indexes.
+    fn three_nodes(facts: &ClusterFacts) -> (Vec<NodeView>, Vec<PodView>, NodeIndex, PodIndex) {
+        let nodes = vec![
             node(
                 "a",
                 &[("device-plugin", "true"), ("container-toolkit", "true")],
@@ -167,7 +166,7 @@ mod tests {
             node("b", &[("device-plugin", "true")]),
             node("c", &[]),
         ];
-        let mut pods = vec![
+        let pods = vec![
             pod(
                 "dp-a",
                 "a",
@@ -187,7 +186,7 @@ mod tests {
                 PodPhase::Pending,
             ),
         ];
-        let mut index = NodeIndex::new(LabelFilter::new(&facts));
+        let mut index = NodeIndex::new(LabelFilter::new(facts));
         let mut pod_index = PodIndex::default();
         index.start_relist();
         for n in &nodes {
@@ -199,6 +198,14 @@ mod tests {
             pod_index.relist_apply(p);
         }
         pod_index.finish_relist();
+        (nodes, pods, index, pod_index)
+    }
+
+    #[test]
+    fn label_and_pod_changes_re_audit_only_their_nodes_and_match_the_batch_audit() {
+        let facts = operator_defaults();
+        let policy = Policy::default();
+        let (mut nodes, mut pods, mut index, mut pod_index) = three_nodes(&facts);
         let mut inc = Incremental::default();
         let pass = inc.update(&index, &pod_index, &facts, &policy, Dirty::All);
         assert_eq!(

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{AuditReport, FleetAudit, Level, NodeAudit, NodeSummary};
+use crate::core::facts::ClusterFacts;
 use crate::core::operands::{GPU_CLUSTER_NAME, Stack};
 use crate::core::rules::{Rule, Severity};
 
@@ -174,15 +175,11 @@ pub fn build(report: &AuditReport, now: Timestamp) -> PolicyReport {
     build_from(&report.summary(), |name| report.node(name).cloned(), now)
 }
 
-/// Builds the report of an audit kept as summaries: `detail` makes a node's whole audit again,
-/// asked only for the nodes whose results are listed (at most [`MAX_RESULTS`]).
-pub fn build_from(
-    report: &FleetAudit,
-    mut detail: impl FnMut(&str) -> Option<NodeAudit>,
-    now: Timestamp,
-) -> PolicyReport {
+/// The results about the whole cluster: the ClusterPolicy that cannot be read, a ClusterPolicy
+/// and a GPUCluster at once.
+fn cluster_results(facts: &ClusterFacts, now: Timestamp) -> Vec<ReportResult> {
     let mut results = Vec::new();
-    let source = &report.facts.source;
+    let source = &facts.source;
     if source.is_unavailable() {
         results.push(ReportResult {
             policy: NAME,
@@ -196,7 +193,6 @@ pub fn build_from(
             timestamp: now,
         });
     }
-    let facts = &report.facts;
     if facts.stack.in_era(facts.operator.era()) == Stack::Both {
         // The operator reconciles nothing while both exist: one result for the cluster.
         results.push(ReportResult {
@@ -215,6 +211,17 @@ pub fn build_from(
             timestamp: now,
         });
     }
+    results
+}
+
+/// Builds the report of an audit kept as summaries: `detail` makes a node's whole audit again,
+/// asked only for the nodes whose results are listed (at most [`MAX_RESULTS`]).
+pub fn build_from(
+    report: &FleetAudit,
+    mut detail: impl FnMut(&str) -> Option<NodeAudit>,
+    now: Timestamp,
+) -> PolicyReport {
+    let mut results = cluster_results(&report.facts, now);
     // Each (node, rule) result is first only its outcome; the messages are made for the ones
     // listed: failures, then warnings, then passes, each in node and rule order, at most
     // MAX_RESULTS in all. A fleet where every node fails costs the results listed, not one

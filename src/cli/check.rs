@@ -18,7 +18,7 @@ use crate::core::operands::{
 };
 use crate::core::operands::{Stack, Workload};
 use crate::core::operator::{LabelAction, Pass, has_nfd_gpu, labelling_pass};
-use crate::core::pauses::{Build, resumes};
+use crate::core::pauses::{Build, Resume, resumes};
 use crate::core::policy::{self, Decision, Verdict};
 use crate::core::review::{Operation, Review};
 use crate::core::rules::{self, Finding};
@@ -163,6 +163,60 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
     })
 }
 
+/// `check -o json`'s document ([`CheckOutcome::to_json`]).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Out<'a> {
+    node: &'a str,
+    operation: Operation,
+    allowed: bool,
+    decision: Decision,
+    message: Option<&'a str>,
+    findings: &'a [Finding],
+    warnings: &'a [String],
+    operands: Operands,
+    audit_annotations: BTreeMap<&'static str, String>,
+    notes: &'a [String],
+    operator: OperatorOut<'a>,
+}
+/// What the operator's next labelling pass does, per deploy label.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OperatorOut<'a> {
+    version: &'a str,
+    era: &'static str,
+    assumed: Option<&'a str>,
+    /// Set when the version is outside the model: what is decided instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outside_model: Option<String>,
+    /// Which custom resource drives the pass: cluster-policy, gpu-cluster (the DRA
+    /// stack) or both (then nothing is labelled).
+    stack: &'static str,
+    workload: Option<&'static str>,
+    labels: BTreeMap<&'a str, LabelOut<'a>>,
+    /// gpu.present and every deploy label once the pass is done.
+    labels_after: BTreeMap<&'a str, &'a str>,
+}
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct LabelOut<'a> {
+    value: Option<&'a str>,
+    action: &'static str,
+    after: Option<&'a str>,
+    /// The value the end of a pause writes back, for a label a pause holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resumes_as: Option<&'a str>,
+    /// The component that writes it (k8s-driver-manager, mig-manager,
+    /// vgpu-device-manager).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resumed_by: Option<&'static str>,
+}
+#[derive(Serialize)]
+struct Operands {
+    before: BTreeMap<&'static str, bool>,
+    after: BTreeMap<&'static str, bool>,
+}
+
 impl CheckOutcome {
     /// 0 allowed (with or without warnings), 1 denied.
     pub fn exit_code(&self) -> i32 {
@@ -170,58 +224,6 @@ impl CheckOutcome {
     }
 
     pub fn to_json(&self) -> String {
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Out<'a> {
-            node: &'a str,
-            operation: Operation,
-            allowed: bool,
-            decision: Decision,
-            message: Option<&'a str>,
-            findings: &'a [Finding],
-            warnings: &'a [String],
-            operands: Operands,
-            audit_annotations: BTreeMap<&'static str, String>,
-            notes: &'a [String],
-            operator: OperatorOut<'a>,
-        }
-        /// What the operator's next labelling pass does, per deploy label.
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct OperatorOut<'a> {
-            version: &'a str,
-            era: &'static str,
-            assumed: Option<&'a str>,
-            /// Set when the version is outside the model: what is decided instead.
-            #[serde(skip_serializing_if = "Option::is_none")]
-            outside_model: Option<String>,
-            /// Which custom resource drives the pass: cluster-policy, gpu-cluster (the DRA
-            /// stack) or both (then nothing is labelled).
-            stack: &'static str,
-            workload: Option<&'static str>,
-            labels: BTreeMap<&'a str, LabelOut<'a>>,
-            /// gpu.present and every deploy label once the pass is done.
-            labels_after: BTreeMap<&'a str, &'a str>,
-        }
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct LabelOut<'a> {
-            value: Option<&'a str>,
-            action: &'static str,
-            after: Option<&'a str>,
-            /// The value the end of a pause writes back, for a label a pause holds.
-            #[serde(skip_serializing_if = "Option::is_none")]
-            resumes_as: Option<&'a str>,
-            /// The component that writes it (k8s-driver-manager, mig-manager,
-            /// vgpu-device-manager).
-            #[serde(skip_serializing_if = "Option::is_none")]
-            resumed_by: Option<&'static str>,
-        }
-        #[derive(Serialize)]
-        struct Operands {
-            before: BTreeMap<&'static str, bool>,
-            after: BTreeMap<&'static str, bool>,
-        }
         let v = &self.verdict;
         let written = resumes(
             self.before_labels.as_ref().unwrap_or(&self.after_labels),
@@ -241,49 +243,55 @@ impl CheckOutcome {
             },
             audit_annotations: v.audit_annotations().into_iter().collect(),
             notes: &self.notes,
-            operator: OperatorOut {
-                version: &self.version.version.text,
-                era: self.version.era().name(),
-                assumed: self.version.source.assumed(),
-                outside_model: self.version.version.outside_model(),
-                stack: self.stack.name(),
-                workload: self.operator.workload.map(Workload::name),
-                labels: self
-                    .operator
-                    .actions
-                    .iter()
-                    .map(|(k, a)| {
-                        let (resumes_as, resumed_by) =
-                            match (written.iter().find(|(key, _)| key == k), a) {
-                                (Some((_, r)), _) => (Some(r.value.as_str()), Some(r.by.name())),
-                                (None, LabelAction::RestoreFromPaused { to }) => {
-                                    (Some(to.as_str()), None)
-                                }
-                                _ => (None, None),
-                            };
-                        (
-                            &k[DEPLOY_PREFIX.len()..],
-                            LabelOut {
-                                value: self.after_labels.get(k).map(String::as_str),
-                                action: a.as_str(),
-                                after: self.operator.labels.get(k).map(String::as_str),
-                                resumes_as,
-                                resumed_by,
-                            },
-                        )
-                    })
-                    .collect(),
-                labels_after: self
-                    .operator
-                    .labels
-                    .iter()
-                    .filter(|(k, _)| k.starts_with(DEPLOY_PREFIX) || *k == GPU_PRESENT_KEY)
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect(),
-            },
+            operator: self.operator_out(&written),
         };
         // Plain data with string keys: serialization cannot fail.
         serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"
+    }
+
+    /// The operator's next labelling pass, for [`Self::to_json`]; `written`: the values the
+    /// ends of the node's pauses write back.
+    fn operator_out<'a>(&'a self, written: &'a [(String, Resume)]) -> OperatorOut<'a> {
+        OperatorOut {
+            version: &self.version.version.text,
+            era: self.version.era().name(),
+            assumed: self.version.source.assumed(),
+            outside_model: self.version.version.outside_model(),
+            stack: self.stack.name(),
+            workload: self.operator.workload.map(Workload::name),
+            labels: self
+                .operator
+                .actions
+                .iter()
+                .map(|(k, a)| {
+                    let (resumes_as, resumed_by) =
+                        match (written.iter().find(|(key, _)| key == k), a) {
+                            (Some((_, r)), _) => (Some(r.value.as_str()), Some(r.by.name())),
+                            (None, LabelAction::RestoreFromPaused { to }) => {
+                                (Some(to.as_str()), None)
+                            }
+                            _ => (None, None),
+                        };
+                    (
+                        &k[DEPLOY_PREFIX.len()..],
+                        LabelOut {
+                            value: self.after_labels.get(k).map(String::as_str),
+                            action: a.as_str(),
+                            after: self.operator.labels.get(k).map(String::as_str),
+                            resumes_as,
+                            resumed_by,
+                        },
+                    )
+                })
+                .collect(),
+            labels_after: self
+                .operator
+                .labels
+                .iter()
+                .filter(|(k, _)| k.starts_with(DEPLOY_PREFIX) || *k == GPU_PRESENT_KEY)
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
+        }
     }
 
     pub fn to_text(&self) -> String {

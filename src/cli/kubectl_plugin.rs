@@ -189,36 +189,7 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
         args.operator_version.given(&config),
         snapshot.facts.operator,
     );
-    let chosen: Vec<&NodeView> = match &selection {
-        Selection::All => snapshot.nodes.iter().collect(),
-        Selection::Names(names) => {
-            let mut out = Vec::new();
-            for name in names {
-                match snapshot.nodes.iter().find(|n| n.name() == name) {
-                    Some(n) => out.push(n),
-                    None => {
-                        return Err(PluginError::BadInput(format!("node {name:?} not found")));
-                    }
-                }
-            }
-            out
-        }
-        Selection::Selector(selector) => {
-            // The API server parses the selector, as for kubectl.
-            let matched = Api::<NodeView>::all(client.clone())
-                .list(&ListParams::default().labels(selector))
-                .await
-                .map_err(|e| {
-                    PluginError::BadInput(format!("selector {selector:?}: {}", brief(&e)))
-                })?;
-            let names: Vec<String> = matched.items.iter().map(|n| n.name().to_owned()).collect();
-            snapshot
-                .nodes
-                .iter()
-                .filter(|n| names.iter().any(|m| m == n.name()))
-                .collect()
-        }
-    };
+    let chosen = chosen_nodes(&client, &snapshot.nodes, &selection).await?;
     if chosen.is_empty() {
         return Err(PluginError::BadInput("no node matches".to_owned()));
     }
@@ -265,30 +236,79 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
         return Ok((out, 1));
     }
     if args.apply {
-        let api = Api::<NodeView>::all(client.clone());
-        for row in &rows {
-            let mut labels = Map::new();
-            for change in &changes {
-                match change {
-                    Change::Set(k, v) => labels.insert(k.clone(), Value::String(v.clone())),
-                    Change::Remove(k) => labels.insert(k.clone(), Value::Null),
-                };
-            }
-            let patch = serde_json::json!({ "metadata": { "labels": labels } });
-            api.patch(
-                &row.node,
-                &PatchParams::apply(FIELD_MANAGER).validation_strict(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(|source| ClusterError::Write {
-                what: format!("node {}", row.node),
-                source,
-            })?;
-            let _ = writeln!(out, "node/{} labeled", row.node);
-        }
+        apply(&client, &rows, &changes, &mut out).await?;
     }
     Ok((out, 0))
+}
+
+/// The nodes of `nodes` the selection names (a selector is matched by the API server).
+async fn chosen_nodes<'n>(
+    client: &Client,
+    nodes: &'n [NodeView],
+    selection: &Selection,
+) -> Result<Vec<&'n NodeView>, PluginError> {
+    let chosen: Vec<&NodeView> = match selection {
+        Selection::All => nodes.iter().collect(),
+        Selection::Names(names) => {
+            let mut out = Vec::new();
+            for name in names {
+                match nodes.iter().find(|n| n.name() == name) {
+                    Some(n) => out.push(n),
+                    None => {
+                        return Err(PluginError::BadInput(format!("node {name:?} not found")));
+                    }
+                }
+            }
+            out
+        }
+        Selection::Selector(selector) => {
+            // The API server parses the selector, as for kubectl.
+            let matched = Api::<NodeView>::all(client.clone())
+                .list(&ListParams::default().labels(selector))
+                .await
+                .map_err(|e| {
+                    PluginError::BadInput(format!("selector {selector:?}: {}", brief(&e)))
+                })?;
+            let names: Vec<String> = matched.items.iter().map(|n| n.name().to_owned()).collect();
+            nodes
+                .iter()
+                .filter(|n| names.iter().any(|m| m == n.name()))
+                .collect()
+        }
+    };
+    Ok(chosen)
+}
+
+/// Writes the changes to every node of `rows`, saying so in `out`.
+async fn apply(
+    client: &Client,
+    rows: &[Row],
+    changes: &[Change],
+    out: &mut String,
+) -> Result<(), PluginError> {
+    let api = Api::<NodeView>::all(client.clone());
+    for row in rows {
+        let mut labels = Map::new();
+        for change in changes {
+            match change {
+                Change::Set(k, v) => labels.insert(k.clone(), Value::String(v.clone())),
+                Change::Remove(k) => labels.insert(k.clone(), Value::Null),
+            };
+        }
+        let patch = serde_json::json!({ "metadata": { "labels": labels } });
+        api.patch(
+            &row.node,
+            &PatchParams::apply(FIELD_MANAGER).validation_strict(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|source| ClusterError::Write {
+            what: format!("node {}", row.node),
+            source,
+        })?;
+        let _ = writeln!(out, "node/{} labeled", row.node);
+    }
+    Ok(())
 }
 
 /// Who the kubeconfig authenticates as (matters for exemptions), from a SelfSubjectReview.

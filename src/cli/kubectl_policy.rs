@@ -75,92 +75,15 @@ fn kind_of(word: &str) -> Option<PolicyKind> {
 
 /// The preview's report and exit code.
 pub async fn preview(args: &PolicyArgs) -> Result<(String, u8), PolicyError> {
-    let bad = |m: String| PolicyError::BadInput(m);
-    let file = match &args.file {
-        Some(path) => {
-            let text = read::text(path)
-                .map_err(|e| bad(format!("cannot read {}: {e}", read::display(path))))?;
-            Some(document::json_or_yaml(&text).map_err(|m| {
-                bad(format!(
-                    "{} is neither JSON nor YAML: {m}",
-                    read::display(path)
-                ))
-            })?)
-        }
-        None => None,
-    };
-    let (kind, name) = match (&file, &args.kind, &args.name) {
-        (Some(v), _, _) => {
-            let kind = v
-                .get("kind")
-                .and_then(Value::as_str)
-                .and_then(kind_of)
-                .ok_or_else(|| bad("-f: expected a ClusterPolicy or an NVIDIADriver".into()))?;
-            let name = v
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad("-f: the object has no metadata.name".into()))?;
-            (kind, name.to_owned())
-        }
-        (None, Some(k), Some(n)) => (
-            kind_of(k)
-                .ok_or_else(|| bad(format!("{k:?}: expected clusterpolicy or nvidiadriver")))?,
-            n.clone(),
-        ),
-        _ => {
-            return Err(bad(
-                "give -f FILE, or KIND NAME with --patch JSON or --delete".into(),
-            ));
-        }
-    };
-    if file.is_none() && args.patch.is_none() && !args.delete {
-        return Err(bad(format!(
-            "{} {name}: give --patch JSON or --delete",
-            kind.as_str()
-        )));
-    }
-    if args.delete && kind == PolicyKind::ClusterPolicy {
-        return Err(bad(
-            "deleting the ClusterPolicy removes every operand; it is not reviewed".into(),
-        ));
-    }
+    let file = file_object(args)?;
+    let (kind, name) = kind_and_name(args, file.as_ref())?;
     let config = match &args.config {
         Some(path) => read::config_file(path)?,
         None => Config::default(),
     };
     let client = api::connect().await?;
-    let resource = match kind {
-        PolicyKind::ClusterPolicy => cluster_policy_resource(),
-        PolicyKind::NvidiaDriver => nvidia_driver::resource(),
-        // kind_of names no GPUCluster: the preview does not take one.
-        PolicyKind::GpuCluster => crate::k8s::gpu_cluster::resource(),
-    };
-    let live = match Api::<DynamicObject>::all_with(client.clone(), &resource)
-        .get_opt(&name)
-        .await
-    {
-        Ok(o) => o.map(|o| serde_json::to_value(o).unwrap_or_default()),
-        Err(e) => {
-            return Err(bad(format!(
-                "cannot read {} {name}: {}",
-                kind.as_str(),
-                brief(&e)
-            )));
-        }
-    };
-    let new = match (&file, &args.patch) {
-        (Some(v), _) => Some(v.clone()),
-        (None, Some(patch)) => {
-            let patch: Value = serde_json::from_str(patch)
-                .map_err(|e| bad(format!("--patch is not JSON: {e}")))?;
-            let mut doc = live
-                .clone()
-                .ok_or_else(|| bad(format!("{} {name} does not exist", kind.as_str())))?;
-            json_patch::merge(&mut doc, &patch);
-            Some(doc)
-        }
-        (None, None) => None,
-    };
+    let live = live_object(&client, kind, &name).await?;
+    let new = changed_object(args, file, live.as_ref(), kind, &name)?;
     let operation = match (&live, &new) {
         (Some(_), Some(_)) => Operation::Update,
         (None, Some(_)) => Operation::Create,
@@ -197,4 +120,116 @@ pub async fn preview(args: &PolicyArgs) -> Result<(String, u8), PolicyError> {
         &config.policy,
     )
     .map_err(bad)
+}
+
+fn bad(m: String) -> PolicyError {
+    PolicyError::BadInput(m)
+}
+
+/// The object -f gives, read.
+fn file_object(args: &PolicyArgs) -> Result<Option<Value>, PolicyError> {
+    let Some(path) = &args.file else {
+        return Ok(None);
+    };
+    let text =
+        read::text(path).map_err(|e| bad(format!("cannot read {}: {e}", read::display(path))))?;
+    let value = document::json_or_yaml(&text).map_err(|m| {
+        bad(format!(
+            "{} is neither JSON nor YAML: {m}",
+            read::display(path)
+        ))
+    })?;
+    Ok(Some(value))
+}
+
+/// The kind and name of the object previewed (-f's, or KIND NAME), and whether the arguments
+/// say what to do with it.
+fn kind_and_name(
+    args: &PolicyArgs,
+    file: Option<&Value>,
+) -> Result<(PolicyKind, String), PolicyError> {
+    let (kind, name) = match (file, &args.kind, &args.name) {
+        (Some(v), _, _) => {
+            let kind = v
+                .get("kind")
+                .and_then(Value::as_str)
+                .and_then(kind_of)
+                .ok_or_else(|| bad("-f: expected a ClusterPolicy or an NVIDIADriver".into()))?;
+            let name = v
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("-f: the object has no metadata.name".into()))?;
+            (kind, name.to_owned())
+        }
+        (None, Some(k), Some(n)) => (
+            kind_of(k)
+                .ok_or_else(|| bad(format!("{k:?}: expected clusterpolicy or nvidiadriver")))?,
+            n.clone(),
+        ),
+        _ => {
+            return Err(bad(
+                "give -f FILE, or KIND NAME with --patch JSON or --delete".into(),
+            ));
+        }
+    };
+    if file.is_none() && args.patch.is_none() && !args.delete {
+        return Err(bad(format!(
+            "{} {name}: give --patch JSON or --delete",
+            kind.as_str()
+        )));
+    }
+    if args.delete && kind == PolicyKind::ClusterPolicy {
+        return Err(bad(
+            "deleting the ClusterPolicy removes every operand; it is not reviewed".into(),
+        ));
+    }
+    Ok((kind, name))
+}
+
+/// The live object of `kind` named `name`, when there is one.
+async fn live_object(
+    client: &kube::Client,
+    kind: PolicyKind,
+    name: &str,
+) -> Result<Option<Value>, PolicyError> {
+    let resource = match kind {
+        PolicyKind::ClusterPolicy => cluster_policy_resource(),
+        PolicyKind::NvidiaDriver => nvidia_driver::resource(),
+        // kind_of names no GPUCluster: the preview does not take one.
+        PolicyKind::GpuCluster => crate::k8s::gpu_cluster::resource(),
+    };
+    match Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .get_opt(name)
+        .await
+    {
+        Ok(o) => Ok(o.map(|o| serde_json::to_value(o).unwrap_or_default())),
+        Err(e) => Err(bad(format!(
+            "cannot read {} {name}: {}",
+            kind.as_str(),
+            brief(&e)
+        ))),
+    }
+}
+
+/// The object after the change: -f's, or the live one with --patch merged; none for --delete.
+fn changed_object(
+    args: &PolicyArgs,
+    file: Option<Value>,
+    live: Option<&Value>,
+    kind: PolicyKind,
+    name: &str,
+) -> Result<Option<Value>, PolicyError> {
+    match (file, &args.patch) {
+        (Some(v), _) => Ok(Some(v)),
+        (None, Some(patch)) => {
+            let patch: Value = serde_json::from_str(patch)
+                .map_err(|e| bad(format!("--patch is not JSON: {e}")))?;
+            let mut doc = live
+                .cloned()
+                .ok_or_else(|| bad(format!("{} {name} does not exist", kind.as_str())))?;
+            json_patch::merge(&mut doc, &patch);
+            Ok(Some(doc))
+        }
+        (None, None) => Ok(None),
+    }
 }
