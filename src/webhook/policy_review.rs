@@ -73,6 +73,8 @@ pub(super) async fn validate_policy(
     json_response(StatusCode::OK, &response)
 }
 
+/// The verdict on `request`: its status subresource decides nothing; anything else is
+/// decided by [`decide_objects`] over the fleet this replica keeps.
 fn review(
     hook: &Webhook,
     request: &PolicyRequest,

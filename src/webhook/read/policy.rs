@@ -3,9 +3,9 @@
 //!
 //! Not the hot path of node labels: read with serde, whole, its objects pruned to the fields
 //! the decision reads ([`policy_object::keeps`]). The envelope is checked as a Node review's
-//! is ([`check_envelope`], [`check_uid`], [`check_name`]); what this reading keeps of its own
+//! is (`check_envelope`, `check_uid`, `check_name`); what this reading keeps of its own
 //! is how it has always answered: `apiVersion` and `kind` may be absent (and are then refused
-//! as wrong) and are repeated cut at [`MAX_ERROR_BYTES`], a refused field's path is given as
+//! as wrong) and are repeated cut at `MAX_ERROR_BYTES`, a refused field's path is given as
 //! serde gives it, no uid is looked for in a body that is not read whole, and what follows a
 //! whole review in the body is not read.
 
