@@ -377,3 +377,117 @@ fn core_names_no_io_crate() {
     found.dedup();
     assert!(found.is_empty(), "I/O in core: {found:?}");
 }
+
+/// The lines of a file before its test module.
+fn lines_before_tests(text: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .windows(2)
+        .position(|w| w[0].starts_with("#[cfg(test)]") && w[1].starts_with("mod "))
+        .unwrap_or(lines.len())
+}
+
+/// Every function of `text` longer than `limit` lines, from its `fn` line to its closing brace,
+/// as `(name, first line, lines)`. rustfmt's layout is relied on: a body closes with a `}` at
+/// the indentation of its `fn`, and a signature ends with `{` (a body) or `;` (none).
+fn long_functions(text: &str, limit: usize) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (at, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        let indent = &line[..line.len() - code.len()];
+        let Some(name) = fn_name(code) else { continue };
+        let mut end = at;
+        while end < lines.len() && !lines[end].ends_with('{') && !lines[end].ends_with(';') {
+            end += 1;
+        }
+        if end == lines.len() || lines[end].ends_with(';') || lines[end].ends_with('}') {
+            continue;
+        }
+        let Some(close) = lines[end + 1..].iter().position(|l| {
+            l.strip_prefix(indent)
+                .is_some_and(|rest| rest.starts_with('}'))
+        }) else {
+            continue;
+        };
+        let length = end + 1 + close - at + 1;
+        if length > limit {
+            out.push((name, at + 1, length));
+        }
+    }
+    out
+}
+
+/// The name a line declares a function by (`pub(crate) async fn name<T>(`), if it does.
+fn fn_name(code: &str) -> Option<String> {
+    let mut rest = code;
+    if let Some(after) = rest.strip_prefix("pub") {
+        rest = match after.strip_prefix('(') {
+            Some(scope) => scope.split_once(')')?.1,
+            None => after,
+        }
+        .trim_start();
+    }
+    for qualifier in ["const ", "async ", "unsafe ", "extern \"C\" "] {
+        rest = rest.strip_prefix(qualifier).unwrap_or(rest);
+    }
+    let name = rest.strip_prefix("fn ")?;
+    let end = name.find(|c: char| !(c.is_alphanumeric() || c == '_'))?;
+    Some(name[..end].to_owned())
+}
+
+#[test]
+fn no_file_is_over_600_lines_before_its_tests() {
+    let mut paths = Vec::new();
+    files(&root(), &mut paths);
+    let long: Vec<String> = paths
+        .iter()
+        .filter(|p| p.file_name().is_some_and(|n| n != "tests.rs"))
+        .filter_map(|p| {
+            let lines = lines_before_tests(&std::fs::read_to_string(p).unwrap());
+            (lines > 600).then(|| format!("{}: {lines} lines", p.display()))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "over 600 lines before the tests:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn no_function_is_over_100_lines() {
+    let mut paths = Vec::new();
+    files(&root(), &mut paths);
+    files(&root().with_file_name("tests"), &mut paths);
+    let long: Vec<String> = paths
+        .iter()
+        .flat_map(|p| {
+            let text = std::fs::read_to_string(p).unwrap();
+            long_functions(&text, 100)
+                .into_iter()
+                .map(move |(name, line, n)| format!("{}:{line}: {name}, {n} lines", p.display()))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "functions over 100 lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_checker_measures_a_function_from_fn_to_its_brace() {
+    let body = "        x();\n".repeat(3);
+    let text = format!(
+        "impl A {{\n    pub(crate) async fn long<T>(\n        a: T,\n    ) -> T\n    where\n        T: Copy,\n    {{\n{body}    }}\n\n    fn declared(&self);\n    fn short() {{}}\n}}\n"
+    );
+    assert_eq!(long_functions(&text, 5), vec![("long".to_owned(), 2, 10)]);
+    assert!(long_functions(&text, 10).is_empty());
+    assert_eq!(fn_name("pub fn a_b(x: u8) {"), Some("a_b".to_owned()));
+    assert_eq!(fn_name("let f = fn_like;"), None);
+    assert_eq!(
+        lines_before_tests("a\nb\n#[cfg(test)]\nmod tests {\n}\n"),
+        2
+    );
+}
