@@ -13,7 +13,8 @@
 //! - [`policy_decision`]: a GPU-policy change decided from its objects over the node records,
 //!   what the webhook's policy route and the offline `check-policy` and plugin share.
 //! - [`webhook`]: AdmissionReview bytes in, the verdict's response out.
-//! - [`audit`]: the pure audit of nodes and pods, and its outputs.
+//! - [`audit`]: the audit of nodes and pods (pure) and its outputs; writing the report
+//!   (`audit::apply`) and its gauges are its only I/O.
 //! - [`serve`]: the process: listeners, TLS, readiness, drain, the cluster watch.
 //! - [`flags`]: `--operator-version`, the flag `serve` and the offline commands share.
 //! - [`cli`]: the offline commands `check`, `audit`, `certs`, `completion`, and the

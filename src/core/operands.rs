@@ -3,8 +3,9 @@
 //! Every operand DaemonSet selects nodes with `nvidia.com/gpu.deploy.<operand>:
 //! "true"`, so an operand runs on a node only when that label's value is the
 //! exact string `true`. This module holds [`OPERANDS`], the one table of every
-//! fact about each operand (add an operand by adding a row), and the model each
-//! era's labelling pass is worked out into from it. Beside it: the settings that
+//! fact about each operand (add an operand by adding a row, and, when a pausing
+//! component owns its key, by adding it to that component's keys in [`super::pauses`]), and
+//! the model each era's labelling pass is worked out into from it. Beside it: the settings that
 //! choose a node's operands ([`settings`]), [`OperandSet`], the values a deploy
 //! label may hold ([`value`]), and deploy labels on a node ([`deploy`]). Where
 //! each fact comes from in the operator's source: `docs/gpu-operator.md`.
