@@ -15,6 +15,7 @@ use crate::serve::metrics::{ConnectionMetrics, PoolMetrics, VersionMetrics};
 use crate::serve::tls::metrics::TlsMetrics;
 use crate::webhook::metrics::{PolicyReviewMetrics, ReviewMetrics, ShareMetrics};
 
+pub(crate) mod labels;
 pub(crate) mod series;
 
 /// All metrics of one process, by component. Cheap to share behind an `Arc`.

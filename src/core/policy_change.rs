@@ -28,7 +28,7 @@ use super::operands::{Labels, Operand, OperandSet};
 use super::operator::labelling_pass;
 use super::policy::{self, Policy, PolicyNote, Verdict};
 use super::review::Operation;
-use super::rules::fleet::{name_nodes, stacks_conflict};
+use super::rules::fleet::{finding, name_nodes, plural, stacks_conflict};
 use super::rules::{Action, Change, FleetCtx, Found, Rule};
 
 pub mod model;
@@ -393,19 +393,6 @@ fn state_transitions(
                 plural(count)
             ),
         ));
-    }
-}
-
-fn plural(n: usize) -> &'static str {
-    if n == 1 { "node" } else { "nodes" }
-}
-
-fn finding(rule: Rule, message: String, warning: String) -> Found {
-    Found {
-        rule,
-        change: Change::New,
-        message,
-        warning,
     }
 }
 

@@ -12,6 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::metrics::labels::ReasonLabels;
+
 use crate::core::policy::Decision;
 use crate::core::policy_change::PolicyKind;
 use crate::core::review::Operation;
@@ -43,11 +45,6 @@ struct PolicyFindingLabels {
     kind: &'static str,
     rule: &'static str,
     action: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -117,7 +117,8 @@ pub fn name_nodes<'a>(nodes: impl IntoIterator<Item = &'a str>) -> (usize, Strin
     (all.len(), text)
 }
 
-fn plural(n: usize) -> &'static str {
+/// "node" for one, "nodes" for several.
+pub(crate) fn plural(n: usize) -> &'static str {
     if n == 1 { "node" } else { "nodes" }
 }
 
@@ -126,7 +127,8 @@ fn lose(n: usize) -> &'static str {
     if n == 1 { "loses" } else { "lose" }
 }
 
-fn finding(rule: Rule, message: String, warning: String) -> Found {
+/// A new finding of a fleet rule.
+pub(crate) fn finding(rule: Rule, message: String, warning: String) -> Found {
     Found {
         rule,
         change: Change::New,

@@ -1,21 +1,12 @@
 //! TLS's metrics: the serving certificate in use and the reloads of a changed certificate or
 //! client CA bundle.
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabels {
-    result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabels {
-    reason: &'static str,
-}
+use crate::metrics::labels::{ReasonLabels, ResultLabels};
 
 /// The serving certificate and the client CA: expiry, reloads and why a reload failed.
 pub struct TlsMetrics {
