@@ -320,9 +320,12 @@ fn gpu_cluster_review<R>(
     let after = match (op, change.object) {
         (Operation::Create | Operation::Update, Some(object)) => {
             let gc = gpu_cluster::from_object(object).map_err(|e| ObjectError::invalid(&e))?;
-            facts
-                .clone()
-                .with_gpu_cluster(&gc.name, gc.disabled, cluster_policy.is_some())
+            facts.clone().with_gpu_cluster(
+                &gc.name,
+                gc.disabled,
+                gc.tolerations,
+                cluster_policy.is_some(),
+            )
         }
         (Operation::Create | Operation::Update, None) => {
             return Err(ObjectError::missing(op, "object"));

@@ -111,7 +111,12 @@ fn node_audit(
     policy: &Policy,
 ) -> Option<NodeAudit> {
     let record = nodes.get(name)?;
-    Some(context.node(name, &record.labels(), &pods.on_node(name), policy))
+    let node = super::NodeIn {
+        name,
+        labels: &record.labels(),
+        placement: &crate::core::review::UNTAINTED,
+    };
+    Some(context.node(node, &pods.on_node(name), policy))
 }
 
 #[cfg(test)]

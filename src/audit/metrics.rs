@@ -360,6 +360,8 @@ mod tests {
             "gpu_deploy_guard_audit_findings{rule=\"device-plugin-without-toolkit\"} 2",
             "gpu_deploy_guard_audit_findings{rule=\"operand-without-toolkit\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"operand-without-validator\"} 0",
+            "gpu_deploy_guard_audit_findings{rule=\"operands-not-recreated\"} 0",
+            "gpu_deploy_guard_audit_findings{rule=\"toolkit-not-recreated\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"operand-without-sandbox-validator\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"operand-without-dra-driver\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"device-plugin-on-non-gpu-node\"} 2",

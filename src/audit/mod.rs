@@ -21,6 +21,7 @@ use serde::Serialize;
 
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{Labels, Operand, OperandSet, is_gpu_node};
+use crate::core::placement::NodePlacement;
 pub use crate::core::pods::OperandState;
 use crate::core::policy::{self, Policy};
 use crate::core::rules::{Action, PodCtx, Rule, Severity};
@@ -274,14 +275,8 @@ impl Context {
     }
 
     /// One node's audit: `pods` are the operand pods scheduled on it.
-    pub fn node(
-        &self,
-        name: &str,
-        labels: &Labels,
-        pods: &[PodOnNode<'_>],
-        policy: &Policy,
-    ) -> NodeAudit {
-        audit_node(name, labels, pods, &self.columns, &self.facts, policy)
+    pub fn node(&self, node: NodeIn<'_>, pods: &[PodOnNode<'_>], policy: &Policy) -> NodeAudit {
+        audit_node(node, pods, &self.columns, &self.facts, policy)
     }
 }
 
@@ -318,7 +313,12 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
         .map(|n| {
             let n = n.borrow();
             let pods = by_node.get(n.name()).map_or(&[][..], Vec::as_slice);
-            ctx.node(n.name(), n.labels(), pods, policy)
+            let node = NodeIn {
+                name: n.name(),
+                labels: n.labels(),
+                placement: &n.placement,
+            };
+            ctx.node(node, pods, policy)
         })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -331,20 +331,32 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
     }
 }
 
+/// A node as the audit reads it: name, labels, taints and cordon.
+#[derive(Clone, Copy)]
+pub struct NodeIn<'a> {
+    pub name: &'a str,
+    pub labels: &'a Labels,
+    pub placement: &'a NodePlacement,
+}
+
 fn audit_node(
-    name: &str,
-    labels: &Labels,
+    node: NodeIn<'_>,
     pods: &[PodOnNode<'_>],
     columns: &[Operand],
     facts: &ClusterFacts,
     policy: &Policy,
 ) -> NodeAudit {
-    let expected: OperandSet = policy::simulate(labels, facts)
+    let NodeIn { name, labels, .. } = node;
+    let with_pods: OperandSet = pods.iter().map(|p| p.operand).collect();
+    // Expected where the DaemonSet controller places the pod, or keeps the one there under a
+    // taint it does not tolerate; not where a taint keeps a new one off or evicts it.
+    let runs = policy::runs(name, labels, node.placement, Some(with_pods), facts);
+    let expected: OperandSet = runs
+        .set
         .iter()
         .filter(|op| op.info().has_daemonset())
         .filter(|op| facts.daemonsets.is_none_or(|ds| ds.contains(*op)))
         .collect();
-    let with_pods: OperandSet = pods.iter().map(|p| p.operand).collect();
     let operands: Vec<OperandState> = Operand::all()
         .filter(|op| columns.contains(op) || expected.contains(*op) || with_pods.contains(*op))
         .map(|op| {
@@ -355,6 +367,10 @@ fn audit_node(
                 .min_by(|a, b| (a.phase, &a.name).cmp(&(b.phase, &b.name)));
             OperandState {
                 operand: op,
+                placement: runs
+                    .blocked
+                    .get(&op)
+                    .map(|p| p.state(with_pods.contains(op))),
                 expected: expected.contains(op),
                 running: pod.is_some_and(|p| p.phase == PodPhase::Running),
                 pod: pod.map(|p| p.name.to_string()),
@@ -368,13 +384,13 @@ fn audit_node(
         operands,
         findings: Vec::new(),
     };
-    audit.findings = findings(&audit, labels, facts, policy);
+    audit.findings = findings(&audit, node, facts, policy);
     audit
 }
 
 fn findings(
     audit: &NodeAudit,
-    labels: &Labels,
+    node: NodeIn<'_>,
     facts: &ClusterFacts,
     policy: &Policy,
 ) -> Vec<AuditFinding> {
@@ -394,7 +410,7 @@ fn findings(
             message: f.message,
         })
         .collect();
-    for f in policy::assess(&audit.name, labels, facts, policy) {
+    for f in policy::assess(&audit.name, node.labels, node.placement, facts, policy) {
         let rule = f.rule;
         // What the pods show says more than what the labels imply.
         if out.iter().any(|o| o.rule == rule) {

@@ -160,6 +160,7 @@ fn gaps_are_listed_per_node_and_operand() {
     assert_eq!(
         gfd,
         &OperandState {
+            placement: None,
             operand: Operand::GpuFeatureDiscovery,
             expected: true,
             running: false,
@@ -472,11 +473,11 @@ fn at() -> Timestamp {
 fn the_report_has_one_result_per_relevant_node_and_rule() {
     let r = run("lab-device-plugin-only");
     let rep = report::build(&r, at());
-    // Three nodes take part (two GPUs, one with the plugin), seven rules each.
-    assert_eq!(rep.results.len(), 21);
+    // Three nodes take part (two GPUs, one with the plugin), nine rules each.
+    assert_eq!(rep.results.len(), 27);
     assert_eq!(
         (rep.summary.pass, rep.summary.fail, rep.summary.warn),
-        (19, 1, 1)
+        (25, 1, 1)
     );
     let fail = rep
         .results
@@ -544,13 +545,13 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
     let rep = report::build(&r, at());
     assert_eq!(rep.results.len(), report::MAX_RESULTS);
     assert_eq!(rep.summary.fail, 1000);
-    assert_eq!(rep.summary.pass, 6000);
+    assert_eq!(rep.summary.pass, 8000);
     assert_eq!(
         rep.metadata
             .annotations
             .get(report::OMITTED_ANNOTATION)
             .map(String::as_str),
-        Some("5000")
+        Some("7000")
     );
     assert!(
         rep.results[..1000]
@@ -559,7 +560,7 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
     );
 
     // Kept as summaries, the same report: each listed node's audit is made again only for its
-    // results (the 1,000 failures, then the passes of the first 167 nodes, 6 rules each), never
+    // results (the 1,000 failures, then the passes of the first 125 nodes, 8 rules each), never
     // for the nodes left out.
     let summary = r.summary();
     let mut made = Vec::new();
@@ -572,9 +573,9 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
         at(),
     );
     assert_eq!(again, rep);
-    assert_eq!(made.len(), 1000 + 167);
+    assert_eq!(made.len(), 1000 + 125);
     assert_eq!(made[1000], "gpu-0000");
-    assert_eq!(made.last().map(String::as_str), Some("gpu-0166"));
+    assert_eq!(made.last().map(String::as_str), Some("gpu-0124"));
 
     // A node whose audit cannot be made again keeps its outcome, and says so.
     let blind = report::build_from(&summary, |_| None, at());

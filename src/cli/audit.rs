@@ -156,7 +156,12 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
     }
     if let Some(path) = &args.gpu_cluster {
         let gc = crate::k8s::gpu_cluster::file(path)?;
-        facts = facts.with_gpu_cluster(&gc.name, gc.disabled, args.cluster_policy.is_some());
+        facts = facts.with_gpu_cluster(
+            &gc.name,
+            gc.disabled,
+            gc.tolerations,
+            args.cluster_policy.is_some(),
+        );
     }
     if let Some(path) = &args.daemonsets {
         let ds = files::read_daemonsets(path)?;

@@ -110,11 +110,9 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
     }
     let node = read::node_file(&input.node)?;
     let mut notes = Vec::new();
-    let (before, mut after) = match &input.old_node {
-        Some(old) => (
-            Some(read::node_file(old)?.labels().clone()),
-            node.labels().clone(),
-        ),
+    let old_node = input.old_node.as_deref().map(read::node_file).transpose()?;
+    let (before, mut after) = match &old_node {
+        Some(old) => (Some(old.labels().clone()), node.labels().clone()),
         None if input.create => (None, node.labels().clone()),
         None => (Some(node.labels().clone()), node.labels().clone()),
     };
@@ -133,6 +131,8 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
         groups: &input.groups,
         dry_run: false,
         unknown_not_copied: 0,
+        old_placement: old_node.as_ref().map(|n| &n.placement),
+        placement: &node.placement,
     };
     let verdict = policy::decide(&review, facts, &config.policy);
     let operator = labelling_pass(&after, facts.operator.era(), &facts.sandbox, facts.stack);
@@ -511,7 +511,12 @@ pub fn run(args: CheckArgs) -> ExitCode {
     };
     let facts = match &args.gpu_cluster {
         Some(path) => match crate::k8s::gpu_cluster::file(path) {
-            Ok(gc) => facts.with_gpu_cluster(&gc.name, gc.disabled, args.cluster_policy.is_some()),
+            Ok(gc) => facts.with_gpu_cluster(
+                &gc.name,
+                gc.disabled,
+                gc.tolerations,
+                args.cluster_policy.is_some(),
+            ),
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);

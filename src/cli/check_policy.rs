@@ -193,7 +193,12 @@ pub fn check(args: &CheckPolicyArgs) -> Result<(String, u8), CheckPolicyError> {
     }
     if let Some(path) = &args.gpu_cluster {
         let gc = crate::k8s::gpu_cluster::file(path)?;
-        facts = facts.with_gpu_cluster(&gc.name, gc.disabled, args.cluster_policy.is_some());
+        facts = facts.with_gpu_cluster(
+            &gc.name,
+            gc.disabled,
+            gc.tolerations,
+            args.cluster_policy.is_some(),
+        );
     }
     if let Some(path) = &args.nvidia_drivers {
         facts.nvidia_drivers = Some(drivers(path)?);

@@ -209,6 +209,8 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
             groups: &groups,
             dry_run: false,
             unknown_not_copied: 0,
+            old_placement: None,
+            placement: &crate::core::review::UNTAINTED,
         };
         let verdict = policy::decide(&review, &snapshot.facts, &config.policy);
         rows.push(Row {

@@ -123,6 +123,12 @@ impl Era {
     pub fn vgpu_device_manager_needs_operator_vgpu_manager(self) -> bool {
         !self.reaches(Era::V26_7)
     }
+
+    /// The vGPU device manager's asset tolerates `nvidia.com/gpu` like every other operand's
+    /// (v26.7+); before, it carries no toleration (`docs/gpu-operator.md` §13).
+    pub fn vgpu_device_manager_tolerates_gpu_taint(self) -> bool {
+        self.reaches(Era::V26_7)
+    }
 }
 
 /// A version the model does not follow, on which side.

@@ -9,6 +9,7 @@ use crate::core::operands::{
     Labels, OPERANDS, OnGpuCluster, Operand, OperandSet, Stack, not_deployed,
 };
 use crate::core::operator::Sandbox;
+use crate::core::placement::{NodePlacement, Placement, PodPlacement, Templates, Toleration};
 use crate::core::version::Followed;
 
 /// What is known about the cluster beyond the node itself, and where it came from.
@@ -49,6 +50,9 @@ pub struct ClusterFacts {
     /// Why it is not known whether a GPUCluster exists (not listed yet, RBAC forbids it, more
     /// than the guard keeps); `None` when it is known (listed, or no such CRD).
     pub gpu_clusters_unknown: Option<String>,
+    /// The operand pod templates' tolerations and node affinity, which decide with a node's
+    /// taints where the DaemonSet controller places a pod ([`crate::core::placement`]).
+    pub templates: Templates,
 }
 
 impl Default for ClusterFacts {
@@ -67,6 +71,7 @@ impl Default for ClusterFacts {
             stack: Stack::ClusterPolicy,
             next_policy: None,
             gpu_clusters_unknown: None,
+            templates: Templates::default(),
         }
     }
 }
@@ -185,6 +190,10 @@ impl ClusterFacts {
             stack,
             next_policy: None,
             gpu_clusters_unknown: self.gpu_clusters_unknown.clone(),
+            templates: Templates {
+                policy_tolerations: switches.templates.policy_tolerations.clone(),
+                daemonsets: self.templates.daemonsets.clone(),
+            },
             ..switches.clone()
         }
     }
@@ -198,21 +207,32 @@ impl ClusterFacts {
     }
 
     /// These facts (a ClusterPolicy's, or the defaults when none exists) once a GPUCluster
-    /// named `name`, switching off `disabled` ([`gpu_cluster_switched_off`]), is known to
-    /// exist too. Without a ClusterPolicy it is the DRA stack: its switches, its NVIDIADriver
+    /// named `name`, switching off `disabled` ([`gpu_cluster_switched_off`]) and giving its
+    /// DaemonSets `tolerations` (`spec.daemonsets.tolerations`), is known to exist too. Without a ClusterPolicy it is the DRA stack: its switches, its NVIDIADriver
     /// drivers (`usesNvidiaDriverCRD`), no sandbox workloads. With one, the operator reconciles
     /// neither (gpu-operator@v26.7.0 `controllers/gpucluster_controller.go`,
     /// `validatePrerequisites`; `controllers/clusterpolicy_controller.go`, `Reconcile`;
     /// `controllers/nodelabeling_controller.go`, `Reconcile`): the ClusterPolicy's facts stay,
     /// on [`Stack::Both`].
-    pub fn with_gpu_cluster(self, name: &str, disabled: OperandSet, cluster_policy: bool) -> Self {
+    pub fn with_gpu_cluster(
+        self,
+        name: &str,
+        disabled: OperandSet,
+        tolerations: Vec<Toleration>,
+        cluster_policy: bool,
+    ) -> Self {
         if cluster_policy {
             return ClusterFacts {
                 stack: Stack::Both,
                 ..self
             };
         }
+        let templates = Templates {
+            policy_tolerations: tolerations,
+            daemonsets: self.templates.daemonsets.clone(),
+        };
         ClusterFacts {
+            templates,
             toolkit_managed: true,
             disabled,
             source: PolicySource::GpuCluster(name.to_owned()),
@@ -222,6 +242,32 @@ impl ClusterFacts {
             stack: Stack::GpuCluster,
             ..self
         }
+    }
+
+    /// Operand `op`'s pod template as the DaemonSet controller reads it
+    /// ([`Templates::of`]).
+    pub fn template(&self, op: Operand) -> PodPlacement {
+        self.templates
+            .of(op, self.operator.era(), self.stack, self.driver_crd)
+    }
+
+    /// Where the DaemonSet controller puts `op`'s pod on the node named `name` with these
+    /// labels and taints, given that its selector picks the node. An untainted node needs no
+    /// template unless a live one has a required node affinity.
+    pub fn place(
+        &self,
+        op: Operand,
+        name: &str,
+        labels: &Labels,
+        node: &NodePlacement,
+    ) -> Placement {
+        if let Some(live) = self.templates.daemonsets.get(&op) {
+            return live.place(name, labels, true, node);
+        }
+        if !node.is_tainted() {
+            return Placement::Placed;
+        }
+        self.template(op).place(name, labels, true, node)
     }
 
     /// The facts a ClusterPolicy with these switched-off operands gives.

@@ -12,6 +12,7 @@ pub mod nvidia_driver;
 pub mod operands;
 pub mod operator;
 pub mod pauses;
+pub mod placement;
 pub mod pods;
 pub mod policy;
 pub mod policy_change;

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::core::operands::Operand;
+use crate::core::placement::PlacementState;
 
 /// `status.phase` of a Pod.
 /// Ordered from the most to the least useful, so that the best pod of several sorts first.
@@ -55,6 +56,11 @@ impl PodPhase {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct OperandState {
     pub operand: Operand,
+    /// Where a taint or the required node affinity stops the DaemonSet controller (kept
+    /// running but not re-created, evicted, not placed, not selected); `None` when nothing
+    /// does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementState>,
     /// The DaemonSet controller should run it here (label, ClusterPolicy, real selector).
     pub expected: bool,
     /// A pod of it is Running here.

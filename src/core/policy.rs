@@ -16,6 +16,7 @@ use crate::core::operands::{
 };
 use crate::core::operator::{LabelAction, PASS_READS, labelling_pass};
 use crate::core::pauses::{Build, after_pauses, resumes};
+use crate::core::placement::NodePlacement;
 use crate::core::review::{Operation, Review};
 use crate::core::rules::Ctx;
 use crate::core::rules::{Action, Change, Finding, Found, Kind, RULES, Rule};
@@ -243,10 +244,14 @@ fn selects(labels: &Labels, op: Operand, facts: &ClusterFacts) -> bool {
 
 /// Decide one request.
 pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Verdict {
-    let requested = simulate(review.labels, facts);
-    let before = review
-        .old_labels
-        .map_or(OperandSet::EMPTY, |old| simulate(old, facts));
+    // Judged on the taints that last: a node that is not ready now runs what its labels select
+    // once it is.
+    let old_taints = review.before_placement().lasting();
+    let taints = review.placement.lasting();
+    let before = review.old_labels.map_or_else(Runs::default, |old| {
+        runs(review.node, old, &old_taints, None, facts)
+    });
+    let requested = runs(review.node, review.labels, &taints, Some(before.set), facts);
     // The state rules judge what the node will run: after the operator's pass when this very
     // update starts one, else the labels as the request leaves them.
     let passed = pass_on_this_update(review, facts);
@@ -254,9 +259,10 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         labels: &p.labels,
         ..*review
     });
-    let after = judged
-        .as_ref()
-        .map_or(requested, |r| simulate(r.labels, facts));
+    let after = judged.as_ref().map_or_else(
+        || requested.clone(),
+        |r| runs(r.node, r.labels, &taints, Some(before.set), facts),
+    );
 
     let mut findings = Vec::new();
     if matches!(review.operation, Operation::Create | Operation::Update) {
@@ -264,16 +270,16 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         let ctx = Ctx {
             review,
             facts,
-            before,
-            after: requested,
+            before: &before,
+            after: &requested,
             assessing: false,
             changes: &changes,
         };
         let mut found = state_findings(
             judged.as_ref().unwrap_or(review),
             facts,
-            before,
-            after,
+            &before,
+            &after,
             false,
         );
         if let Some(p) = &passed {
@@ -290,8 +296,8 @@ pub fn decide(review: &Review<'_>, facts: &ClusterFacts, policy: &Policy) -> Ver
         findings,
         exemption(review.username, review.groups, &policy.exemptions),
         policy,
-        before,
-        after,
+        before.set,
+        after.set,
         facts.annotation(),
     )
 }
@@ -410,7 +416,13 @@ pub(crate) fn conclude(
 /// The state rules alone, on a node's current labels: what `audit` reports for a node that no
 /// request is changing. Every finding is [`Change::Existing`] and carries the configured action
 /// (rules set to `off` are left out); the change rules need a request and are not evaluated.
-pub fn assess(node: &str, labels: &Labels, facts: &ClusterFacts, policy: &Policy) -> Vec<Finding> {
+pub fn assess(
+    node: &str,
+    labels: &Labels,
+    placement: &NodePlacement,
+    facts: &ClusterFacts,
+    policy: &Policy,
+) -> Vec<Finding> {
     let review = Review {
         node,
         operation: Operation::Update,
@@ -420,9 +432,11 @@ pub fn assess(node: &str, labels: &Labels, facts: &ClusterFacts, policy: &Policy
         groups: &[],
         dry_run: false,
         unknown_not_copied: 0,
+        old_placement: None,
+        placement,
     };
-    let running = simulate(labels, facts);
-    state_findings(&review, facts, running, running, true)
+    let running = runs(node, labels, &placement.lasting(), None, facts);
+    state_findings(&review, facts, &running, &running, true)
         .into_iter()
         .filter_map(|f| {
             let action = policy.action(f.rule);
@@ -438,8 +452,8 @@ pub fn assess(node: &str, labels: &Labels, facts: &ClusterFacts, policy: &Policy
 fn state_findings(
     review: &Review<'_>,
     facts: &ClusterFacts,
-    before: OperandSet,
-    after: OperandSet,
+    before: &Runs,
+    after: &Runs,
     assessing: bool,
 ) -> Vec<Found> {
     let mut findings = Vec::new();
@@ -478,13 +492,19 @@ fn state_findings(
         ..*review
     };
     let mut later = Vec::new();
+    let (old_taints, taints) = (
+        review.before_placement().lasting(),
+        review.placement.lasting(),
+    );
+    let before = resumed_old.as_ref().map_or_else(Runs::default, |old| {
+        runs(review.node, old, &old_taints, None, facts)
+    });
+    let after = runs(review.node, &resumed, &taints, Some(before.set), facts);
     Ctx {
         review: &later_review,
         facts,
-        before: resumed_old
-            .as_ref()
-            .map_or(OperandSet::EMPTY, |old| simulate(old, facts)),
-        after: simulate(&resumed, facts),
+        before: &before,
+        after: &after,
         assessing,
         changes: &[],
     }
@@ -562,6 +582,10 @@ pub(crate) fn exemption(username: &str, groups: &[String], ex: &Exemptions) -> O
     }
     None
 }
+
+mod runs;
+pub use crate::core::placement::Runs;
+pub use runs::runs;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -27,7 +27,7 @@ use super::nvidia_driver::NvidiaDriver;
 use super::operands::{Labels, Operand, OperandSet};
 use super::operator::labelling_pass;
 use super::policy::{self, Policy, PolicyNote, Verdict};
-use super::review::Operation;
+use super::review::{Operation, UNTAINTED};
 use super::rules::fleet::{finding, name_nodes, plural, stacks_conflict};
 use super::rules::{Action, Change, FleetCtx, Found, Rule};
 
@@ -364,11 +364,12 @@ fn state_transitions(
     let mut by_rule: BTreeMap<Rule, (Vec<&str>, String)> = BTreeMap::new();
     for o in outcomes {
         let sample = o.group.nodes.first().copied().unwrap_or_default();
-        let had: Vec<Rule> = policy::assess(sample, &o.before_labels, before_facts, policy)
-            .into_iter()
-            .map(|f| f.rule)
-            .collect();
-        for f in policy::assess(sample, &o.after_labels, after_facts, policy) {
+        let had: Vec<Rule> =
+            policy::assess(sample, &o.before_labels, &UNTAINTED, before_facts, policy)
+                .into_iter()
+                .map(|f| f.rule)
+                .collect();
+        for f in policy::assess(sample, &o.after_labels, &UNTAINTED, after_facts, policy) {
             if had.contains(&f.rule) {
                 continue;
             }

@@ -8,6 +8,7 @@
 
 mod change;
 pub mod fleet;
+mod placement;
 pub mod pods;
 mod state;
 
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{LabelChange, Operand, OperandSet};
+use crate::core::placement::Runs;
 use crate::core::review::Review;
 
 /// A rule's id is part of the interface: config keys, JSON output, metrics and annotations use it.
@@ -47,6 +49,8 @@ pub enum Rule {
     DriverSelectedTwice,
     RuntimeClassesRemoved,
     OperandNotRunning,
+    ToolkitNotRecreated,
+    OperandsNotRecreated,
 }
 
 /// What happens when a rule finds something.
@@ -124,7 +128,7 @@ pub struct RuleSpec {
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs`, `rules/change.rs`, `rules/fleet.rs` or
 /// `rules/pods.rs`).
-pub const RULES: [RuleSpec; 19] = [
+pub const RULES: [RuleSpec; 21] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -323,6 +327,26 @@ pub const RULES: [RuleSpec; 19] = [
         summary: "an operand the DaemonSet controller should run on a node has no Running pod there",
         checks: &[Check::Pods(pods::operand_not_running)],
     },
+    RuleSpec {
+        rule: Rule::ToolkitNotRecreated,
+        id: "toolkit-not-recreated",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: Severity::High,
+        pass: "the container toolkit is re-created wherever the device plugin runs",
+        summary: "the device plugin runs where the container toolkit runs under a taint its DaemonSet does not tolerate: the next toolkit rollout or pod deletion removes the toolkit for good",
+        checks: &[Check::Node(|ctx, out| ctx.toolkit_not_recreated(out))],
+    },
+    RuleSpec {
+        rule: Rule::OperandsNotRecreated,
+        id: "operands-not-recreated",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: Severity::Medium,
+        pass: "every operand that runs would be re-created",
+        summary: "operands run under a taint their DaemonSets do not tolerate: the controller keeps their pods but never creates them again",
+        checks: &[Check::Node(|ctx, out| ctx.operands_not_recreated(out))],
+    },
 ];
 
 impl Rule {
@@ -439,8 +463,10 @@ pub struct Finding {
 pub struct Ctx<'r, 'a> {
     pub(crate) review: &'r Review<'a>,
     pub(crate) facts: &'r ClusterFacts,
-    pub(crate) before: OperandSet,
-    pub(crate) after: OperandSet,
+    /// What the node runs before the request ([`Runs`]): its `set` is what the state rules
+    /// judge, the rest where taints stop the DaemonSet controller.
+    pub(crate) before: &'r Runs,
+    pub(crate) after: &'r Runs,
     /// No request: the node's current state is judged ([`assess`](crate::core::policy::assess)), so texts do not speak of one.
     pub(crate) assessing: bool,
     /// The deploy labels the request changes ([`changed_deploy_labels`]): read by the change

@@ -123,13 +123,14 @@ pub fn cluster_from(
     facts.next_policy = next_policy;
     if let Some(gc) = gpu_clusters.and_then(gpu_cluster::first) {
         facts = match gc {
-            Ok(gc) => facts.with_gpu_cluster(&gc.name, gc.disabled, policy_exists),
+            Ok(gc) => facts.with_gpu_cluster(&gc.name, gc.disabled, gc.tolerations, policy_exists),
             Err(e) => {
                 // The stack is known even when the switches are not: the defaults of an empty
                 // spec, and the source says why.
                 let Ok(defaults) =
                     gpu_cluster_switched_off(|_, _| Ok::<_, std::convert::Infallible>(None));
-                let mut f = facts.with_gpu_cluster("(unreadable)", defaults, policy_exists);
+                let mut f =
+                    facts.with_gpu_cluster("(unreadable)", defaults, Vec::new(), policy_exists);
                 if !policy_exists {
                     f.source = PolicySource::Failed(e.to_string());
                 }

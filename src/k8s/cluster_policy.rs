@@ -10,10 +10,12 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::document;
+use super::placement::tolerations_of;
 use crate::core::facts::{ClusterFacts, switched_off};
 use crate::core::operands::Operand;
 use crate::core::operands::{SandboxMode, Workload};
 use crate::core::operator::Sandbox;
+use crate::core::placement::{Templates, Toleration};
 use crate::core::policy_change::HOST_TOOLKIT_ANNOTATION;
 
 #[derive(Debug, thiserror::Error)]
@@ -99,14 +101,41 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
     };
     let driver_crd = flag("driver.useNvidiaDriverCRD")?;
     let nri_plugin = flag("cdi.nriPluginEnabled")?;
+    let policy_tolerations =
+        daemonset_tolerations(object).map_err(|problem| ClusterPolicyError::Field {
+            name: name.clone(),
+            field: TOLERATIONS_FIELD.to_owned(),
+            problem,
+        })?;
     Ok(ClusterPolicy {
         name,
         facts: ClusterFacts {
             sandbox,
             driver_crd,
             nri_plugin,
+            templates: Templates {
+                policy_tolerations,
+                ..Templates::default()
+            },
             ..ClusterFacts::from_switches(disabled)
         },
+    })
+}
+
+/// Where a ClusterPolicy (and a GPUCluster) lists what every operand DaemonSet tolerates.
+pub const TOLERATIONS_FIELD: &str = "spec.daemonsets.tolerations";
+
+/// `spec.daemonsets.tolerations` of a ClusterPolicy or GPUCluster object, checked as the API
+/// server checks a toleration; empty when unset.
+pub fn daemonset_tolerations(object: &Value) -> Result<Vec<Toleration>, String> {
+    tolerations_of(
+        object.pointer("/spec/daemonsets/tolerations"),
+        TOLERATIONS_FIELD,
+    )
+    .map_err(|e| {
+        e.trim_start_matches(TOLERATIONS_FIELD)
+            .trim_start_matches(": ")
+            .to_owned()
     })
 }
 

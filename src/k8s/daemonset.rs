@@ -8,8 +8,10 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 
 use super::meta::{PartialMeta, WorkloadSpec};
+use super::placement::RawPodPlacement;
 use super::pod::PodView;
 use crate::core::operands::{Labels, Operand, OperandSet};
+use crate::core::placement::PodPlacement;
 
 /// The operand a pod belongs to: its owning DaemonSet's, or, for a pod without owner
 /// references, its `app` label's.
@@ -27,12 +29,14 @@ pub fn is_daemonset_pod(pod: &PodView) -> bool {
     pod.daemonset.is_some() || (!pod.owned && operand_of_pod(pod).is_some())
 }
 
-/// A DaemonSet reduced to its name and `spec.template.spec.nodeSelector`.
+/// A DaemonSet reduced to its name, `spec.template.spec.nodeSelector` and what else of its
+/// pod template decides placement (tolerations, hostNetwork, required node affinity).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(from = "RawDaemonSet")]
 pub struct DaemonSetView {
     pub metadata: ObjectMeta,
     pub node_selector: Labels,
+    pub placement: PodPlacement,
 }
 
 impl DaemonSetView {
@@ -56,6 +60,8 @@ pub(crate) struct RawDaemonSet {
 struct RawPodSpec {
     #[serde(default)]
     node_selector: Option<Labels>,
+    #[serde(flatten)]
+    placement: RawPodPlacement,
 }
 
 impl From<RawDaemonSet> for DaemonSetView {
@@ -63,6 +69,7 @@ impl From<RawDaemonSet> for DaemonSetView {
         DaemonSetView {
             metadata: raw.metadata.into_parts().0,
             node_selector: raw.spec.template.spec.node_selector.unwrap_or_default(),
+            placement: raw.spec.template.spec.placement.into(),
         }
     }
 }
@@ -118,9 +125,27 @@ pub fn learn_daemonsets<'a>(
     daemonsets: impl IntoIterator<Item = &'a DaemonSetView> + Clone,
 ) {
     facts.selectors = custom_selectors(daemonsets.clone());
+    facts.templates.daemonsets = templates(daemonsets.clone());
     let present = operands_present(daemonsets);
     facts.daemonsets = Some(present);
     facts.enable_seen(present);
+}
+
+/// Each operand's pod template as placement reads it. An operand with several DaemonSets
+/// (precompiled drivers, the device plugin and its MPS control daemon) gets the first one's,
+/// in name order: the operator renders them all from the same policy tolerations.
+pub fn templates<'a>(
+    daemonsets: impl IntoIterator<Item = &'a DaemonSetView>,
+) -> BTreeMap<Operand, PodPlacement> {
+    let mut sorted: Vec<&DaemonSetView> = daemonsets.into_iter().collect();
+    sorted.sort_by(|a, b| a.name().cmp(b.name()));
+    let mut out = BTreeMap::new();
+    for ds in sorted {
+        if let Some(op) = operand_of_daemonset(ds) {
+            out.entry(op).or_insert_with(|| ds.placement.clone());
+        }
+    }
+    out
 }
 
 fn is_default(op: Operand, selector: &Labels) -> bool {
@@ -141,6 +166,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            placement: PodPlacement::default(),
         }
     }
 

@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::document;
 use crate::core::facts::gpu_cluster_switched_off;
 use crate::core::operands::OperandSet;
+use crate::core::placement::Toleration;
 
 /// `nvidia.com/v1alpha1` GPUCluster, cluster-scoped, a singleton named `gpu-cluster`.
 pub fn resource() -> ApiResource {
@@ -51,6 +52,8 @@ pub struct GpuCluster {
     pub name: String,
     /// The optional operands it switches off.
     pub disabled: OperandSet,
+    /// `spec.daemonsets.tolerations`: all its DaemonSets tolerate (they carry no other).
+    pub tolerations: Vec<Toleration>,
 }
 
 /// The GPUCluster one object gives, its switches type-checked.
@@ -86,7 +89,14 @@ pub fn from_object(object: &Value) -> Result<GpuCluster, GpuClusterError> {
         }
     };
     let disabled = gpu_cluster_switched_off(enabled)?;
-    Ok(GpuCluster { name, disabled })
+    let tolerations = super::cluster_policy::daemonset_tolerations(object).map_err(|problem| {
+        field_error(super::cluster_policy::TOLERATIONS_FIELD.to_owned(), problem)
+    })?;
+    Ok(GpuCluster {
+        name,
+        disabled,
+        tolerations,
+    })
 }
 
 /// The GPUCluster a list gives, read: the operator allows one (its CRD insists on the name

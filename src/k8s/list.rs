@@ -183,6 +183,7 @@ fn nodes_from(source: impl Read, path: &Path) -> Result<Vec<NodeView>, FileError
         .into_iter()
         .map(|i| NodeView {
             metadata: i.metadata,
+            placement: i.spec,
         })
         .collect())
 }

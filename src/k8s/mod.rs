@@ -53,6 +53,7 @@ pub mod list;
 mod meta;
 pub mod node;
 pub mod nvidia_driver;
+pub mod placement;
 pub mod pod;
 pub mod policy_object;
 pub(crate) mod pruned;

@@ -1,4 +1,4 @@
-//! The part of a Node object the decision reads: its name and labels.
+//! The part of a Node object the decision reads: its name, labels, taints and cordon.
 //!
 //! A real Node carries kilobytes of status (images, conditions) and
 //! managedFields. Deserializing into [`NodeView`] skips all of it without
@@ -11,13 +11,29 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::document;
 use super::meta::PartialMeta;
+use super::placement::RawNodeSpec;
 use crate::core::operands::Labels;
+use crate::core::placement::NodePlacement;
 
 /// A Node reduced to what gpu-deploy-guard needs.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct NodeView {
     #[serde(default, deserialize_with = "partial_meta")]
     pub metadata: ObjectMeta,
+    /// `spec.taints` and `spec.unschedulable`; empty from the metadata-only watch.
+    #[serde(
+        default,
+        rename = "spec",
+        deserialize_with = "node_spec",
+        skip_serializing
+    )]
+    pub placement: NodePlacement,
+}
+
+fn node_spec<'de, D: Deserializer<'de>>(d: D) -> Result<NodePlacement, D::Error> {
+    Ok(Option::<RawNodeSpec>::deserialize(d)?
+        .unwrap_or_default()
+        .into())
 }
 
 /// The metadata of a Node: [`PartialMeta`] with every label.
@@ -72,6 +88,8 @@ pub(crate) struct NodeFile {
     pub(crate) kind: Option<String>,
     #[serde(default, deserialize_with = "partial_meta")]
     pub(crate) metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "node_spec")]
+    pub(crate) spec: NodePlacement,
 }
 
 /// Reads a Node from JSON or YAML text; `source_name` names the file in errors.
@@ -103,6 +121,7 @@ pub fn parse_node(text: &str, source_name: &str) -> Result<NodeView, NodeFileErr
     }
     Ok(NodeView {
         metadata: file.metadata,
+        placement: file.spec,
     })
 }
 
@@ -140,6 +159,22 @@ mod tests {
         assert_eq!(node.name(), "n");
         assert_eq!(node.labels().get("a").map(String::as_str), Some("b"));
         assert_eq!(node.metadata.resource_version.as_deref(), Some("9"));
+    }
+
+    #[test]
+    fn a_node_file_gives_its_taints_and_a_bad_one_is_named() {
+        let json = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n"},
+            "spec":{"unschedulable":true,"taints":[{"key":"nvidia.com/gpu-xid-error","effect":"NoSchedule"}]}}"#;
+        let node = parse_node(json, "n.json").unwrap();
+        assert!(node.placement.unschedulable);
+        assert_eq!(node.placement.taints[0].key, "nvidia.com/gpu-xid-error");
+        let bad = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n"},
+            "spec":{"taints":[{"key":"k","effect":"Sometimes"}]}}"#;
+        let msg = parse_node(bad, "n.json").unwrap_err().to_string();
+        assert!(
+            msg.starts_with("n.json: spec.taints[0]: unknown taint effect \"Sometimes\""),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub fn keeps(path: &[String]) -> Keep {
         [s, f, e] if s == "spec" && switch(f) && e == "enabled" => Keep::Value,
         [s, f, e] if s == "spec" && f == "driver" && e == "useNvidiaDriverCRD" => Keep::Value,
         [s, f, e] if s == "spec" && f == "cdi" && e == "nriPluginEnabled" => Keep::Value,
+        // ClusterPolicy and GPUCluster: what every operand DaemonSet tolerates.
+        [s, f] if s == "spec" && f == "daemonsets" => Keep::Fields,
+        [s, f, t] if s == "spec" && f == "daemonsets" && t == "tolerations" => Keep::Whole,
         [s, f, e]
             if s == "spec" && f == SANDBOX_WORKLOADS && (e == "defaultWorkload" || e == "mode") =>
         {

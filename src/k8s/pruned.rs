@@ -18,6 +18,9 @@ pub enum Keep {
     /// Kept as it is when it is a scalar; an object or array there is kept empty (the reader
     /// sees its type, not its contents).
     Value,
+    /// Kept whole, whatever it is (a list of objects the reader reads item by item). The
+    /// request's size limit bounds it.
+    Whole,
 }
 
 /// Reads an object with the fields `keep` chooses; `null` (or anything but an object) is None.
@@ -67,6 +70,7 @@ impl<'de> Visitor<'de> for Fields<'_> {
                     keep: self.keep,
                 })?,
                 Keep::Value => Some(map.next_value_seed(Leaf)?),
+                Keep::Whole => Some(map.next_value::<Value>()?),
             };
             let key = self.path.pop().unwrap_or_default();
             if let Some(value) = kept {

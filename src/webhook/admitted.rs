@@ -35,7 +35,7 @@ pub const MAX_KEPT: usize = 32;
 /// One allowed creation, as the decision reads it.
 #[derive(Clone, Debug)]
 enum Created {
-    ClusterPolicy(cluster_policy::ClusterPolicy),
+    ClusterPolicy(Box<cluster_policy::ClusterPolicy>),
     GpuCluster(gpu_cluster::GpuCluster),
     NvidiaDriver(NvidiaDriver),
 }
@@ -77,7 +77,7 @@ impl Created {
             }
             Created::GpuCluster(g) => {
                 let policy = matches!(facts.source, PolicySource::Found(_));
-                facts.with_gpu_cluster(&g.name, g.disabled, policy)
+                facts.with_gpu_cluster(&g.name, g.disabled, g.tolerations.clone(), policy)
             }
             Created::NvidiaDriver(d) => {
                 let mut facts = facts;
@@ -123,7 +123,7 @@ impl Admitted {
         let created = match kind {
             PolicyKind::ClusterPolicy => cluster_policy::from_object(object)
                 .ok()
-                .map(Created::ClusterPolicy),
+                .map(|p| Created::ClusterPolicy(Box::new(p))),
             PolicyKind::GpuCluster => gpu_cluster::from_object(object)
                 .ok()
                 .map(Created::GpuCluster),

@@ -167,6 +167,8 @@ impl RequestLabels {
             groups: &self.groups,
             dry_run: req.dry_run,
             unknown_not_copied: self.not_copied,
+            old_placement: None,
+            placement: &crate::core::review::UNTAINTED,
         }
     }
 }

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::core::review::UNTAINTED;
+
 use super::*;
 use crate::core::era::Era;
 use crate::core::era::OperatorVersion;
@@ -30,7 +32,7 @@ pub(crate) fn labels(pairs: &[(&str, &str)]) -> Labels {
 }
 
 /// `lab-node-0`: GPU, no host driver, the five lab operands on.
-fn lab_node_0() -> Labels {
+pub(crate) fn lab_node_0() -> Labels {
     labels(&[
         ("nvidia.com/gpu.present", "true"),
         ("driver", "true"),
@@ -54,7 +56,7 @@ fn lab_node_2() -> Labels {
 }
 
 /// Applies kubectl-style changes: `("key", Some(v))` sets, `("key", None)` removes.
-fn with(base: &Labels, changes: &[(&str, Option<&str>)]) -> Labels {
+pub(crate) fn with(base: &Labels, changes: &[(&str, Option<&str>)]) -> Labels {
     let mut out = base.clone();
     for (k, v) in changes {
         let key = if k.contains('/') {
@@ -92,6 +94,8 @@ fn update_with(
         groups: &[],
         dry_run: false,
         unknown_not_copied: 0,
+        old_placement: None,
+        placement: &crate::core::review::UNTAINTED,
     };
     decide(&review, facts, policy)
 }
@@ -106,6 +110,8 @@ fn create(node: &str, new: &Labels, policy: &Policy) -> Verdict {
         groups: &[],
         dry_run: false,
         unknown_not_copied: 0,
+        old_placement: None,
+        placement: &crate::core::review::UNTAINTED,
     };
     decide(&review, &ClusterFacts::default(), policy)
 }
@@ -476,6 +482,8 @@ fn dry_run_is_decided_like_a_real_request() {
         groups: &[],
         dry_run,
         unknown_not_copied: 0,
+        old_placement: None,
+        placement: &crate::core::review::UNTAINTED,
     };
     let facts = ClusterFacts::default();
     let policy = Policy::default();
@@ -501,6 +509,8 @@ fn delete_is_allowed_without_judgement() {
         groups: &[],
         dry_run: false,
         unknown_not_copied: 0,
+        old_placement: None,
+        placement: &crate::core::review::UNTAINTED,
     };
     let v = decide(&review, &ClusterFacts::default(), &Policy::default());
     assert_eq!(v.decision, Decision::Allowed);
@@ -521,6 +531,8 @@ fn exempt_check(username: &str, groups: &[String], policy: &Policy) -> Verdict {
         groups,
         dry_run: false,
         unknown_not_copied: 0,
+        old_placement: None,
+        placement: &crate::core::review::UNTAINTED,
     };
     decide(&review, &ClusterFacts::default(), policy)
 }
@@ -1224,6 +1236,7 @@ fn assessing_a_healthy_lab_node_finds_nothing() {
         assess(
             "lab-node-0",
             &lab_node_0(),
+            &UNTAINTED,
             &ClusterFacts::default(),
             &policy
         )
@@ -1233,6 +1246,7 @@ fn assessing_a_healthy_lab_node_finds_nothing() {
         assess(
             "lab-node-1",
             &lab_node_1(),
+            &UNTAINTED,
             &ClusterFacts::default(),
             &policy
         )
@@ -1242,6 +1256,7 @@ fn assessing_a_healthy_lab_node_finds_nothing() {
         assess(
             "lab-node-2",
             &lab_node_2(),
+            &UNTAINTED,
             &ClusterFacts::default(),
             &policy
         )
@@ -1255,6 +1270,7 @@ fn assessing_lab_node_2_with_only_the_device_plugin_finds_the_webhook_rules() {
     let found = assess(
         "lab-node-2",
         &l,
+        &UNTAINTED,
         &ClusterFacts::default(),
         &Policy::default(),
     );
@@ -1290,14 +1306,29 @@ fn assessing_leaves_out_rules_that_are_off_and_follows_the_cluster_facts() {
     let l = with(&lab_node_0(), &[("container-toolkit", Some("false"))]);
     let mut policy = Policy::default();
     policy.actions[Rule::OperandWithoutToolkit as usize] = Action::Off;
-    let found = assess("lab-node-0", &l, &ClusterFacts::default(), &policy);
+    let found = assess(
+        "lab-node-0",
+        &l,
+        &UNTAINTED,
+        &ClusterFacts::default(),
+        &policy,
+    );
     let got: Vec<Rule> = found.iter().map(|f| f.rule).collect();
     assert_eq!(got, [Rule::DevicePluginWithoutToolkit]);
     let host_toolkit = ClusterFacts {
         toolkit_managed: false,
         ..ClusterFacts::default()
     };
-    assert!(assess("lab-node-0", &l, &host_toolkit, &Policy::default()).is_empty());
+    assert!(
+        assess(
+            "lab-node-0",
+            &l,
+            &UNTAINTED,
+            &host_toolkit,
+            &Policy::default()
+        )
+        .is_empty()
+    );
 }
 
 /// A small deterministic generator (xorshift): the same states on every run.
@@ -1477,6 +1508,8 @@ fn same_verdict_on_kept_labels(
                 groups: &[],
                 dry_run: false,
                 unknown_not_copied: 0,
+                old_placement: None,
+                placement: &crate::core::review::UNTAINTED,
             };
             decide(&review, facts, policy)
         };

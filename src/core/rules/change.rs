@@ -310,7 +310,7 @@ impl Ctx<'_, '_> {
         // the advice must name the device plugin too.
         let plugin = Operand::DevicePlugin.key();
         let strands_plugin = op == Operand::ContainerToolkit
-            && self.after.contains(Operand::DevicePlugin)
+            && self.after.set.contains(Operand::DevicePlugin)
             && facts.toolkit_managed;
         let (fix, short_fix) = if strands_plugin {
             (

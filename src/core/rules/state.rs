@@ -11,19 +11,19 @@ impl Ctx<'_, '_> {
     pub(super) fn device_plugin_without_toolkit(&self, out: &mut Vec<Found>) {
         let broken =
             |set: OperandSet| set.contains(Operand::DevicePlugin) && !self.toolkit_provided(set);
-        if !broken(self.after) {
+        if !broken(self.after.set) {
             return;
         }
         let node = self.node();
         let toolkit = Operand::ContainerToolkit.key();
         let plugin = Operand::DevicePlugin.key();
-        let change = self.change(broken(self.before));
+        let change = self.change(broken(self.before.set));
         let (message, warning) = match change {
             Change::Existing => (
                 format!(
                     "node {node} already runs the NVIDIA device plugin without the container toolkit ({}){}: \
                      set {toolkit}=true or {plugin}=false to repair the node.",
-                    self.label_state(toolkit),
+                    self.operand_state(Operand::ContainerToolkit),
                     self.unchanged()
                 ),
                 format!("{node} is already broken: device-plugin runs without container-toolkit"),
@@ -44,7 +44,7 @@ impl Ctx<'_, '_> {
                         "node {node}: {} would run the NVIDIA device plugin without the container toolkit ({}), \
                          so GPU pods would be scheduled there and fail to start; {fix}.",
                         self.selector_words(Operand::DevicePlugin),
-                        self.label_state(toolkit)
+                        self.operand_state(Operand::ContainerToolkit)
                     ),
                     format!(
                         "{node}: device-plugin would run without container-toolkit; GPU pods would fail to start"
@@ -70,8 +70,8 @@ impl Ctx<'_, '_> {
                 .filter(|op| *op != Operand::DevicePlugin && op.waits_for(Wait::Toolkit))
                 .collect()
         };
-        let after = stranded(self.after);
-        let before = stranded(self.before);
+        let after = stranded(self.after.set);
+        let before = stranded(self.before.set);
         self.per_subset(out, Rule::OperandWithoutToolkit, after, before, |names, change| {
             let node = self.node();
             let toolkit = Operand::ContainerToolkit.key();
@@ -80,14 +80,14 @@ impl Ctx<'_, '_> {
                     format!(
                         "node {node}: {names} would run without the container toolkit ({}) and wait for it forever; \
                          set {toolkit}=true or turn them off.",
-                        self.label_state(toolkit)
+                        self.operand_state(Operand::ContainerToolkit)
                     ),
                     format!("{node}: {names} would hang without container-toolkit"),
                 ),
                 Change::Existing => (
                     format!(
                         "node {node} already runs {names} without the container toolkit ({}){}.",
-                        self.label_state(toolkit),
+                        self.operand_state(Operand::ContainerToolkit),
                         self.unchanged()
                     ),
                     format!("{node}: {names} already wait for container-toolkit"),
@@ -109,8 +109,8 @@ impl Ctx<'_, '_> {
             }
         };
         (
-            waiting(Some(self.review.labels), self.after),
-            waiting(self.review.old_labels, self.before),
+            waiting(Some(self.review.labels), self.after.set),
+            waiting(self.review.old_labels, self.before.set),
             self.new_value(key).unwrap_or_default(),
         )
     }
@@ -168,11 +168,11 @@ impl Ctx<'_, '_> {
     /// `assets/state-sandbox-validation/0500_daemonset.yaml`, `validator/main.go`;
     /// `docs/gpu-operator.md` §7).
     pub(super) fn operand_behind_a_stuck_sandbox_step(&self, out: &mut Vec<Found>) {
-        let after = stuck_sandbox_step(self.review.labels, self.after, self.facts);
+        let after = stuck_sandbox_step(self.review.labels, self.after.set, self.facts);
         let before = self
             .review
             .old_labels
-            .and_then(|old| stuck_sandbox_step(old, self.before, self.facts));
+            .and_then(|old| stuck_sandbox_step(old, self.before.set, self.facts));
         let Some((step, hanging)) = after else {
             return;
         };
@@ -221,8 +221,8 @@ impl Ctx<'_, '_> {
                 .filter(|op| op.waits_for(Wait::DraDriver))
                 .collect()
         };
-        let after = stranded(self.after);
-        let before = stranded(self.before);
+        let after = stranded(self.after.set);
+        let before = stranded(self.before.set);
         let key = Operand::DraDriver.key();
         let state = self.label_state(key);
         self.per_subset(out, Rule::OperandWithoutDraDriver, after, before, |names, change| {
@@ -246,13 +246,13 @@ impl Ctx<'_, '_> {
         let misplaced = |labels: &Labels, set: OperandSet| {
             set.contains(Operand::DevicePlugin) && !is_gpu_node(labels)
         };
-        if !misplaced(self.review.labels, self.after) {
+        if !misplaced(self.review.labels, self.after.set) {
             return;
         }
         let before = self
             .review
             .old_labels
-            .is_some_and(|old| misplaced(old, self.before));
+            .is_some_and(|old| misplaced(old, self.before.set));
         let change = self.change(before);
         let node = self.node();
         let already = if change == Change::Existing {
