@@ -138,6 +138,49 @@ async fn removing_the_toolkit_is_denied_and_warns_about_the_rest() {
 }
 
 #[tokio::test]
+async fn an_untolerated_no_schedule_taint_is_allowed_with_what_it_stops_re_creating() {
+    let h = harness();
+    let (status, body) = post(&h, fixture("lab-node-0-taint-xid-noschedule.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let r = &body["response"];
+    assert_eq!(r["allowed"], true, "{body}");
+    let warnings: Vec<&str> = r["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        warnings,
+        [
+            "lab-node-0: container-toolkit would never be re-created under taint nvidia.com/gpu-xid-error=79:NoSchedule while device-plugin runs",
+            "lab-node-0: driver, device-plugin, gpu-feature-discovery, dcgm-exporter would never be re-created under taint nvidia.com/gpu-xid-error=79:NoSchedule",
+        ]
+    );
+    let annotations = &r["auditAnnotations"];
+    assert!(
+        annotations.to_string().contains("toolkit-not-recreated"),
+        "{annotations}"
+    );
+}
+
+#[tokio::test]
+async fn a_taint_with_an_effect_the_api_never_gives_is_a_named_error() {
+    let h = harness();
+    let (status, body) = post(&h, fixture("bad-taint-effect.json")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let msg = body["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("request.object.spec.taints[0]: unknown taint effect \"NoRun\""),
+        "{msg}"
+    );
+    assert_eq!(body["response"]["allowed"], false);
+    // And the next review is served.
+    let (status, _) = post(&h, fixture("lab-node-1-dcgm-exporter-off.json")).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn switching_plugin_and_toolkit_off_together_is_allowed() {
     let h = harness();
     let (_, body) = post(&h, fixture("lab-node-0-plugin-and-toolkit-off.json")).await;

@@ -15,12 +15,13 @@ use bytes::Bytes;
 
 use super::bad_request::BadRequest;
 use super::body::Started;
-use super::read::{RequestView, Scanned, explain, scan_review};
+use super::read::{NodeLabels, RequestView, Scanned, explain, scan_review};
 use super::response::{json_response, respond};
 use super::{Webhook, refuse};
 use crate::core::echo::echo;
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
+use crate::core::placement::NodePlacement;
 use crate::core::policy::{self, Decision, Exemptions, Policy, Verdict};
 use crate::core::review::{Operation, Review};
 
@@ -100,6 +101,9 @@ pub fn review_request(
 pub struct RequestLabels {
     old: Option<Labels>,
     new: Labels,
+    /// The old object's taints and cordon, and the new one's.
+    old_placement: Option<NodePlacement>,
+    placement: NodePlacement,
     /// Written unknown deploy keys left out of `new` ([`many_labels`]).
     not_copied: usize,
     /// The user's group `exemptions` name first, if any ([`policy::exempt_groups`]).
@@ -128,12 +132,30 @@ impl RequestLabels {
                 field: "oldObject",
             });
         }
+        let placement_of = |node: &NodeLabels<'_>, object: &str| {
+            node.placement()
+                .map_err(|(path, message)| BadRequest::Invalid {
+                    path: format!("request.{object}.{path}"),
+                    message,
+                })
+        };
+        let old_placement = req
+            .old_object
+            .as_ref()
+            .map(|o| placement_of(o, "oldObject"))
+            .transpose()?;
+        let placement = match &req.object {
+            Some(object) => placement_of(object, "object")?,
+            None => old_placement.clone().unwrap_or_default(),
+        };
         if req.label_count() > MANY_LABELS {
             let (old, new, not_copied) =
                 many_labels::copy(req.old_object.as_ref(), req.object.as_ref(), facts);
             return Ok(RequestLabels {
                 old,
                 new,
+                old_placement,
+                placement,
                 not_copied,
                 groups,
             });
@@ -147,6 +169,8 @@ impl RequestLabels {
         Ok(RequestLabels {
             old,
             new,
+            old_placement,
+            placement,
             not_copied: 0,
             groups,
         })
@@ -167,8 +191,8 @@ impl RequestLabels {
             groups: &self.groups,
             dry_run: req.dry_run,
             unknown_not_copied: self.not_copied,
-            old_placement: None,
-            placement: &crate::core::review::UNTAINTED,
+            old_placement: self.old_placement.as_ref(),
+            placement: &self.placement,
         }
     }
 }

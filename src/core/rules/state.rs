@@ -30,7 +30,17 @@ impl Ctx<'_, '_> {
             ),
             Change::New => {
                 let toolkit_was_on = self.old_value(toolkit) == Some("true");
-                let fix = if toolkit_was_on {
+                let taint = self
+                    .after
+                    .blocked
+                    .get(&Operand::ContainerToolkit)
+                    .and_then(|p| p.taint());
+                let fix = if let Some(taint) = taint {
+                    format!(
+                        "do not taint the node with {taint}, or tolerate it in the container toolkit's DaemonSet \
+                         too (the ClusterPolicy's spec.daemonsets.tolerations)"
+                    )
+                } else if toolkit_was_on {
                     format!(
                         "keep {toolkit}=true, or turn the device plugin off in the same command with {plugin}=false"
                     )

@@ -220,6 +220,8 @@ mod tests {
                     .map(|o| o.labels(facts))
                     .unwrap_or_default(),
             },
+            old_placement: cheap.old_placement.clone(),
+            placement: cheap.placement.clone(),
             not_copied: 0,
             groups: Vec::new(),
         };

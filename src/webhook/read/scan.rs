@@ -33,8 +33,8 @@ use std::borrow::Cow;
 use super::scanner::{Result, Scanner, Seen, Stop};
 pub use super::scanner::{ScanError, ScannedLabels, ScannedStrings, Str};
 use super::view::{
-    GroupVersionKind, Groups, LabelPairs, Metadata, NodeLabels, RequestView, ReviewBody, Text,
-    UserInfo,
+    GroupVersionKind, Groups, LabelPairs, MAX_TAINTS, Metadata, NodeLabels, NodeSpec, RequestView,
+    ReviewBody, TaintView, Text, UserInfo,
 };
 use crate::core::labels;
 use crate::core::review::Operation;
@@ -306,21 +306,104 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// A Node: `metadata` read, everything else (spec, status) skipped.
+    /// A Node: `metadata` and what placement reads of `spec` read, everything else (the rest
+    /// of spec, status) skipped.
     fn node(&mut self) -> Result<NodeLabels<'a>> {
         let mut node = NodeLabels::default();
         let mut seen = Seen(0);
-        self.object(|s, key| {
-            if key != "metadata" {
-                return s.skip_value();
+        self.object(|s, key| match key.as_ref() {
+            "metadata" => {
+                if !seen.first(0) {
+                    return s.duplicate();
+                }
+                node.metadata = s.metadata()?;
+                Ok(())
             }
-            if !seen.first(0) {
-                return s.duplicate();
+            "spec" => {
+                if !seen.first(1) {
+                    return s.duplicate();
+                }
+                node.spec = s.option(Self::node_spec)?;
+                Ok(())
             }
-            node.metadata = s.metadata()?;
-            Ok(())
+            _ => s.skip_value(),
         })?;
         Ok(node)
+    }
+
+    /// `spec`: `taints` and `unschedulable` read, everything else skipped.
+    fn node_spec(&mut self) -> Result<NodeSpec<'a>> {
+        let mut spec = NodeSpec::default();
+        let mut seen = Seen(0);
+        self.object(|s, key| match key.as_ref() {
+            "taints" => {
+                if !seen.first(0) {
+                    return s.duplicate();
+                }
+                spec.taints = s.option(Self::taints)?;
+                Ok(())
+            }
+            "unschedulable" => {
+                if !seen.first(1) {
+                    return s.duplicate();
+                }
+                spec.unschedulable = s.option(Self::boolean)?;
+                Ok(())
+            }
+            _ => s.skip_value(),
+        })?;
+        Ok(spec)
+    }
+
+    /// An array of taints; past [`MAX_TAINTS`] the rest are checked as JSON and counted, not
+    /// kept (the view refuses the node).
+    fn taints(&mut self) -> Result<Vec<TaintView<'a>>> {
+        self.expect(b'[', "expected an array")?;
+        let mut taints = Vec::new();
+        if self.peek()? == b']' {
+            self.i += 1;
+            return Ok(taints);
+        }
+        loop {
+            if taints.len() > MAX_TAINTS {
+                self.skip_value()?;
+            } else {
+                taints.push(self.taint()?);
+            }
+            match self.peek()? {
+                b',' => self.i += 1,
+                b']' => {
+                    self.i += 1;
+                    return Ok(taints);
+                }
+                _ => return self.fail("expected a comma or the end of an array"),
+            }
+        }
+    }
+
+    /// One taint: `key`, `value` and `effect` read, `timeAdded` and anything else skipped.
+    fn taint(&mut self) -> Result<TaintView<'a>> {
+        let mut fields: [Option<Str<'a>>; 3] = [None, None, None];
+        let mut seen = Seen(0);
+        self.object(|s, key| {
+            let field = match key.as_ref() {
+                "key" => 0,
+                "value" => 1,
+                "effect" => 2,
+                _ => return s.skip_value(),
+            };
+            if !seen.first(field as u16) {
+                return s.duplicate();
+            }
+            fields[field] = s.option(Self::string)?;
+            Ok(())
+        })?;
+        let [key, value, effect] = fields;
+        Ok(TaintView {
+            key: key.map(Text),
+            value: value.map(Text),
+            effect: effect.map(Text),
+        })
     }
 
     /// `metadata`: name and labels read, everything else (managedFields, annotations) skipped.
@@ -420,6 +503,47 @@ mod tests {
         assert_eq!(pairs(&object), ["a=1", "b=2"]);
         assert_eq!(pairs(&req.old_object.unwrap()), ["a=0"]);
         assert!(req.dry_run);
+    }
+
+    #[test]
+    fn reads_a_nodes_taints_and_cordon_as_serde_does() {
+        let request = r#"{"uid":"u","kind":{"version":"v1","kind":"Node"},"operation":"UPDATE",
+            "object":{"metadata":{"name":"n"},"spec":{"podCIDR":"10.0.0.0/24","unschedulable":true,
+              "taints":[{"key":"nvidia.com/gpu-xid-error","value":"79","effect":"NoSchedule","timeAdded":"2026-12-04T00:00:00Z"},
+                        {"effect":"NoExecute","key":"m","value":null}]}},
+            "oldObject":{"metadata":{"name":"n"},"spec":null}}"#;
+        let body = review(request);
+        let scanned = scan(body.as_bytes()).unwrap().request.unwrap();
+        let by_serde: ReviewBody<'_> = serde_json::from_str(&body).unwrap();
+        let by_serde = by_serde.request.unwrap();
+        for req in [&scanned, &by_serde] {
+            let node = req.object.as_ref().unwrap().placement().unwrap();
+            assert!(node.unschedulable);
+            assert_eq!(node.taints.len(), 2);
+            assert_eq!(
+                node.taints[0].to_string(),
+                "nvidia.com/gpu-xid-error=79:NoSchedule"
+            );
+            assert_eq!(node.taints[1].to_string(), "m:NoExecute");
+            let old = req.old_object.as_ref().unwrap().placement().unwrap();
+            assert!(old.taints.is_empty() && !old.unschedulable);
+        }
+        for bad in [
+            r#"{"spec":{"taints":[{"key":"k","key":"j"}]}}"#,
+            r#"{"spec":{"taints":{}}}"#,
+            r#"{"spec":{"taints":[{"key":1}]}}"#,
+            r#"{"spec":{"unschedulable":"yes"}}"#,
+            r#"{"spec":{},"spec":{}}"#,
+        ] {
+            let body = review(&format!(
+                r#"{{"uid":"u","kind":{{"version":"v1","kind":"Node"}},"operation":"UPDATE","object":{bad}}}"#
+            ));
+            assert!(scan(body.as_bytes()).is_err(), "{bad}");
+            assert!(
+                serde_json::from_str::<ReviewBody<'_>>(&body).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

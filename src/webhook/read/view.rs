@@ -20,6 +20,7 @@ use serde::Deserialize;
 use super::scanner::{ScannedLabels, ScannedStrings};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
+use crate::core::placement::{Effect, NodePlacement, Taint};
 use crate::core::policy;
 use crate::core::review::Operation;
 
@@ -142,12 +143,40 @@ pub(super) enum Groups<'a> {
     Scanned(ScannedStrings<'a>),
 }
 
-/// A Node reduced to its name and its labels, in the body's order.
+/// A Node reduced to its name, its labels (in the body's order), and its taints and cordon.
 #[derive(Debug, Default, Deserialize)]
 pub struct NodeLabels<'a> {
     #[serde(default, borrow)]
     pub(super) metadata: Metadata<'a>,
+    /// `None` when absent or `null`.
+    #[serde(default, borrow)]
+    pub(super) spec: Option<NodeSpec<'a>>,
 }
+
+/// What placement reads of a Node's `spec`; everything else (podCIDR, providerID, ...) is
+/// skipped.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct NodeSpec<'a> {
+    /// `None` when absent or `null`.
+    #[serde(default, borrow)]
+    pub(super) taints: Option<Vec<TaintView<'a>>>,
+    #[serde(default)]
+    pub(super) unschedulable: Option<bool>,
+}
+
+/// One `spec.taints[]` entry as given; `timeAdded` is skipped.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct TaintView<'a> {
+    #[serde(default, borrow)]
+    pub(super) key: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    pub(super) value: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    pub(super) effect: Option<Text<'a>>,
+}
+
+/// More taints than this on one node is no node a cluster runs: refused, not walked.
+pub const MAX_TAINTS: usize = 1_024;
 
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct Metadata<'a> {
@@ -217,6 +246,46 @@ impl NodeLabels<'_> {
                 .map(owned)
                 .collect(),
         }
+    }
+
+    /// Its taints and cordon, each taint checked as the API server checks one; the error says
+    /// which (`spec.taints[i]`) and why.
+    pub fn placement(&self) -> Result<NodePlacement, (String, String)> {
+        let Some(spec) = &self.spec else {
+            return Ok(NodePlacement::default());
+        };
+        let taints = spec.taints.as_deref().unwrap_or_default();
+        if taints.len() > MAX_TAINTS {
+            return Err((
+                "spec.taints".to_owned(),
+                format!(
+                    "{} taints, more than the {MAX_TAINTS} this webhook reads",
+                    taints.len()
+                ),
+            ));
+        }
+        let text = |t: &Option<Text<'_>>| t.as_ref().map_or("", Text::as_str).to_owned();
+        let taints = taints
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let key = text(&t.key);
+                let at = || format!("spec.taints[{i}]");
+                if key.is_empty() {
+                    return Err((at(), "a taint needs a key".to_owned()));
+                }
+                let effect = Effect::parse(&text(&t.effect)).map_err(|e| (at(), e))?;
+                Ok(Taint {
+                    key,
+                    value: text(&t.value),
+                    effect,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(NodePlacement {
+            taints,
+            unschedulable: spec.unschedulable.unwrap_or(false),
+        })
     }
 
     /// The labels in the body's order (none when there are none); a key given twice appears

@@ -75,6 +75,34 @@ exemptions:
 {{- end -}}
 
 {{/* CEL: at least one nvidia.com/gpu.deploy.* label is added, changed or removed (UPDATE only: reads oldObject). */}}
+{{/*
+A node that carries a deploy label gets, or loses, a taint other than the
+condition taints controllers set and clear (node.kubernetes.io/*: not-ready,
+unreachable, pressure, unschedulable; node.cloudprovider.kubernetes.io/*):
+the DaemonSet controller may then stop re-creating or evict operand pods.
+The node lifecycle controller's and kubelets' writes never match, nor does a
+heartbeat. UPDATE only (oldObject is null on CREATE).
+*/}}
+{{- define "gdg.celChangesLastingTaint" -}}
+has(object.metadata.labels) &&
+object.metadata.labels.exists(k, k.startsWith('nvidia.com/gpu.deploy.')) &&
+((has(object.spec) && has(object.spec.taints) &&
+  object.spec.taints.exists(t,
+    !t.key.startsWith('node.kubernetes.io/') &&
+    !t.key.startsWith('node.cloudprovider.kubernetes.io/') &&
+    !(has(oldObject.spec) && has(oldObject.spec.taints) &&
+      oldObject.spec.taints.exists(o, o.key == t.key && o.effect == t.effect &&
+        (has(o.value) ? o.value : '') == (has(t.value) ? t.value : '')))))
+||
+(has(oldObject.spec) && has(oldObject.spec.taints) &&
+  oldObject.spec.taints.exists(o,
+    !o.key.startsWith('node.kubernetes.io/') &&
+    !o.key.startsWith('node.cloudprovider.kubernetes.io/') &&
+    !(has(object.spec) && has(object.spec.taints) &&
+      object.spec.taints.exists(t, t.key == o.key && t.effect == o.effect &&
+        (has(o.value) ? o.value : '') == (has(t.value) ? t.value : ''))))))
+{{- end -}}
+
 {{- define "gdg.celChangesDeployLabel" -}}
 (has(object.metadata.labels) &&
   object.metadata.labels.exists(k,
