@@ -479,3 +479,82 @@ fn a_gpu_cluster_puts_the_node_on_the_dra_stack() {
         stderr(&bad)
     );
 }
+
+/// A file in a fresh temporary directory, for the inputs a test writes.
+fn temp_file(name: &str, text: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    let path = path.to_string_lossy().into_owned();
+    (dir, path)
+}
+
+#[test]
+fn a_tainted_node_is_judged_with_the_daemonsets_tolerations() {
+    let lab = std::fs::read_to_string(nodes("lab-node-0.yaml")).unwrap();
+    let tainted = format!(
+        "{lab}\nspec:\n  taints:\n  - key: example.com/maintenance\n    value: now\n    effect: NoExecute\n"
+    );
+    let (_n, node) = temp_file("node.yaml", &tainted);
+    // The operator's own tolerations: the taint evicts every operand, nothing is left broken.
+    let o = check(&["--node", &node, "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json(&o);
+    assert_eq!(
+        v["placement"]["container-toolkit"],
+        serde_json::json!({"state": "evicted", "taint": "example.com/maintenance=now:NoExecute"})
+    );
+    assert_eq!(v["placement"]["device-plugin"]["state"], "evicted");
+    // A device plugin DaemonSet that tolerates everything keeps running there: refused.
+    let daemonsets = r#"{"kind":"List","apiVersion":"v1","items":[
+      {"kind":"DaemonSet","apiVersion":"apps/v1","metadata":{"name":"nvidia-device-plugin-daemonset"},
+       "spec":{"template":{"spec":{"nodeSelector":{"nvidia.com/gpu.deploy.device-plugin":"true"},
+         "tolerations":[{"operator":"Exists"}]}}}},
+      {"kind":"DaemonSet","apiVersion":"apps/v1","metadata":{"name":"nvidia-container-toolkit-daemonset"},
+       "spec":{"template":{"spec":{"nodeSelector":{"nvidia.com/gpu.deploy.container-toolkit":"true"},
+         "tolerations":[{"key":"nvidia.com/gpu","operator":"Exists","effect":"NoSchedule"}]}}}}]}"#;
+    let (_d, ds) = temp_file("ds.json", daemonsets);
+    let o = check(&["--node", &node, "--daemonsets", &ds]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "no request changes anything: {}",
+        stdout(&o)
+    );
+    let text = stdout(&o);
+    assert!(
+        text.contains(
+            "placement: container-toolkit evicted (taint example.com/maintenance=now:NoExecute)"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("placement: device-plugin"), "{text}");
+    // The taint arriving with the request (--old-node untainted) is the refusal.
+    let o = check(&[
+        "--old-node",
+        &nodes("lab-node-0.yaml"),
+        "--node",
+        &node,
+        "--daemonsets",
+        &ds,
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("which evicts its pod"),
+        "{}",
+        stdout(&o)
+    );
+    // A toleration the API server would refuse is a named error, exit 2.
+    let bad = daemonsets.replace(
+        r#"{"operator":"Exists"}"#,
+        r#"{"key":"k","operator":"Lt","value":"1"}"#,
+    );
+    let (_b, bad) = temp_file("bad.json", &bad);
+    let o = check(&["--node", &node, "--daemonsets", &bad]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unknown toleration operator \"Lt\""),
+        "{}",
+        stderr(&o)
+    );
+}

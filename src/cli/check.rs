@@ -1,7 +1,6 @@
 //! `gpu-deploy-guard check`: the webhook's decision, offline, on Node files.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -19,11 +18,13 @@ use crate::core::operands::{
 use crate::core::operands::{Stack, Workload};
 use crate::core::operator::{LabelAction, Pass, has_nfd_gpu, labelling_pass};
 use crate::core::pauses::{Build, Resume, resumes};
+use crate::core::placement::Placement;
 use crate::core::policy::{self, Decision, Verdict};
 use crate::core::review::{Operation, Review};
-use crate::core::rules::{self, Finding};
+use crate::core::rules::Finding;
 use crate::core::version::{self, Followed};
 use crate::flags::{NOT_GIVEN, OperatorVersionArg};
+use crate::k8s::daemonset::learn_daemonsets;
 use crate::k8s::node::NodeFileError;
 use crate::k8s::read;
 
@@ -89,6 +90,11 @@ pub struct CheckOutcome {
     pub version: Followed,
     /// The stack that pass follows.
     pub stack: Stack,
+    /// The operands the node's labels select that its taints (all of them, condition taints
+    /// too: the node as it is now) or a required node affinity stop, after the request.
+    pub placement: BTreeMap<Operand, Placement>,
+    /// Of those, the ones whose pod the node runs after the request (kept under a taint).
+    pub kept: OperandSet,
 }
 
 /// The verdict on the input, ready to print.
@@ -150,7 +156,16 @@ pub fn evaluate(input: &CheckInput) -> Result<CheckOutcome, CheckError> {
             NFD_NVIDIA_PCI_KEYS[0]
         ));
     }
+    let now = policy::runs(
+        node.name(),
+        &after,
+        &node.placement,
+        Some(verdict.before),
+        facts,
+    );
     Ok(CheckOutcome {
+        placement: now.blocked,
+        kept: now.set,
         node: node.name().to_owned(),
         operation,
         verdict,
@@ -178,6 +193,17 @@ struct Out<'a> {
     audit_annotations: BTreeMap<&'static str, String>,
     notes: &'a [String],
     operator: OperatorOut<'a>,
+    /// The selected operands a taint or the required node affinity stops, by operand.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    placement: BTreeMap<&'static str, PlacementOut>,
+}
+/// Where the DaemonSet controller leaves one operand the labels select.
+#[derive(Serialize)]
+struct PlacementOut {
+    state: &'static str,
+    /// The taint that stops it (`key=value:Effect`), when a taint does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    taint: Option<String>,
 }
 /// What the operator's next labelling pass does, per deploy label.
 #[derive(Serialize)]
@@ -244,6 +270,17 @@ impl CheckOutcome {
             audit_annotations: v.audit_annotations().into_iter().collect(),
             notes: &self.notes,
             operator: self.operator_out(&written),
+            placement: self
+                .placement
+                .iter()
+                .map(|(op, p)| {
+                    let out = PlacementOut {
+                        state: p.state(self.kept.contains(*op)).as_str(),
+                        taint: p.taint().map(ToString::to_string),
+                    };
+                    (op.name(), out)
+                })
+                .collect(),
         };
         // Plain data with string keys: serialization cannot fail.
         serde_json::to_string_pretty(&out).unwrap_or_default() + "\n"
@@ -293,158 +330,6 @@ impl CheckOutcome {
                 .collect(),
         }
     }
-
-    pub fn to_text(&self) -> String {
-        let v = &self.verdict;
-        let mut out = String::new();
-        let decision = match v.decision {
-            Decision::Denied => "DENIED",
-            Decision::Exempt => "ALLOWED (exempt)",
-            Decision::Allowed if v.warnings.is_empty() => "ALLOWED",
-            Decision::Allowed => "ALLOWED with warnings",
-        };
-        let _ = writeln!(
-            out,
-            "node {} ({}): {decision}",
-            self.node,
-            self.operation.as_str()
-        );
-        for note in &self.notes {
-            let _ = writeln!(out, "note: {note}");
-        }
-        if let Some(msg) = &v.message {
-            let _ = writeln!(out, "\nError from server (Forbidden): {msg}");
-        }
-        if !v.warnings.is_empty() {
-            out.push('\n');
-            for w in &v.warnings {
-                let _ = writeln!(out, "Warning: {w}");
-            }
-        }
-        if let Some(msg) = &v.would_deny {
-            let _ = writeln!(
-                out,
-                "\n{}; it would otherwise be denied: {msg}",
-                v.exempt.as_deref().unwrap_or("exempt")
-            );
-        }
-        if !v.findings.is_empty() {
-            let _ = writeln!(out, "\nfindings:");
-            for f in &v.findings {
-                let change = match f.change {
-                    rules::Change::New => "new",
-                    rules::Change::Existing => "existing",
-                };
-                let _ = writeln!(
-                    out,
-                    "  {:<5} {:<30} {change:<8} {}",
-                    f.action.as_str(),
-                    f.rule.id(),
-                    f.message
-                );
-            }
-        }
-        let changes: Vec<String> = self
-            .operator
-            .actions
-            .iter()
-            .filter(|(_, a)| !matches!(a, LabelAction::Keep | LabelAction::Untouched))
-            .map(|(k, a)| match a {
-                LabelAction::RestoreFromPaused { to } => {
-                    format!(
-                        "{} restore-from-paused (as {to:?})",
-                        &k[DEPLOY_PREFIX.len()..]
-                    )
-                }
-                _ => format!("{} {}", &k[DEPLOY_PREFIX.len()..], a.as_str()),
-            })
-            .collect();
-        let _ = writeln!(
-            out,
-            "\nGPU Operator {}{}{}: its next labelling pass: {}",
-            self.version.version,
-            match (
-                self.version.source.assumed(),
-                self.version.version.outside_model()
-            ) {
-                (Some(why), _) => format!(" (assumed: {why})"),
-                (None, Some(outside)) => format!(" ({outside})"),
-                (None, None) => String::new(),
-            },
-            match self.stack {
-                Stack::ClusterPolicy => String::new(),
-                other => format!(", {}", other.describe()),
-            },
-            if changes.is_empty() {
-                "no change".to_owned()
-            } else {
-                changes.join(", ")
-            }
-        );
-        out.push('\n');
-        let passed = policy::starts_pass(self.before_labels.as_ref(), &self.after_labels)
-            .then_some(&self.operator.labels);
-        out.push_str(&operand_table(
-            v.before,
-            v.after,
-            self.before_labels.as_ref(),
-            &self.after_labels,
-            passed,
-        ));
-        out
-    }
-}
-
-/// The operands the DaemonSet controller runs before and after, for every operand that runs in
-/// either state or whose label is on the node, plus those always shown (the operand table's
-/// `always shown` column). `passed`: the labels the operator's pass leaves when the request
-/// starts one on the same update (what `after` was judged on); a label it changes is shown with
-/// the value it gets.
-fn operand_table(
-    before: OperandSet,
-    after: OperandSet,
-    old: Option<&Labels>,
-    new: &Labels,
-    passed: Option<&Labels>,
-) -> String {
-    let has_label = |op: Operand| {
-        new.contains_key(op.key())
-            || old.is_some_and(|o| o.contains_key(op.key()))
-            || passed.is_some_and(|p| p.contains_key(op.key()))
-    };
-    let shown = |labels: &Labels, op: Operand| {
-        labels
-            .get(op.key())
-            .map_or_else(|| "(none)".to_owned(), |v| format!("{v:?}"))
-    };
-    let mut out = format!(
-        "{:<28} {:<8} {:<8} {}\n",
-        "operand", "before", "after", "label after"
-    );
-    for op in Operand::all() {
-        if !(op.info().always_shown || before.contains(op) || after.contains(op) || has_label(op)) {
-            continue;
-        }
-        let runs = |set: OperandSet| if set.contains(op) { "runs" } else { "-" };
-        let mut label = shown(new, op);
-        if let Some(p) = passed.filter(|p| p.get(op.key()) != new.get(op.key())) {
-            label = format!("{label}, then {} by the operator's pass", shown(p, op));
-        }
-        let marker = if before.contains(op) != after.contains(op) {
-            "  <- changes"
-        } else {
-            ""
-        };
-        let before_text = if old.is_some() { runs(before) } else { "(new)" };
-        let _ = writeln!(
-            out,
-            "{:<28} {:<8} {:<8} {label}{marker}",
-            op.name(),
-            before_text,
-            runs(after)
-        );
-    }
-    out
 }
 
 #[derive(clap::Args)]
@@ -478,6 +363,11 @@ pub struct CheckArgs {
     /// the DRA stack, or, with --cluster-policy too, the operator reconciles neither.
     #[arg(long, value_name = "FILE")]
     pub gpu_cluster: Option<PathBuf>,
+    /// The operator's DaemonSets (`kubectl get daemonsets -n gpu-operator -o json`): their
+    /// real nodeSelectors, tolerations and required node affinity decide where each operand
+    /// is placed. Without it, the tolerations the operator renders from --cluster-policy.
+    #[arg(long, value_name = "FILE")]
+    pub daemonsets: Option<PathBuf>,
     #[command(flatten)]
     pub operator_version: OperatorVersionArg,
     /// Output format.
@@ -524,10 +414,19 @@ pub fn run(args: CheckArgs) -> ExitCode {
         },
         None => facts,
     };
-    let facts = ClusterFacts {
+    let mut facts = ClusterFacts {
         operator: Followed::assumed(NOT_GIVEN),
         ..facts
     };
+    if let Some(path) = &args.daemonsets {
+        match crate::k8s::list::read_daemonsets(path) {
+            Ok(ds) => learn_daemonsets(&mut facts, &ds),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let input = CheckInput {
         node: args.node,
         old_node: args.old_node,
@@ -554,6 +453,8 @@ pub fn run(args: CheckArgs) -> ExitCode {
         }
     }
 }
+
+mod text;
 
 #[cfg(test)]
 mod tests {

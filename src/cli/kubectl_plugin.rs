@@ -210,7 +210,8 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
             dry_run: false,
             unknown_not_copied: 0,
             old_placement: None,
-            placement: &crate::core::review::UNTAINTED,
+            // Empty while nodes are listed as metadata only (docs/gpu-operator.md §13).
+            placement: &node.placement,
         };
         let verdict = policy::decide(&review, &snapshot.facts, &config.policy);
         rows.push(Row {
