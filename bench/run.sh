@@ -68,9 +68,6 @@ fi
 # Fixed rates (reviews/s) for the latency runs: a busy cluster's API server sends a few hundred.
 RATES=(200 1000)
 CARGO=${CARGO:-cargo}
-OHA_VERSION=1.16.0
-# Outside the work tree, so a fresh clone (CI) reuses it when the machine still has it.
-TOOLS=${XDG_CACHE_HOME:-$HOME/.cache}/gpu-deploy-guard/bench-tools-oha-$OHA_VERSION
 BODY_ALLOWED=$ROOT/benches/fixtures/large-node-review-allowed.json
 BODY_DENIED=$ROOT/benches/fixtures/large-node-review-denied.json
 
@@ -85,21 +82,13 @@ log() { printf '== [%3ds] %s\n' "$SECONDS" "$*" >&2; }
 
 # --- the load generator -------------------------------------------------------------------
 # oha: HTTP/1.1 keep-alive and HTTP/2, a fixed request rate (-q) with latency correction,
-# percentiles in JSON. Installed from crates.io into TOOLS the first time.
+# percentiles in JSON. Installed from crates.io (pinned) into the cache the first time, by
+# tests/build/oha.sh, outside the work tree so a fresh clone (CI) reuses it.
 find_oha() {
     if [[ -n ${OHA:-} ]]; then
         echo "$OHA"
-    elif [[ -x $TOOLS/bin/oha ]]; then
-        echo "$TOOLS/bin/oha"
-    elif command -v oha >/dev/null; then
-        command -v oha
     else
-        log "installing oha $OHA_VERSION into $TOOLS (once; several minutes on 2 cores)"
-        local started=$SECONDS
-        "$CARGO" install --locked --quiet oha --version "$OHA_VERSION" --root "$TOOLS" \
-            --no-default-features --features rustls >&2
-        log "oha installed in $((SECONDS - started))s"
-        echo "$TOOLS/bin/oha"
+        CARGO=$CARGO bash "$ROOT/tests/build/oha.sh"
     fi
 }
 OHA=$(find_oha)

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Starts, in the background and at low priority, the Go builds that `make test` needs only at
-# its end-to-end step: the control plane (kube-apiserver, kube-controller-manager, etcd: 10-12
-# minutes cold on two cores), the GPU Operator of the oracle tests (2-3 minutes) and the e2e
-# suite's test binaries. Until that step the machine has idle time (fuzz runs, tests, the
-# monitoring and helm checks use one core or none); the builds take it, and the e2e step finds
-# them done or waits for them (each build script holds a lock per cache entry, and go's build
-# cache is shared).
+# Starts, in the background and at low priority, the builds that `make test` needs only from
+# its end-to-end step on: the control plane (kube-apiserver, kube-controller-manager, etcd:
+# 10-12 minutes cold on two cores), the GPU Operator of the oracle tests (2-3 minutes), the e2e
+# suite's test binaries, the release binary and oha (the bench smoke run's load generator).
+# Until that step the machine has idle time (fuzz runs, tests, the monitoring and helm checks
+# use one core or none); the builds take it, and the steps that need them find them done or
+# wait for them (each build script holds a lock per cache entry, go's build cache is shared,
+# cargo locks target/, oha.sh holds a lock while it installs).
 #
 #   tests/build/prebuild.sh <pid>   builds while process <pid> (make) lives; stops with it
 #
@@ -28,6 +29,14 @@ builds() {
     (cd "$root/tests/e2e" && GOFLAGS="-mod=readonly -buildvcs=false" nice -n 10 go test -c -o "$out/" ./... >/dev/null) &&
         echo "prebuild: e2e test binaries built after $((SECONDS - start))s"
     rm -rf "$out"
+    # Then what the steps after the unit tests need: the release binary (e2e, image-test,
+    # bench-smoke; cargo's lock on target/ makes a foreground build wait for it, never build
+    # it twice) and bench-smoke's load generator, built while the fuzz run, the monitoring and
+    # helm checks and the e2e suite leave a core idle.
+    (cd "$root" && nice -n 10 cargo build --release --locked --quiet) &&
+        echo "prebuild: release binary built after $((SECONDS - start))s"
+    nice -n 10 bash "$root/tests/build/oha.sh" >/dev/null &&
+        echo "prebuild: oha ready after $((SECONDS - start))s"
     echo "prebuild: done after $((SECONDS - start))s"
 }
 
