@@ -8,8 +8,10 @@ BIN := target/release/gpu-deploy-guard
 
 all: build
 
+## build: the release binary, built as the image's is: `cargo auditable build --release --locked`
+## (tests/build/release.sh says why every user of the binary shares this one build).
 build:
-	$(CARGO) build --release --locked
+	CARGO=$(CARGO) bash tests/build/release.sh
 
 ## test: everything CI runs: formatting, lints, unit/integration tests, end-to-end tests.
 test: prebuild lint unit fuzz-smoke monitoring-test helm-test e2e no-rebuild image-test cel-test bench-smoke
@@ -22,7 +24,7 @@ prebuild:
 unit:
 	$(CARGO) test --locked
 
-## no-rebuild: a second release build with nothing changed compiles nothing.
+## no-rebuild: a second release build (make build's) with nothing changed compiles nothing.
 no-rebuild: build
 	bash tests/build/no-rebuild.sh
 
@@ -52,7 +54,8 @@ render-manifests:
 	bash deploy/render-manifests.sh
 
 ## image-test: what can be tested of the container image without a Docker engine: the binary the
-## Dockerfile's cargo command builds links only against distroless/cc's libraries and serves as uid 65532.
+## Dockerfile's cargo command builds links only against distroless/cc's libraries, serves as uid 65532,
+## and carries the dependency list cargo auditable embeds (.dep-v0), the crates of Cargo.lock it is built from.
 image-test: build
 	GDG_BIN=$(CURDIR)/$(BIN) bash tests/image/run.sh
 

@@ -95,7 +95,8 @@ OHA=$(find_oha)
 
 # --- build --------------------------------------------------------------------------------
 log "building the release binary and the benches"
-"$CARGO" build --release --locked --quiet --bin gpu-deploy-guard
+# make build's command (cargo auditable), so the binary make built is fresh, not compiled again.
+CARGO=$CARGO bash tests/build/release.sh --quiet --bin gpu-deploy-guard
 BIN=${BENCH_BIN:-$ROOT/target/release/gpu-deploy-guard}
 FLOOR=$("$CARGO" bench --locked --quiet --no-run --bench floor_server --message-format=json |
     python3 -c 'import json,sys

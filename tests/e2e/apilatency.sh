@@ -14,7 +14,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-: "${GDG_BIN:?set GDG_BIN to the gpu-deploy-guard release binary (cargo build --release)}"
+: "${GDG_BIN:?set GDG_BIN to the gpu-deploy-guard release binary (make build)}"
 [[ -x "$GDG_BIN" ]] || { echo "apilatency.sh: GDG_BIN=$GDG_BIN is not executable" >&2; exit 1; }
 GDG_BIN="$(cd "$(dirname "$GDG_BIN")" && pwd)/$(basename "$GDG_BIN")"
 export GDG_BIN

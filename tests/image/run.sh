@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # What can be tested of deploy/Dockerfile without a Docker engine or registry:
 #
-#   GDG_BIN=target/release/gpu-deploy-guard tests/image/run.sh
+#   GDG_BIN=target/release/gpu-deploy-guard tests/image/run.sh   # after make build
 #   GDG_IMAGE_EXACT=1 tests/image/run.sh     # build with the Dockerfile's own cargo command first
 #
 # 1. The Dockerfile builds on $BUILDPLATFORM, cross-compiles per TARGETARCH
 #    for amd64 and arm64, and ends on distroless/cc-debian12:nonroot with
 #    USER 65532:65532, the uid the chart's pods run as.
-# 2. Its cargo command is `cargo build --release --locked --bin
-#    gpu-deploy-guard --target <triple>`. With GDG_IMAGE_EXACT=1 that command
-#    is run here for the host's triple; otherwise GDG_BIN (from `cargo build
-#    --release --locked`, what `make build` runs: same profile, lockfile and
-#    features; --bin and a --target equal to the host only change the output
-#    directory) is checked.
+# 2. Its cargo command is `cargo auditable build --release --locked --bin
+#    gpu-deploy-guard --target <triple>`, with the cargo-auditable version
+#    tests/build/cargo-tool.sh pins. With GDG_IMAGE_EXACT=1 that command is
+#    run here for the host's triple; otherwise GDG_BIN (from `cargo auditable
+#    build --release --locked`, what `make build` runs: same profile,
+#    lockfile, features and wrapper; --bin and a --target equal to the host
+#    only change the output directory) is checked.
 # 3. The binary needs only libraries distroless/cc provides (glibc, libgcc_s,
 #    libstdc++), the glibc loader, and no glibc symbol newer than bookworm's
 #    2.36.
@@ -20,6 +21,10 @@
 #    directory it cannot write, reading a certificate it can read only
 #    through its group (mode 0440, group 65532, as the Secret is mounted):
 #    /readyz answers 200 and a review gets an AdmissionReview back.
+# 5. It carries cargo auditable's dependency list (section .dep-v0, what
+#    Trivy, Grype and Syft read), and that lists exactly the crates of
+#    Cargo.lock it is built from (tests/image/dep_list.py); a binary without
+#    one fails.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -28,11 +33,15 @@ dockerfile=deploy/Dockerfile
 die() { echo "image tests: $*" >&2; exit 2; }
 
 passed=0 failed=0
+# check [--show] NAME COMMAND...: --show prints the command's output under a pass too.
 check() {
+  local show=0
+  [[ $1 == --show ]] && { show=1; shift; }
   local name=$1; shift
   local out line
   if out=$("$@" 2>&1); then
     passed=$((passed + 1)); echo "ok   $name"
+    if ((show)); then while IFS= read -r line; do echo "     $line"; done <<<"$out"; fi
   else
     failed=$((failed + 1)); echo "FAIL $name"
     while IFS= read -r line; do echo "     $line"; done <<<"$out"
@@ -51,8 +60,18 @@ check "runs as 65532:65532" has "$dockerfile" '^USER 65532:65532$'
 check "the chart runs the pods as 65532 too" bash -c \
   "[ \"\$(grep -c 'runAsUser: 65532' deploy/helm/gpu-deploy-guard/templates/deployment.yaml)\" = 2 ]"
 
-cargo_cmd="$(grep -oE 'cargo build [^&;]+' "$dockerfile" | head -1 | sed 's/[[:space:]]*$//')"
-check "the Dockerfile's cargo command" test "$cargo_cmd" = 'cargo build --release --locked --bin gpu-deploy-guard --target "$RUST_TARGET"'
+cargo_cmd="$(grep -oE 'cargo auditable build [^&;]+' "$dockerfile" | head -1 | sed 's/[[:space:]]*$//')"
+check "the Dockerfile's cargo command" test "$cargo_cmd" = 'cargo auditable build --release --locked --bin gpu-deploy-guard --target "$RUST_TARGET"'
+auditable_pin() {
+  local built pinned
+  pinned="$(sed -n 's/^auditable) crate=cargo-auditable version=\([0-9.]*\) ;;$/\1/p' tests/build/cargo-tool.sh)"
+  built="$(sed -n 's/^ARG CARGO_AUDITABLE_VERSION=//p' "$dockerfile")"
+  echo "Dockerfile: ${built:-none}, tests/build/cargo-tool.sh: ${pinned:-none}"
+  [[ -n $pinned && $built == "$pinned" ]] || return 1
+  grep -q '^RUN cargo install --locked cargo-auditable --version "\$CARGO_AUDITABLE_VERSION"$' "$dockerfile" ||
+    { echo "no 'RUN cargo install --locked cargo-auditable --version \"\$CARGO_AUDITABLE_VERSION\"'"; return 1; }
+}
+check "the Dockerfile installs the cargo-auditable make build uses" auditable_pin
 
 context_is_a_package() {
   local d line src rc=0
@@ -79,7 +98,8 @@ check "the build context (COPY sources, let through by the .dockerignore) is a w
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 if [[ "${GDG_IMAGE_EXACT:-}" == 1 ]]; then
   echo "== RUST_TARGET=$triple $cargo_cmd"
-  RUST_TARGET="$triple" bash -c "$cargo_cmd" || die "the Dockerfile's cargo command failed"
+  auditable_dir="$(bash tests/build/cargo-tool.sh auditable)" || die "cannot install cargo-auditable"
+  RUST_TARGET="$triple" PATH="$auditable_dir:$PATH" bash -c "$cargo_cmd" || die "the Dockerfile's cargo command failed"
   bin="target/$triple/release/gpu-deploy-guard"
 else
   bin="${GDG_BIN:-target/release/gpu-deploy-guard}"
@@ -108,6 +128,8 @@ glibc_max() {
   [[ "$(printf '%s\n2.36\n' "$max" | sort -V | tail -1)" == 2.36 ]]
 }
 check "needs no glibc newer than bookworm's 2.36" glibc_max
+check --show "carries cargo auditable's dependency list (.dep-v0): Cargo.lock's crates it is built from" \
+  python3 tests/image/dep_list.py "$bin" "$triple"
 
 serves_as_65532() {
   local dir pid port admin rc=1
