@@ -33,7 +33,7 @@ builds() {
     # bench-smoke; cargo's lock on target/ makes a foreground build wait for it, never build
     # it twice) and bench-smoke's load generator, built while the fuzz run, the monitoring and
     # helm checks and the e2e suite leave a core idle.
-    (cd "$root" && nice -n 10 cargo build --release --locked --quiet) &&
+    nice -n 10 bash "$root/tests/build/release.sh" --quiet &&
         echo "prebuild: release binary built after $((SECONDS - start))s"
     nice -n 10 bash "$root/tests/build/oha.sh" >/dev/null &&
         echo "prebuild: oha ready after $((SECONDS - start))s"
