@@ -14,7 +14,8 @@ build:
 	CARGO=$(CARGO) bash tests/build/release.sh
 
 ## test: everything CI runs: formatting, lints, unit/integration tests, end-to-end tests.
-test: prebuild lint unit fuzz-smoke monitoring-test helm-test e2e no-rebuild image-test cel-test bench-smoke
+## The fuzz smoke run comes after e2e: its targets build in the background meanwhile (prebuild).
+test: prebuild lint unit monitoring-test helm-test e2e fuzz-smoke no-rebuild image-test cel-test bench-smoke
 
 ## prebuild: the e2e step's Go builds (control plane, GPU Operator, test binaries), started in the
 ## background at low priority while the steps before it run; they stop if this make ends first.

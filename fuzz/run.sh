@@ -8,6 +8,7 @@
 # RUSTC_BOOTSTRAP=1 and no sanitizer (coverage guidance works the same; FUZZ_STABLE=1 forces it).
 # FUZZ_DEV=1 builds the targets without optimisation (cargo fuzz --dev): a build of minutes
 # instead of a quarter of an hour on two cores, for the short run in `make test`.
+# FUZZ_BUILD_ONLY=1 builds them and runs nothing.
 # A crash leaves its input in fuzz/artifacts/<target>/ and fails the run; reproduce it with
 #   cargo fuzz run <target> fuzz/artifacts/<target>/<file>
 set -euo pipefail
@@ -32,6 +33,14 @@ fi
 
 targets=("${@:2}")
 [ ${#targets[@]} -gt 0 ] || targets=(review scan)
+# FUZZ_BUILD_ONLY=1: build the targets as the run would, and run nothing (make test builds them
+# in the background while other steps run: tests/build/prebuild.sh).
+if [ -n "${FUZZ_BUILD_ONLY:-}" ]; then
+  for target in "${targets[@]}"; do
+    cargo "${toolchain[@]}" fuzz build "${options[@]}" "$target"
+  done
+  exit 0
+fi
 for target in "${targets[@]}"; do
   mkdir -p "fuzz/corpus/$target"
   echo "fuzz: $target for ${seconds}s" >&2

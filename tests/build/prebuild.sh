@@ -2,7 +2,8 @@
 # Starts, in the background and at low priority, the builds that `make test` needs only from
 # its end-to-end step on: the control plane (kube-apiserver, kube-controller-manager, etcd:
 # 10-12 minutes cold on two cores), the GPU Operator of the oracle tests (2-3 minutes), the e2e
-# suite's test binaries, the release binary and oha (the bench smoke run's load generator).
+# suite's test binaries, the release binary, the fuzz smoke run's targets, the benches and oha
+# (the bench smoke run's load generator).
 # Until that step the machine has idle time (fuzz runs, tests, the monitoring and helm checks
 # use one core or none); the builds take it, and the steps that need them find them done or
 # wait for them (each build script holds a lock per cache entry, go's build cache is shared,
@@ -35,6 +36,12 @@ builds() {
     # helm checks and the e2e suite leave a core idle.
     nice -n 10 bash "$root/tests/build/release.sh" --quiet &&
         echo "prebuild: release binary built after $((SECONDS - start))s"
+    # The fuzz smoke run's targets (fuzz/target, no lock shared with target/) and the benches
+    # the bench smoke run compiles (the bench profile), then its load generator.
+    (cd "$root" && FUZZ_DEV=1 FUZZ_BUILD_ONLY=1 nice -n 10 bash fuzz/run.sh 0 >/dev/null 2>&1) &&
+        echo "prebuild: fuzz targets built after $((SECONDS - start))s"
+    (cd "$root" && nice -n 10 cargo bench --locked --quiet --no-run >/dev/null 2>&1) &&
+        echo "prebuild: benches built after $((SECONDS - start))s"
     nice -n 10 bash "$root/tests/build/oha.sh" >/dev/null &&
         echo "prebuild: oha ready after $((SECONDS - start))s"
     echo "prebuild: done after $((SECONDS - start))s"
