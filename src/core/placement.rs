@@ -8,7 +8,7 @@
 //! `nodeName` decide both; then an untolerated `NoSchedule` or `NoExecute` taint makes
 //! `shouldRun` false, and only an untolerated `NoExecute` makes `shouldContinueRunning` false
 //! too. `PreferNoSchedule` changes nothing. The tolerations read are the template's plus those
-//! the controller adds to every daemon pod ([`daemon_pod_tolerations`]), so a cordoned node
+//! the controller adds to every daemon pod ([`added_tolerates`]), so a cordoned node
 //! (`spec.unschedulable`, tainted `node.kubernetes.io/unschedulable:NoSchedule`) keeps and gets
 //! its daemon pods. Sources, line by line: `docs/gpu-operator.md` §13.
 
@@ -25,9 +25,7 @@ use crate::core::operands::{Operand, OperandSet};
 
 pub use affinity::{NodeAffinity, Requirement, SelectorOperator, Term};
 pub use templates::{GPU_TAINT_KEY, Templates};
-pub use toleration::{
-    TolerationError, TolerationOperator, added_tolerates, daemon_pod_tolerations,
-};
+pub use toleration::{TolerationError, TolerationOperator, added_tolerates};
 
 /// A taint's effect (`spec.taints[].effect`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -87,6 +85,15 @@ pub struct Taint {
 }
 
 impl Taint {
+    /// A taint from its three fields as the API writes them (absent and empty alike), with the
+    /// API server's own checks: a key, and one of the three effects.
+    pub fn parse(key: &str, value: &str, effect: &str) -> Result<Taint, String> {
+        if key.is_empty() {
+            return Err("a taint needs a key".to_owned());
+        }
+        Ok(Taint::new(key, value, Effect::parse(effect)?))
+    }
+
     pub fn new(key: &str, value: &str, effect: Effect) -> Taint {
         Taint {
             key: key.to_owned(),

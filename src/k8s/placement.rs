@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::core::placement::{
-    Effect, NodeAffinity, NodePlacement, PodPlacement, Requirement, SelectorOperator, Taint, Term,
+    NodeAffinity, NodePlacement, PodPlacement, Requirement, SelectorOperator, Taint, Term,
     Toleration,
 };
 
@@ -21,21 +21,6 @@ struct RawTaint {
     value: Option<String>,
     #[serde(default)]
     effect: String,
-}
-
-impl TryFrom<RawTaint> for Taint {
-    type Error = String;
-
-    fn try_from(raw: RawTaint) -> Result<Taint, String> {
-        if raw.key.is_empty() {
-            return Err("a taint needs a key".to_owned());
-        }
-        Ok(Taint {
-            effect: Effect::parse(&raw.effect)?,
-            key: raw.key,
-            value: raw.value.unwrap_or_default(),
-        })
-    }
 }
 
 /// A Node's `spec`, reduced to what placement reads.
@@ -56,7 +41,8 @@ struct TaintField(Taint);
 impl TryFrom<RawTaint> for TaintField {
     type Error = String;
     fn try_from(raw: RawTaint) -> Result<TaintField, String> {
-        Taint::try_from(raw).map(TaintField)
+        let value = raw.value.unwrap_or_default();
+        Taint::parse(&raw.key, &value, &raw.effect).map(TaintField)
     }
 }
 
@@ -217,7 +203,7 @@ impl From<RawPodPlacement> for PodPlacement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::placement::TolerationOperator;
+    use crate::core::placement::{Effect, TolerationOperator};
 
     #[test]
     fn a_node_spec_gives_taints_and_the_cordon() {

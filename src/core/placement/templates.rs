@@ -37,17 +37,6 @@ impl Templates {
         PodPlacement::tolerating(self.rendered_tolerations(op, era, stack, nvidia_drivers))
     }
 
-    /// Where `op`'s template comes from, in words for `check` and the report.
-    pub fn source(&self, op: Operand) -> &'static str {
-        if self.daemonsets.contains_key(&op) {
-            "its DaemonSet"
-        } else if self.policy_tolerations.is_empty() {
-            "the operator's asset"
-        } else {
-            "spec.daemonsets.tolerations"
-        }
-    }
-
     /// The tolerations the operator gives `op`'s DaemonSet on this stack and version. An
     /// NVIDIADriver's driver DaemonSet tolerates `nvidia.com/gpu` and then its own
     /// `spec.tolerations`, never the ClusterPolicy's.

@@ -149,24 +149,13 @@ const ADDED: [(&str, Effect); 6] = [
 const ADDED_HOST_NETWORK: (&str, Effect) =
     ("node.kubernetes.io/network-unavailable", Effect::NoSchedule);
 
-/// Whether the tolerations the DaemonSet controller adds ([`daemon_pod_tolerations`]) tolerate
-/// `taint`: each is `Exists` for one key and effect.
+/// Whether the tolerations the DaemonSet controller adds to every daemon pod before it decides
+/// where the pod runs (`NewPod` calls `AddOrUpdateDaemonPodTolerations`) tolerate `taint`: each
+/// is `Exists` for one key and effect, the last only on a pod on the host's network.
 pub fn added_tolerates(taint: &Taint, host_network: bool) -> bool {
     let host = host_network.then_some(ADDED_HOST_NETWORK);
     ADDED
         .into_iter()
         .chain(host)
         .any(|(key, effect)| taint.key == key && taint.effect == effect)
-}
-
-/// The tolerations the DaemonSet controller adds to every daemon pod before it decides where
-/// the pod runs (`NewPod` calls `AddOrUpdateDaemonPodTolerations`), and the one it adds to a
-/// pod on the host's network.
-pub fn daemon_pod_tolerations(host_network: bool) -> Vec<Toleration> {
-    let host = host_network.then_some(ADDED_HOST_NETWORK);
-    ADDED
-        .into_iter()
-        .chain(host)
-        .map(|(key, effect)| Toleration::exists(key, Some(effect)))
-        .collect()
 }

@@ -11,24 +11,23 @@ impl Ctx<'_, '_> {
     /// a taint or the required node affinity stops the DaemonSet controller; else the state of
     /// its deploy label.
     pub(super) fn operand_state(&self, op: Operand) -> String {
-        match self.after.blocked.get(&op) {
-            Some(Placement::Evicted(t)) => format!(
-                "{} is {:?}, but its DaemonSet does not tolerate the node's taint {t}, which evicts its pod",
-                op.key(),
-                "true"
-            ),
-            Some(Placement::Kept(t)) if !self.after.set.contains(op) => format!(
-                "{} is {:?}, but its DaemonSet does not tolerate the node's taint {t}, so no pod of it is created",
-                op.key(),
-                "true"
-            ),
-            Some(Placement::NotSelected) => format!(
-                "{} is {:?}, but its DaemonSet's required node affinity does not pick the node",
-                op.key(),
-                "true"
-            ),
-            _ => self.label_state(op.key()),
-        }
+        let why = match self.after.blocked.get(&op) {
+            Some(Placement::Evicted(t)) => {
+                format!(
+                    "its DaemonSet does not tolerate the node's taint {t}, which evicts its pod"
+                )
+            }
+            Some(Placement::Kept(t)) if !self.after.set.contains(op) => {
+                format!(
+                    "its DaemonSet does not tolerate the node's taint {t}, so no pod of it is created"
+                )
+            }
+            Some(Placement::NotSelected) => {
+                "its DaemonSet's required node affinity does not pick the node".to_owned()
+            }
+            _ => return self.label_state(op.key()),
+        };
+        format!("{} is \"true\", but {why}", op.key())
     }
 
     /// The untolerated taints that keep `ops` running without re-creating them, in words.

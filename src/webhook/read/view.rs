@@ -20,7 +20,7 @@ use serde::Deserialize;
 use super::scanner::{ScannedLabels, ScannedStrings};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Labels;
-use crate::core::placement::{Effect, NodePlacement, Taint};
+use crate::core::placement::{NodePlacement, Taint};
 use crate::core::policy;
 use crate::core::review::Operation;
 
@@ -264,22 +264,15 @@ impl NodeLabels<'_> {
                 ),
             ));
         }
-        let text = |t: &Option<Text<'_>>| t.as_ref().map_or("", Text::as_str).to_owned();
+        fn text<'t>(t: &'t Option<Text<'_>>) -> &'t str {
+            t.as_ref().map_or("", Text::as_str)
+        }
         let taints = taints
             .iter()
             .enumerate()
             .map(|(i, t)| {
-                let key = text(&t.key);
-                let at = || format!("spec.taints[{i}]");
-                if key.is_empty() {
-                    return Err((at(), "a taint needs a key".to_owned()));
-                }
-                let effect = Effect::parse(&text(&t.effect)).map_err(|e| (at(), e))?;
-                Ok(Taint {
-                    key,
-                    value: text(&t.value),
-                    effect,
-                })
+                Taint::parse(text(&t.key), text(&t.value), text(&t.effect))
+                    .map_err(|e| (format!("spec.taints[{i}]"), e))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(NodePlacement {
