@@ -11,10 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{
-    DEPLOY_PREFIX, GPU_PRESENT_KEY, Labels, NFD_KERNEL_KEY, NFD_NVIDIA_PCI_KEYS, NFD_OS_KEYS,
-    OPERANDS, OPERANDS_KEY, Operand, OperandSet, changed_deploy_labels,
+    DEPLOY_PREFIX, Labels, OPERANDS_KEY, Operand, OperandSet, changed_deploy_labels,
 };
-use crate::core::operator::{LabelAction, PASS_READS, labelling_pass};
+use crate::core::operator::{LabelAction, labelling_pass};
 use crate::core::pauses::{Build, after_pauses, resumes};
 use crate::core::placement::NodePlacement;
 use crate::core::review::{Operation, Review};
@@ -181,46 +180,6 @@ impl Verdict {
         out.push(("cluster-facts", self.cluster_facts.clone()));
         out
     }
-}
-
-/// Whether [`decide`] may read the label `key` under these facts: the deploy labels, the labels
-/// that mark a GPU node, those the operator's labelling pass reads (workload, MIG, vGPU host),
-/// NFD's OS and kernel labels (which put a node in an NVIDIADriver's pool), and the keys of non-default operand nodeSelectors. The webhook copies only these from a
-/// reviewed Node (a GPU node has ~100 labels; these are 10–20); the tests check that dropping
-/// the others never changes a verdict.
-pub fn reads_label(key: &str, facts: &ClusterFacts) -> bool {
-    reads_label_whatever_the_facts(key) || facts.selectors.values().any(|sel| sel.contains_key(key))
-}
-
-/// The part of [`reads_label`] that holds under any facts: everything but the keys of custom
-/// operand nodeSelectors ([`selector_keys`]).
-pub fn reads_label_whatever_the_facts(key: &str) -> bool {
-    key.starts_with(DEPLOY_PREFIX)
-        || key == GPU_PRESENT_KEY
-        || NFD_NVIDIA_PCI_KEYS.contains(&key)
-        || PASS_READS.contains(&key)
-        || NFD_OS_KEYS.contains(&key)
-        || key == NFD_KERNEL_KEY
-        || OPERANDS
-            .iter()
-            .any(|info| info.also_selects.is_some_and(|also| also.key == key))
-}
-
-/// The label keys of the facts' custom operand nodeSelectors that [`reads_label`] reads beyond
-/// [`reads_label_whatever_the_facts`]: a keeper of compact node records must keep these too.
-///
-/// The NVIDIADriver resources' nodeSelectors count too: GPU-policy changes are decided with
-/// them over the records.
-pub fn selector_keys(facts: &ClusterFacts) -> std::collections::BTreeSet<String> {
-    let drivers = facts.nvidia_drivers.iter().flatten();
-    facts
-        .selectors
-        .values()
-        .flat_map(|sel| sel.keys())
-        .chain(drivers.flat_map(|d| d.node_selector.iter().flat_map(|s| s.keys())))
-        .filter(|k| !reads_label_whatever_the_facts(k))
-        .cloned()
-        .collect()
 }
 
 /// The operands the DaemonSet controller runs on a node with these labels.
@@ -583,8 +542,10 @@ pub(crate) fn exemption(username: &str, groups: &[String], ex: &Exemptions) -> O
     None
 }
 
+mod reads;
 mod runs;
 pub use crate::core::placement::Runs;
+pub use reads::{reads_label, reads_label_whatever_the_facts, selector_keys};
 pub use runs::runs;
 
 #[cfg(test)]

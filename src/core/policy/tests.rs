@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::core::operands::{GPU_PRESENT_KEY, NFD_NVIDIA_PCI_KEYS};
 use crate::core::review::UNTAINTED;
 
 use super::*;

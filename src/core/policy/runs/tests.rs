@@ -267,3 +267,39 @@ fn runs_lists_the_stopped_operands_with_the_controllers_answer() {
     assert!(r.set.contains(Operand::DevicePlugin) && !r.set.contains(Operand::Driver));
     assert!(r.not_recreated.is_empty());
 }
+
+#[test]
+fn the_label_keys_a_live_required_node_affinity_reads_are_kept() {
+    use crate::core::placement::{NodeAffinity, Requirement, SelectorOperator, Term};
+    use crate::core::policy::{reads_label, selector_keys};
+    let mut facts = ClusterFacts::default();
+    assert!(!reads_label("example.com/pool", &facts));
+    facts.templates.daemonsets.insert(
+        Operand::DevicePlugin,
+        PodPlacement {
+            affinity: Some(NodeAffinity {
+                terms: vec![Term {
+                    match_expressions: vec![Requirement {
+                        key: "example.com/pool".into(),
+                        operator: SelectorOperator::In,
+                        values: vec!["a100".into()],
+                    }],
+                    match_fields: vec![],
+                }],
+            }),
+            ..PodPlacement::default()
+        },
+    );
+    // The webhook copies only the labels reads_label keeps, the fleet records selector_keys':
+    // without the key, the affinity would never pick the node.
+    assert!(reads_label("example.com/pool", &facts));
+    assert!(selector_keys(&facts).contains("example.com/pool"));
+    let on = with(&lab_node_0(), &[("example.com/pool", Some("a100"))]);
+    let r = runs("gpu-0", &on, &node(&[]), None, &facts);
+    assert!(r.set.contains(Operand::DevicePlugin));
+    let r = runs("gpu-0", &lab_node_0(), &node(&[]), None, &facts);
+    assert_eq!(
+        r.blocked.get(&Operand::DevicePlugin),
+        Some(&Placement::NotSelected)
+    );
+}
