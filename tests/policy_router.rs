@@ -296,9 +296,7 @@ async fn nvidiadrivers_that_overlap_are_refused_and_a_delete_warns() {
         nvidia_drivers: Some(vec![gpu_deploy_guard::core::nvidia_driver::NvidiaDriver {
             name: "all".into(),
             node_selector: Some(Default::default()),
-            vgpu_host_manager: false,
-            precompiled: false,
-            default: false,
+            ..Default::default()
         }]),
         ..ClusterFacts::default()
     };

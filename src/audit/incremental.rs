@@ -114,7 +114,7 @@ fn node_audit(
     let node = super::NodeIn {
         name,
         labels: &record.labels(),
-        placement: &crate::core::review::UNTAINTED,
+        placement: &record.placement(),
     };
     Some(context.node(node, &pods.on_node(name), policy))
 }

@@ -4,8 +4,9 @@
 //! for nodes with a finding (a missing operand is one), for the operands
 //! expected or running there, never with pod names, and they are removed as
 //! soon as the node is clean again or gone. The fleet is counted per operand in
-//! `operand_nodes{operand,state}` (nodes where it is expected, running, and
-//! missing: expected and not running). A clean fleet of any size exports a few
+//! `operand_nodes{operand,state}` (nodes where it is expected, running,
+//! missing: expected and not running, and where a taint holds it: kept but
+//! never re-created, or held off). A clean fleet of any size exports a few
 //! dozen series. Only the replica holding the audit's Lease audits
 //! (`audit_leader` 1); the others export no per-node series and zero counts.
 
@@ -42,8 +43,16 @@ struct OperandState {
     state: &'static str,
 }
 
-/// The `state` values of `operand_nodes`.
-const STATES: [&str; 3] = ["expected", "running", "missing"];
+/// The `state` values of `operand_nodes`: `not_recreated` runs under a taint it does not
+/// tolerate (`NoSchedule`) and is never re-created there; `held_off` is kept off by a taint
+/// (evicted by a `NoExecute`, never placed under a `NoSchedule`).
+const STATES: [&str; 5] = [
+    "expected",
+    "running",
+    "missing",
+    "not_recreated",
+    "held_off",
+];
 
 /// Metric names, without the registry's `gpu_deploy_guard_` prefix.
 pub const OPERAND_EXPECTED: &str = "operand_expected";
@@ -131,7 +140,7 @@ impl AuditMetrics {
             r.register(AUDIT_NODES, "Nodes seen by the last audit", m.nodes.clone());
             r.register(
                 OPERAND_NODES,
-                "Nodes where the operand is expected, running, or missing (expected and not running), over the whole fleet",
+                "Nodes where the operand is expected, running, missing (expected and not running), not_recreated (runs under an untolerated NoSchedule taint: never re-created) or held_off (a taint keeps it off), over the whole fleet",
                 m.operand_nodes.clone(),
             );
             r.register(
@@ -220,6 +229,15 @@ impl AuditMetrics {
             .set(i64::try_from(problems.len().saturating_sub(self.max_nodes)).unwrap_or(i64::MAX));
         for node in &report.nodes {
             let problem = itemized.contains(&*node.name);
+            for op in node.held_off.iter() {
+                let operand = op.name();
+                *counts
+                    .entry(OperandState {
+                        operand,
+                        state: "held_off",
+                    })
+                    .or_default() += 1;
+            }
             for op in node.expected.union(node.running).iter() {
                 let operand = op.name();
                 let (expected, running) = (node.expected.contains(op), node.running.contains(op));
@@ -227,6 +245,7 @@ impl AuditMetrics {
                     ("expected", expected),
                     ("running", running),
                     ("missing", expected && !running),
+                    ("not_recreated", node.not_recreated.contains(op)),
                 ] {
                     if yes {
                         *counts.entry(OperandState { operand, state }).or_default() += 1;
@@ -405,6 +424,52 @@ mod tests {
         assert!(
             samples(&metrics).contains(&"gpu_deploy_guard_cluster_policy_available 0".to_owned())
         );
+    }
+
+    #[test]
+    fn operands_a_taint_holds_are_counted_per_state() {
+        use crate::core::placement::{Effect, Taint};
+        let metrics = Metrics::new();
+        let am = AuditMetrics::register(&metrics, DEFAULT_MAX_NODE_SERIES);
+        let labels = [
+            ("device-plugin", "true"),
+            ("container-toolkit", "true"),
+            ("feature.node.kubernetes.io/pci-10de.present", "true"),
+        ];
+        let mut kept = node("kept", &labels);
+        kept.placement.taints = vec![Taint::new("example.com/maint", "", Effect::NoSchedule)];
+        let mut evicted = node("evicted", &labels);
+        evicted.placement.taints = vec![Taint::new("example.com/maint", "", Effect::NoExecute)];
+        let mut toolkit_pod = plugin_pod("kept");
+        toolkit_pod.daemonset = Some("nvidia-container-toolkit-daemonset".to_owned());
+        toolkit_pod.metadata.name = Some("tk-kept".to_owned());
+        let pods = [plugin_pod("kept"), toolkit_pod];
+        let report = audit(
+            &[kept, evicted, node("clean", &labels)],
+            &pods,
+            &operator_defaults(),
+            &Policy::default(),
+        );
+        am.record(&report.summary(), 1_796_032_800);
+        let text = metrics.encode();
+        for (operand, state, want) in [
+            ("container-toolkit", "not_recreated", 1),
+            ("device-plugin", "not_recreated", 1),
+            ("container-toolkit", "held_off", 1),
+            ("device-plugin", "held_off", 1),
+            ("container-toolkit", "expected", 2),
+            ("container-toolkit", "missing", 1),
+        ] {
+            let line = format!(
+                "gpu_deploy_guard_operand_nodes{{operand=\"{operand}\",state=\"{state}\"}} {want}"
+            );
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+        let found = format!(
+            "gpu_deploy_guard_audit_findings{{rule=\"{}\"}} 1",
+            Rule::ToolkitNotRecreated.id()
+        );
+        assert!(text.lines().any(|l| l == found), "{found} not in\n{text}");
     }
 
     #[test]

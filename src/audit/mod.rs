@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{Labels, Operand, OperandSet, is_gpu_node};
-use crate::core::placement::NodePlacement;
+use crate::core::placement::{NodePlacement, PlacementState};
 pub use crate::core::pods::OperandState;
 use crate::core::policy::{self, Policy};
 use crate::core::rules::{Action, PodCtx, Rule, Severity};
@@ -114,6 +114,10 @@ pub struct NodeSummary {
     pub running: OperandSet,
     /// Operands with a pod here, whatever its phase.
     pub with_pod: OperandSet,
+    /// Operands running under an untolerated `NoSchedule` taint: kept, never re-created.
+    pub not_recreated: OperandSet,
+    /// Operands a taint keeps off: evicted (`NoExecute`) or never placed (`NoSchedule`, no pod).
+    pub held_off: OperandSet,
     /// Each finding's rule, level and basis, in the audit's order.
     pub findings: Box<[(Rule, Level, Basis)]>,
 }
@@ -167,6 +171,13 @@ impl NodeAudit {
             expected: set(|s| s.expected),
             running: set(|s| s.running),
             with_pod: set(|s| s.pod.is_some()),
+            not_recreated: set(|s| s.placement == Some(PlacementState::StaysNotRecreated)),
+            held_off: set(|s| {
+                matches!(
+                    s.placement,
+                    Some(PlacementState::Evicted | PlacementState::NotPlaced)
+                )
+            }),
             findings: self
                 .findings
                 .iter()

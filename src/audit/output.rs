@@ -9,9 +9,12 @@ use serde::Serialize;
 use super::{AuditFinding, AuditReport, NodeAudit, OperandState};
 use crate::core::facts::PolicySource;
 use crate::core::operands::Operand;
+use crate::core::placement::PlacementState;
 
 /// `-o lines`: per node `<node> MISSING <operand>` for each gap or `<node> OK`, then
-/// `<node> <rule>` for each high-severity rule its pods break (`device-plugin-without-toolkit`).
+/// `<node> <rule>` for each high-severity rule its pods break (`device-plugin-without-toolkit`),
+/// then `<node> PLACEMENT <operand> <state>` for each operand a taint holds (an untainted
+/// fleet has none of these).
 pub fn lines(report: &AuditReport) -> String {
     let mut out = String::new();
     for node in &report.nodes {
@@ -28,10 +31,29 @@ pub fn lines(report: &AuditReport) -> String {
             let _ = writeln!(out, "{} {rule}", node.name);
         }
     }
+    for node in &report.nodes {
+        for (op, state) in held(node) {
+            let _ = writeln!(out, "{} PLACEMENT {op} {state}", node.name);
+        }
+    }
     out
 }
 
-/// `-o matrix`: per node `<column>=<yes|no>` for each column (yes: a Running pod there), then
+/// The operands of `node` a taint holds, with their state (`stays-not-recreated`, `evicted`,
+/// `not-placed`): what the DaemonSet controller will not (re-)create there.
+fn held(node: &NodeAudit) -> impl Iterator<Item = (Operand, &'static str)> + '_ {
+    node.operands.iter().filter_map(|s| match s.placement {
+        Some(
+            p @ (PlacementState::StaysNotRecreated
+            | PlacementState::Evicted
+            | PlacementState::NotPlaced),
+        ) => Some((s.operand, p.as_str())),
+        _ => None,
+    })
+}
+
+/// `-o matrix`: per node `<column>=<yes|no>` for each column (yes: a Running pod there), and
+/// on a node where a taint holds operands `PLACEMENT=<column>:<state>,…`; then
 /// `TOTAL_PODS=<Running DaemonSet pods in the namespace>`.
 pub fn matrix(report: &AuditReport) -> String {
     let mut out = String::new();
@@ -40,6 +62,12 @@ pub fn matrix(report: &AuditReport) -> String {
         for op in &report.columns {
             let yes = if node.running(*op) { "yes" } else { "no" };
             let _ = write!(out, " {}={yes}", op.column());
+        }
+        let held: Vec<String> = held(node)
+            .map(|(op, state)| format!("{}:{state}", op.column()))
+            .collect();
+        if !held.is_empty() {
+            let _ = write!(out, " PLACEMENT={}", held.join(","));
         }
         out.push('\n');
     }

@@ -76,6 +76,50 @@ fn the_lab_as_set_up_is_clean() {
 }
 
 #[test]
+fn operands_a_taint_holds_are_named_in_lines_and_matrix() {
+    use crate::core::placement::{Effect, Taint};
+    let (mut nodes, pods) = lab("lab");
+    // lab-node-0 quarantined (NoSchedule): its pods stay, none is re-created; lab-node-1
+    // under NoExecute: its operand pods are evicted (the pods in the file are not gone yet).
+    nodes[0].placement.taints = vec![Taint::new(
+        "nvidia.com/gpu-xid-error",
+        "79",
+        Effect::NoSchedule,
+    )];
+    nodes[1].placement.taints = vec![Taint::new("example.com/drain", "", Effect::NoExecute)];
+    let r = audit(&nodes, &pods, &operator_defaults(), &Policy::default());
+    let lines = output::lines(&r);
+    for want in [
+        "lab-node-0 PLACEMENT container-toolkit stays-not-recreated\n",
+        "lab-node-0 PLACEMENT device-plugin stays-not-recreated\n",
+        "lab-node-1 PLACEMENT container-toolkit evicted\n",
+    ] {
+        assert!(lines.contains(want), "{want:?} not in\n{lines}");
+    }
+    assert!(!lines.contains("lab-node-2 PLACEMENT"), "{lines}");
+    let matrix = output::matrix(&r);
+    let row0 = matrix.lines().next().unwrap();
+    assert!(
+        row0.starts_with(
+            "lab-node-0 driver=yes toolkit=yes device-plugin=yes gfd=yes dcgm=yes PLACEMENT="
+        ) && row0.contains("toolkit:stays-not-recreated"),
+        "{matrix}"
+    );
+    assert!(
+        matrix.contains("\nlab-node-2 driver=no toolkit=no device-plugin=no gfd=no dcgm=no\n"),
+        "{matrix}"
+    );
+    // The toolkit that would not come back under the device plugin is a finding.
+    assert!(
+        r.node("lab-node-0")
+            .unwrap()
+            .findings
+            .iter()
+            .any(|f| f.rule == Rule::ToolkitNotRecreated)
+    );
+}
+
+#[test]
 fn device_plugin_alone_on_lab_node_2_is_a_broken_pairing() {
     let r = run("lab-device-plugin-only");
     assert_eq!(

@@ -29,7 +29,7 @@ use crate::core::review::{Operation, Review};
 use crate::core::rules::Action;
 use crate::core::version;
 use crate::flags::OperatorVersionArg;
-use crate::k8s::api::{self, ClusterError, FIELD_MANAGER, brief};
+use crate::k8s::api::{self, ClusterError, FIELD_MANAGER, brief, list_pages_with};
 use crate::k8s::node::NodeView;
 use crate::k8s::read;
 
@@ -266,13 +266,15 @@ async fn chosen_nodes<'n>(
         }
         Selection::Selector(selector) => {
             // The API server parses the selector, as for kubectl.
-            let matched = Api::<NodeView>::all(client.clone())
-                .list(&ListParams::default().labels(selector))
-                .await
-                .map_err(|e| {
-                    PluginError::BadInput(format!("selector {selector:?}: {}", brief(&e)))
-                })?;
-            let names: Vec<String> = matched.items.iter().map(|n| n.name().to_owned()).collect();
+            let mut names: Vec<String> = Vec::new();
+            let params = ListParams::default()
+                .labels(selector)
+                .limit(crate::k8s::node::NODE_PAGE_SIZE);
+            list_pages_with(&Api::<NodeView>::all(client.clone()), params, |n| {
+                names.push(n.name().to_owned());
+            })
+            .await
+            .map_err(|e| PluginError::BadInput(format!("selector {selector:?}: {}", brief(&e))))?;
             nodes
                 .iter()
                 .filter(|n| names.iter().any(|m| m == n.name()))

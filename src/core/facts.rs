@@ -9,7 +9,9 @@ use crate::core::operands::{
     Labels, OPERANDS, OnGpuCluster, Operand, OperandSet, Stack, not_deployed,
 };
 use crate::core::operator::Sandbox;
-use crate::core::placement::{NodePlacement, Placement, PodPlacement, Templates, Toleration};
+use crate::core::placement::{
+    NodePlacement, Placement, PodPlacement, TemplateInputs, Templates, Toleration,
+};
 use crate::core::version::Followed;
 
 /// What is known about the cluster beyond the node itself, and where it came from.
@@ -191,8 +193,13 @@ impl ClusterFacts {
             next_policy: None,
             gpu_clusters_unknown: self.gpu_clusters_unknown.clone(),
             templates: Templates {
-                policy_tolerations: switches.templates.policy_tolerations.clone(),
-                daemonsets: self.templates.daemonsets.clone(),
+                inputs: switches.templates.inputs.clone(),
+                ..self.templates.with_policy_tolerations(
+                    &switches.templates.policy_tolerations,
+                    self.operator.era(),
+                    stack,
+                    switches.driver_crd,
+                )
             },
             ..switches.clone()
         }
@@ -230,6 +237,7 @@ impl ClusterFacts {
         let templates = Templates {
             policy_tolerations: tolerations,
             daemonsets: self.templates.daemonsets.clone(),
+            inputs: TemplateInputs::default(),
         };
         ClusterFacts {
             templates,
@@ -261,6 +269,20 @@ impl ClusterFacts {
         labels: &Labels,
         node: &NodePlacement,
     ) -> Placement {
+        // The driver of an NVIDIADriver: that resource's template (its own tolerations), which
+        // the one live driver template cannot tell apart when there are several.
+        if op == Operand::Driver && self.driver_crd {
+            let version = &self.operator.version;
+            if let Some(driver) = self
+                .nvidia_drivers
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .find(|d| d.selects(labels, version))
+            {
+                return driver.template().place(name, labels, true, node);
+            }
+        }
         if let Some(live) = self.templates.daemonsets.get(&op) {
             return live.place(name, labels, true, node);
         }

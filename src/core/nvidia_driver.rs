@@ -3,6 +3,7 @@
 
 use crate::core::era::OperatorVersion;
 use crate::core::operands::{GPU_PRESENT_KEY, Labels, NFD_KERNEL_KEY, NFD_OS_KEYS};
+use crate::core::placement::{Effect, GPU_TAINT_KEY, PodPlacement, Toleration};
 
 /// The node label every `gpu` and `vgpu` driver DaemonSet selects besides its pool.
 pub const DRIVER_DEPLOY_KEY: &str = "nvidia.com/gpu.deploy.driver";
@@ -11,7 +12,7 @@ pub const VGPU_MANAGER_DEPLOY_KEY: &str = "nvidia.com/gpu.deploy.vgpu-manager";
 
 /// An NVIDIADriver resource as the decision reads it: which nodes it claims and where its
 /// driver DaemonSets run (`docs/gpu-operator.md` §11.4).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NvidiaDriver {
     pub name: String,
     /// `spec.nodeSelector`; absent means `nvidia.com/gpu.present: "true"`, while an empty one
@@ -24,6 +25,9 @@ pub struct NvidiaDriver {
     pub precompiled: bool,
     /// `spec.default` (v26.7): it serves the GPU nodes no other NVIDIADriver claims.
     pub default: bool,
+    /// `spec.tolerations`: its driver DaemonSets tolerate `nvidia.com/gpu:NoSchedule` and
+    /// these, never the ClusterPolicy's (`docs/gpu-operator.md` §13).
+    pub tolerations: Vec<Toleration>,
 }
 
 impl NvidiaDriver {
@@ -39,6 +43,15 @@ impl NvidiaDriver {
             Some(selector) => Self::matches(selector, labels),
             None => labels.get(GPU_PRESENT_KEY).is_some_and(|v| v == "true"),
         }
+    }
+
+    /// Its driver DaemonSets' pod template as placement reads it: the asset's `nvidia.com/gpu`
+    /// toleration, then `spec.tolerations` (gpu-operator@v26.7.0
+    /// `manifests/state-driver/0500_daemonset.yaml` l.86–92).
+    pub fn template(&self) -> PodPlacement {
+        let mut tolerations = vec![Toleration::exists(GPU_TAINT_KEY, Some(Effect::NoSchedule))];
+        tolerations.extend(self.tolerations.iter().cloned());
+        PodPlacement::tolerating(tolerations)
     }
 
     /// Whether its driver DaemonSets run on a node with these labels under the operator of

@@ -24,7 +24,7 @@ use serde::Serialize;
 use crate::core::operands::{Operand, OperandSet};
 
 pub use affinity::{NodeAffinity, Requirement, SelectorOperator, Term};
-pub use templates::{GPU_TAINT_KEY, Templates};
+pub use templates::{GPU_TAINT_KEY, Rollout, TemplateInputs, Templates};
 pub use toleration::{TolerationError, TolerationOperator, added_tolerates};
 
 /// A taint's effect (`spec.taints[].effect`).
@@ -74,6 +74,10 @@ impl fmt::Display for Effect {
         f.write_str(self.as_str())
     }
 }
+
+/// More taints than this on one node is no node a cluster runs: the webhook refuses such a
+/// request rather than walk it, and a node record keeps no more.
+pub const MAX_TAINTS: usize = 1_024;
 
 /// One taint of a node.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

@@ -13,6 +13,10 @@
 //!   plugin keeps running. Its exit removes the `nvidia` runtime while the device plugins go on
 //!   advertising GPUs (`docs/gpu-operator.md` §11). A person whose hosts really bring their own
 //!   toolkit says so in the same request with [`HOST_TOOLKIT_ANNOTATION`].
+//! - `toolkit-rollout-not-recreated` (deny): the change rolls the toolkit's DaemonSet (its
+//!   pod template changes) on nodes where an untolerated `NoSchedule` taint keeps the new pod
+//!   off while the device plugin stays: the old pod exits and nothing replaces it. The same
+//!   annotation lets it through.
 //! - `driver-removed` (warn): nodes lose their driver DaemonSet (`driver.enabled` off, the hand
 //!   over to NVIDIADriver resources, an NVIDIADriver deleted or no longer selecting them).
 //! - `sandbox-relabel` (warn): `sandboxWorkloads` swaps the operands of nodes.
@@ -27,7 +31,7 @@ use super::nvidia_driver::NvidiaDriver;
 use super::operands::{Labels, Operand, OperandSet};
 use super::operator::labelling_pass;
 use super::policy::{self, Policy, PolicyNote, Verdict};
-use super::review::{Operation, UNTAINTED};
+use super::review::Operation;
 use super::rules::fleet::{finding, name_nodes, plural, stacks_conflict};
 use super::rules::{Action, Change, FleetCtx, Found, Rule};
 
@@ -81,7 +85,11 @@ pub fn decide_policy(review: &PolicyReview<'_>, fleet: Fleet<'_>, policy: &Polic
             // The person said the hosts bring the toolkit: the refusal becomes a record.
             let mut said = None;
             for f in &mut findings {
-                if f.rule == Rule::ToolkitSwitchedOff && f.action == Action::Deny {
+                if matches!(
+                    f.rule,
+                    Rule::ToolkitSwitchedOff | Rule::ToolkitRolloutNotRecreated
+                ) && f.action == Action::Deny
+                {
                     f.action = Action::Audit;
                     said = Some(format!(
                         "{HOST_TOOLKIT_ANNOTATION}={}",
@@ -364,12 +372,23 @@ fn state_transitions(
     let mut by_rule: BTreeMap<Rule, (Vec<&str>, String)> = BTreeMap::new();
     for o in outcomes {
         let sample = o.group.nodes.first().copied().unwrap_or_default();
-        let had: Vec<Rule> =
-            policy::assess(sample, &o.before_labels, &UNTAINTED, before_facts, policy)
-                .into_iter()
-                .map(|f| f.rule)
-                .collect();
-        for f in policy::assess(sample, &o.after_labels, &UNTAINTED, after_facts, policy) {
+        let had: Vec<Rule> = policy::assess(
+            sample,
+            &o.before_labels,
+            &o.group.placement,
+            before_facts,
+            policy,
+        )
+        .into_iter()
+        .map(|f| f.rule)
+        .collect();
+        for f in policy::assess(
+            sample,
+            &o.after_labels,
+            &o.group.placement,
+            after_facts,
+            policy,
+        ) {
             if had.contains(&f.rule) {
                 continue;
             }

@@ -11,9 +11,11 @@ pub mod fleet;
 mod placement;
 pub mod pods;
 mod state;
+mod table;
 
 pub use fleet::FleetCtx;
 pub use pods::PodCtx;
+pub use table::RULES;
 
 /// How many unknown deploy keys one finding names; it counts the others.
 pub const UNKNOWN_KEYS_SHOWN: usize = 5;
@@ -42,6 +44,7 @@ pub enum Rule {
     GpuClusterConflict,
     ClusterPolicyIgnored,
     ToolkitSwitchedOff,
+    ToolkitRolloutNotRecreated,
     DriverRemoved,
     SandboxRelabel,
     NvidiaDriverOverlap,
@@ -124,230 +127,6 @@ pub struct RuleSpec {
     /// How it is evaluated, in this order.
     pub checks: &'static [Check],
 }
-
-/// Every rule, in evaluation and report order. A new rule is a row here, a variant of
-/// [`Rule`] and its function (in `rules/state.rs`, `rules/change.rs`, `rules/fleet.rs` or
-/// `rules/pods.rs`).
-pub const RULES: [RuleSpec; 21] = [
-    RuleSpec {
-        rule: Rule::DevicePluginWithoutToolkit,
-        id: "device-plugin-without-toolkit",
-        kind: Kind::State,
-        default: Action::Deny,
-        severity: Severity::High,
-        pass: "the device plugin does not run without the container toolkit",
-        summary: "the device plugin would run while the operator-managed container toolkit would not",
-        checks: &[
-            Check::Pods(pods::device_plugin_without_toolkit),
-            Check::Node(|ctx, out| ctx.device_plugin_without_toolkit(out)),
-        ],
-    },
-    RuleSpec {
-        rule: Rule::OperandWithoutToolkit,
-        id: "operand-without-toolkit",
-        kind: Kind::State,
-        default: Action::Warn,
-        severity: Severity::Medium,
-        pass: "no operand waits for a container toolkit that does not run",
-        summary: "GFD, DCGM, DCGM exporter or MIG manager would run without the container toolkit",
-        checks: &[Check::Node(|ctx, out| ctx.operand_without_toolkit(out))],
-    },
-    RuleSpec {
-        rule: Rule::OperandWithoutValidator,
-        id: "operand-without-validator",
-        kind: Kind::State,
-        default: Action::Warn,
-        severity: Severity::Medium,
-        pass: "no operand waits for an operator validator that is labelled off",
-        summary: "operator-validator is labelled off while operands that wait for toolkit-ready run",
-        checks: &[Check::Node(|ctx, out| ctx.operand_without_validator(out))],
-    },
-    RuleSpec {
-        rule: Rule::OperandWithoutSandboxValidator,
-        id: "operand-without-sandbox-validator",
-        kind: Kind::State,
-        default: Action::Warn,
-        severity: Severity::Medium,
-        pass: "no sandbox operand waits for a sandbox validator that is labelled off or stuck on a component that does not run",
-        summary: "sandbox-validator is labelled off, or stuck on a step whose component (cc-manager, vfio-manager, vGPU manager, vGPU device manager) the ClusterPolicy deploys but that does not run on the node, while the sandbox or kata device plugin or the vGPU device manager runs",
-        checks: &[Check::Node(|ctx, out| {
-            ctx.operand_without_sandbox_validator(out);
-            ctx.operand_behind_a_stuck_sandbox_step(out);
-        })],
-    },
-    RuleSpec {
-        rule: Rule::OperandWithoutDraDriver,
-        id: "operand-without-dra-driver",
-        kind: Kind::State,
-        default: Action::Warn,
-        severity: Severity::Medium,
-        pass: "no DRA-stack operand waits for a DRA kubelet plugin that does not run",
-        summary: "the DRA validator, DCGM or DCGM exporter of the GPUCluster (DRA) stack would run where the DRA kubelet plugin does not: their GPU claims are never allocated, so their pods stay Pending",
-        checks: &[Check::Node(|ctx, out| ctx.operand_without_dra_driver(out))],
-    },
-    RuleSpec {
-        rule: Rule::DevicePluginOnNonGpuNode,
-        id: "device-plugin-on-non-gpu-node",
-        kind: Kind::State,
-        default: Action::Warn,
-        severity: Severity::Low,
-        pass: "the device plugin does not run on a node without a GPU label",
-        summary: "the device plugin would run on a node with no sign of an NVIDIA GPU",
-        checks: &[Check::Node(|ctx, out| {
-            ctx.device_plugin_on_non_gpu_node(out)
-        })],
-    },
-    RuleSpec {
-        rule: Rule::UnknownDeployLabel,
-        id: "unknown-deploy-label",
-        kind: Kind::Change,
-        default: Action::Warn,
-        severity: Severity::Low,
-        pass: "no finding",
-        summary: "a nvidia.com/gpu.deploy.* key that no operand uses",
-        checks: &[Check::Node(|ctx, out| ctx.unknown_deploy_label(out))],
-    },
-    RuleSpec {
-        rule: Rule::ValueNotTrue,
-        id: "value-not-true",
-        kind: Kind::Change,
-        default: Action::Warn,
-        severity: Severity::Low,
-        pass: "no finding",
-        summary: "a deploy label set to a value a person probably meant as on (only `true` schedules)",
-        checks: &[Check::Node(|ctx, out| ctx.value_not_true(out))],
-    },
-    RuleSpec {
-        rule: Rule::OperatorWillRestore,
-        id: "operator-will-restore",
-        kind: Kind::Change,
-        default: Action::Warn,
-        severity: Severity::Low,
-        pass: "no finding",
-        summary: "the GPU Operator's next labelling pass changes a label this request writes: adds it back, sweeps it, or (operands=false) sweeps them all",
-        checks: &[Check::Node(|ctx, out| ctx.operator_will_restore(out))],
-    },
-    RuleSpec {
-        rule: Rule::GpuClusterConflict,
-        id: "gpu-cluster-conflict",
-        kind: Kind::Policy,
-        default: Action::Deny,
-        severity: Severity::High,
-        pass: "never a ClusterPolicy and a GPUCluster at once",
-        summary: "a ClusterPolicy created while a GPUCluster exists, or a GPUCluster while a ClusterPolicy exists: the GPU Operator (v26.7+) then reconciles neither and labels no node",
-        checks: &[Check::Fleet(fleet::gpu_cluster_conflict)],
-    },
-    RuleSpec {
-        rule: Rule::ClusterPolicyIgnored,
-        id: "cluster-policy-ignored",
-        kind: Kind::Policy,
-        default: Action::Warn,
-        severity: Severity::Low,
-        pass: "one ClusterPolicy",
-        summary: "a second ClusterPolicy, which the operator ignores",
-        checks: &[Check::Fleet(fleet::cluster_policy_ignored)],
-    },
-    RuleSpec {
-        rule: Rule::ToolkitSwitchedOff,
-        id: "toolkit-switched-off",
-        kind: Kind::Policy,
-        default: Action::Deny,
-        severity: Severity::High,
-        pass: "no policy change removes the container toolkit where the device plugin runs",
-        summary: "a ClusterPolicy change stops deploying the container toolkit on nodes where the device plugin keeps running",
-        checks: &[Check::Fleet(fleet::toolkit_switched_off)],
-    },
-    RuleSpec {
-        rule: Rule::DriverRemoved,
-        id: "driver-removed",
-        kind: Kind::Policy,
-        default: Action::Warn,
-        severity: Severity::High,
-        pass: "no policy change removes a driver DaemonSet from a node",
-        summary: "a ClusterPolicy or NVIDIADriver change leaves nodes without a driver DaemonSet",
-        checks: &[Check::Fleet(fleet::driver_removed)],
-    },
-    RuleSpec {
-        rule: Rule::SandboxRelabel,
-        id: "sandbox-relabel",
-        kind: Kind::Policy,
-        default: Action::Warn,
-        severity: Severity::Medium,
-        pass: "no sandboxWorkloads change swaps the operands of a node",
-        summary: "a sandboxWorkloads change makes the operator swap the operands of nodes",
-        checks: &[Check::Fleet(fleet::sandbox_relabel)],
-    },
-    RuleSpec {
-        rule: Rule::NvidiaDriverOverlap,
-        id: "nvidia-driver-overlap",
-        kind: Kind::Policy,
-        default: Action::Deny,
-        severity: Severity::High,
-        pass: "no two NVIDIADriver resources select the same node",
-        summary: "an NVIDIADriver selects a node another NVIDIADriver selects",
-        checks: &[Check::Fleet(fleet::nvidia_driver_overlap)],
-    },
-    RuleSpec {
-        rule: Rule::DevicePluginSwitchedOff,
-        id: "device-plugin-switched-off",
-        kind: Kind::Policy,
-        default: Action::Warn,
-        severity: Severity::Medium,
-        pass: "no policy change stops the device plugin where it runs",
-        summary: "a ClusterPolicy change stops the device plugin on nodes: their GPUs are no longer advertised, new GPU pods stay Pending there",
-        checks: &[Check::Fleet(fleet::device_plugin_switched_off)],
-    },
-    RuleSpec {
-        rule: Rule::DriverSelectedTwice,
-        id: "driver-selected-twice",
-        kind: Kind::Policy,
-        default: Action::Warn,
-        severity: Severity::High,
-        pass: "no node is selected by two driver DaemonSets",
-        summary: "driver.useNvidiaDriverCRD true -> false brings the ClusterPolicy's driver DaemonSet back on nodes NVIDIADriver DaemonSets still serve",
-        checks: &[Check::Fleet(fleet::driver_selected_twice)],
-    },
-    RuleSpec {
-        rule: Rule::RuntimeClassesRemoved,
-        id: "runtime-classes-removed",
-        kind: Kind::Policy,
-        default: Action::Warn,
-        severity: Severity::High,
-        pass: "no policy change deletes the nvidia RuntimeClasses",
-        summary: "cdi.nriPluginEnabled false -> true (v26.3+) deletes the nvidia RuntimeClasses: pods that name runtimeClassName nvidia are then refused",
-        checks: &[Check::Fleet(fleet::runtime_classes_removed)],
-    },
-    RuleSpec {
-        rule: Rule::OperandNotRunning,
-        id: "operand-not-running",
-        kind: Kind::State,
-        default: Action::Deny,
-        severity: Severity::Medium,
-        pass: "every expected operand runs",
-        summary: "an operand the DaemonSet controller should run on a node has no Running pod there",
-        checks: &[Check::Pods(pods::operand_not_running)],
-    },
-    RuleSpec {
-        rule: Rule::ToolkitNotRecreated,
-        id: "toolkit-not-recreated",
-        kind: Kind::State,
-        default: Action::Warn,
-        severity: Severity::High,
-        pass: "the container toolkit is re-created wherever the device plugin runs",
-        summary: "the device plugin runs where the container toolkit runs under a taint its DaemonSet does not tolerate: the next toolkit rollout or pod deletion removes the toolkit for good",
-        checks: &[Check::Node(|ctx, out| ctx.toolkit_not_recreated(out))],
-    },
-    RuleSpec {
-        rule: Rule::OperandsNotRecreated,
-        id: "operands-not-recreated",
-        kind: Kind::State,
-        default: Action::Warn,
-        severity: Severity::Medium,
-        pass: "every operand that runs would be re-created",
-        summary: "operands run under a taint their DaemonSets do not tolerate: the controller keeps their pods but never creates them again",
-        checks: &[Check::Node(|ctx, out| ctx.operands_not_recreated(out))],
-    },
-];
 
 impl Rule {
     pub fn spec(self) -> &'static RuleSpec {

@@ -184,7 +184,7 @@ pub fn deployments_unread(error: &KubeError) -> Unread {
     }
 }
 
-/// Objects per page of the snapshot's node and pod lists: one page is held whole while it is
+/// Objects per page of the snapshot's pod lists: one page is held whole while it is
 /// read, so the lists' memory stays bounded whatever the size of the fleet.
 pub const SNAPSHOT_PAGE: u32 = 250;
 
@@ -219,8 +219,9 @@ where
 /// Lists what the audit needs. The ClusterPolicies, DaemonSets and Deployments come first:
 /// the facts they give say which node labels the decision reads, and each node keeps only
 /// those ([`LabelFilter`]: the labels decisions read, the DaemonSets' and NVIDIADrivers'
-/// selector keys) as its page arrives. Nodes are listed as metadata only, and
-/// nodes and pods in pages of [`SNAPSHOT_PAGE`].
+/// selector keys) as its page arrives. Nodes are listed whole (their taints are in `spec`) in
+/// pages of [`NODE_PAGE_SIZE`](crate::k8s::node::NODE_PAGE_SIZE), pods in pages of
+/// [`SNAPSHOT_PAGE`].
 pub async fn snapshot(client: &Client, namespace: &str) -> Result<Snapshot, ClusterError> {
     snapshot_keeping(client, namespace, &[]).await
 }
@@ -286,7 +287,7 @@ pub async fn snapshot_keeping(
     let mut nodes = Vec::new();
     list_pages(
         &Api::<NodeView>::all(client.clone()),
-        SNAPSHOT_PAGE,
+        crate::k8s::node::NODE_PAGE_SIZE,
         |mut node| {
             if let Some(labels) = &mut node.metadata.labels {
                 labels.retain(|k, _| filter.keeps(k) || extra.contains(k));

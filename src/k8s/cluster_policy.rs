@@ -15,7 +15,7 @@ use crate::core::facts::{ClusterFacts, switched_off};
 use crate::core::operands::Operand;
 use crate::core::operands::{SandboxMode, Workload};
 use crate::core::operator::Sandbox;
-use crate::core::placement::{Templates, Toleration};
+use crate::core::placement::{TemplateInputs, Templates, Toleration};
 use crate::core::policy_change::HOST_TOOLKIT_ANNOTATION;
 
 #[derive(Debug, thiserror::Error)]
@@ -115,11 +115,91 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
             nri_plugin,
             templates: Templates {
                 policy_tolerations,
+                inputs: template_inputs(object),
                 ..Templates::default()
             },
             ..ClusterFacts::from_switches(disabled)
         },
     })
+}
+
+/// The fields under `spec` that reach the container toolkit's pod template alone
+/// (`TransformToolkit`: `docs/gpu-operator.md` §13).
+pub const TOOLKIT_TEMPLATE_FIELDS: [&str; 9] = [
+    "toolkit.repository",
+    "toolkit.image",
+    "toolkit.version",
+    "toolkit.imagePullPolicy",
+    "toolkit.imagePullSecrets",
+    "toolkit.env",
+    "toolkit.resources",
+    "toolkit.installDir",
+    "cdi",
+];
+
+/// The fields under `spec` that reach every ClusterPolicy operand's pod template
+/// (`applyCommonDaemonsetConfig`; the validator's image runs in every operand's validation
+/// init container). `spec.daemonsets.updateStrategy` changes how a rollout goes, not the
+/// template.
+pub const EVERY_TEMPLATE_FIELDS: [&str; 9] = [
+    "daemonsets.tolerations",
+    "daemonsets.priorityClassName",
+    "daemonsets.labels",
+    "daemonsets.annotations",
+    "validator.repository",
+    "validator.image",
+    "validator.version",
+    "validator.imagePullPolicy",
+    "validator.imagePullSecrets",
+];
+
+/// Whether `path` (under `spec`) is one of the template fields, which the webhook's pruned
+/// reading keeps whole ([`crate::k8s::policy_object::keeps`]).
+pub fn is_template_field(path: &[String]) -> bool {
+    TOOLKIT_TEMPLATE_FIELDS
+        .iter()
+        .chain(&EVERY_TEMPLATE_FIELDS)
+        .any(|field| field.split('.').eq(path.iter().map(String::as_str)))
+}
+
+/// The template fields `object` sets, each as canonical JSON.
+fn template_inputs(object: &Value) -> TemplateInputs {
+    let read = |fields: &[&str]| -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = fields
+            .iter()
+            .filter_map(|field| {
+                let value = object.pointer(&format!("/spec/{}", field.replace('.', "/")))?;
+                (!value.is_null()).then(|| (format!("spec.{field}"), canonical(value)))
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    TemplateInputs {
+        toolkit: read(&TOOLKIT_TEMPLATE_FIELDS),
+        every: read(&EVERY_TEMPLATE_FIELDS),
+    }
+}
+
+/// `value` as JSON with every object's keys sorted, so that two objects differing only in the
+/// order of their keys give the same text.
+fn canonical(value: &Value) -> String {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let fields: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{}:{}", Value::String(k.clone()), canonical(&map[k])))
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(canonical).collect();
+            format!("[{}]", items.join(","))
+        }
+        other => other.to_string(),
+    }
 }
 
 /// Where a ClusterPolicy (and a GPUCluster) lists what every operand DaemonSet tolerates.
@@ -200,6 +280,46 @@ pub fn parse(text: &str, path: &Path) -> Result<ClusterPolicy, ClusterPolicyErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn template_fields_are_read_in_canonical_form_and_a_reordering_rolls_nothing() {
+        let cp = |resources: &str| {
+            let text = format!(
+                r#"{{"apiVersion":"nvidia.com/v1","kind":"ClusterPolicy","metadata":{{"name":"cp"}},
+                "spec":{{"toolkit":{{"enabled":true,"version":"v1.17.0","resources":{resources}}},
+                "devicePlugin":{{"version":"v0.17.0"}}}}}}"#
+            );
+            from_object(&serde_json::from_str(&text).unwrap())
+                .unwrap()
+                .facts
+                .templates
+                .inputs
+        };
+        let a = cp(r#"{"limits":{"cpu":"1","memory":"1Gi"}}"#);
+        let b = cp(r#"{"limits":{"memory":"1Gi","cpu":"1"}}"#);
+        assert_eq!(
+            a.toolkit,
+            vec![
+                (
+                    "spec.toolkit.resources".to_owned(),
+                    r#"{"limits":{"cpu":"1","memory":"1Gi"}}"#.to_owned()
+                ),
+                ("spec.toolkit.version".to_owned(), r#""v1.17.0""#.to_owned()),
+            ]
+        );
+        assert!(
+            a.every.is_empty(),
+            "the device plugin's version is not read"
+        );
+        assert_eq!(a.rollout(&b).changed, Vec::<String>::new());
+        let c = cp(r#"{"limits":{"cpu":"2","memory":"1Gi"}}"#);
+        assert_eq!(
+            a.rollout(&c).changed,
+            vec![
+                r#"spec.toolkit.resources: {"limits":{"cpu":"1","memory":"1Gi"}} -> {"limits":{"cpu":"2","memory":"1Gi"}}"#
+            ]
+        );
+    }
     use crate::core::facts::operator_defaults;
     use crate::core::operands::Operand;
 

@@ -20,7 +20,7 @@ use crate::core::placement::NodePlacement;
 pub struct NodeView {
     #[serde(default, deserialize_with = "partial_meta")]
     pub metadata: ObjectMeta,
-    /// `spec.taints` and `spec.unschedulable`; empty from the metadata-only watch.
+    /// `spec.taints` and `spec.unschedulable`.
     #[serde(
         default,
         rename = "spec",
@@ -43,6 +43,10 @@ pub(crate) fn partial_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta
     Ok(meta)
 }
 
+/// Nodes per list page: a whole Node is 20–30 KB (up to ~180 KB with many images; FLEET.md),
+/// and kube's client holds a page twice while it reads it, so 50 keep a page near 2–3 MB.
+pub const NODE_PAGE_SIZE: u32 = 50;
+
 impl NodeView {
     pub fn name(&self) -> &str {
         self.metadata.name.as_deref().unwrap_or_default()
@@ -54,7 +58,12 @@ impl NodeView {
     }
 }
 
-partial_resource!(NodeView, k8s_openapi::ClusterResourceScope, kind: "Node", group: "", version: "v1", plural: "nodes", metadata_api: true);
+// Whole Nodes on the wire, not `PartialObjectMetadata`: the taints are in `spec`, and no field
+// selector or second narrow watch can give them (the API filters Nodes by `metadata.name` and
+// `spec.unschedulable` only). What the view does not read (status, images) is skipped by the
+// deserializer without being built, and the lists' pages are smaller for it
+// ([`NODE_PAGE_SIZE`](crate::k8s::node::NODE_PAGE_SIZE)).
+partial_resource!(NodeView, k8s_openapi::ClusterResourceScope, kind: "Node", group: "", version: "v1", plural: "nodes");
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeFileError {
@@ -149,16 +158,21 @@ mod tests {
     }
 
     #[test]
-    fn nodes_are_listed_and_watched_as_metadata_only() {
+    fn nodes_are_listed_and_watched_whole_for_their_taints() {
         use kube::Resource;
-        assert!(NodeView::metadata_api());
-        // What the API server sends for `as=PartialObjectMetadata` reads like a Node.
-        let json = r#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1",
-            "metadata":{"name":"n","resourceVersion":"9","labels":{"a":"b"},"annotations":{"x":"y"}}}"#;
+        assert!(!NodeView::metadata_api());
+        let json = r#"{"kind":"Node","apiVersion":"v1",
+            "metadata":{"name":"n","resourceVersion":"9","labels":{"a":"b"},"annotations":{"x":"y"}},
+            "spec":{"taints":[{"key":"nvidia.com/gpu-xid-error","value":"79","effect":"NoExecute"}]},
+            "status":{"images":[{"names":["x"],"sizeBytes":1}],"conditions":[{"type":"Ready"}]}}"#;
         let node: NodeView = serde_json::from_str(json).unwrap();
         assert_eq!(node.name(), "n");
         assert_eq!(node.labels().get("a").map(String::as_str), Some("b"));
         assert_eq!(node.metadata.resource_version.as_deref(), Some("9"));
+        assert_eq!(
+            node.placement.taints[0].to_string(),
+            "nvidia.com/gpu-xid-error=79:NoExecute"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use kube::api::ApiResource;
 use serde_json::Value;
 
+use super::placement::tolerations_of;
 use crate::core::nvidia_driver::NvidiaDriver;
 use crate::core::operands::Labels;
 
@@ -62,7 +63,10 @@ pub fn from_object(object: &Value) -> Result<NvidiaDriver, String> {
             "NVIDIADriver {name}: spec.{field}: expected true or false, found {other}"
         )),
     };
+    let tolerations = tolerations_of(object.pointer("/spec/tolerations"), "spec.tolerations")
+        .map_err(|e| format!("NVIDIADriver {name}: {e}"))?;
     Ok(NvidiaDriver {
+        tolerations,
         precompiled: flag("usePrecompiled")?,
         default: flag("default")?,
         name,
@@ -111,6 +115,24 @@ mod tests {
             "empty: every node"
         );
         assert!(empty.vgpu_host_manager);
+        let tolerating = from_object(&serde_json::json!({"metadata": {"name": "t"},
+            "spec": {"tolerations": [{"key": "example.com/maint", "operator": "Exists"}]}}))
+        .unwrap();
+        assert_eq!(
+            tolerating
+                .template()
+                .tolerations
+                .iter()
+                .map(|t| t.key.as_str())
+                .collect::<Vec<_>>(),
+            ["nvidia.com/gpu", "example.com/maint"]
+        );
+        let bad_toleration = from_object(&serde_json::json!({"metadata": {"name": "t"},
+            "spec": {"tolerations": [{"key": "k", "operator": "Lt", "value": "3"}]}}));
+        assert_eq!(
+            bad_toleration.unwrap_err(),
+            "NVIDIADriver t: spec.tolerations: unknown toleration operator \"Lt\": the API server accepts Exists and Equal (or none, which is Equal)"
+        );
         let bad = from_object(
             &serde_json::json!({"metadata": {"name": "x"}, "spec": {"nodeSelector": {"a": 1}}}),
         );

@@ -12,6 +12,7 @@ use kube::core::DynamicResourceScope;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
+use super::cluster_policy::is_template_field;
 use super::pruned::{self, Keep};
 use crate::core::facts::SANDBOX_WORKLOADS;
 use crate::core::operands::OPERANDS;
@@ -46,12 +47,15 @@ pub fn keeps(path: &[String]) -> Keep {
             Keep::Value
         }
         [s, f] if s == "spec" && f == "nodeSelector" => Keep::Fields,
+        // NVIDIADriver: what its driver DaemonSets tolerate.
+        [s, f] if s == "spec" && f == "tolerations" => Keep::Whole,
         [s, f, _] if s == "spec" && f == "nodeSelector" => Keep::Value,
+        // ClusterPolicy: the fields that reach operand pod templates, whose change rolls them.
+        [s, rest @ ..] if s == "spec" && is_template_field(rest) => Keep::Whole,
         // ClusterPolicy (and GPUCluster): the operand switches and the flags beside them.
-        [s, f] if s == "spec" && (switch(f) || f == "cdi") => Keep::Fields,
+        [s, f] if s == "spec" && (switch(f) || f == "validator") => Keep::Fields,
         [s, f, e] if s == "spec" && switch(f) && e == "enabled" => Keep::Value,
         [s, f, e] if s == "spec" && f == "driver" && e == "useNvidiaDriverCRD" => Keep::Value,
-        [s, f, e] if s == "spec" && f == "cdi" && e == "nriPluginEnabled" => Keep::Value,
         // ClusterPolicy and GPUCluster: what every operand DaemonSet tolerates.
         [s, f] if s == "spec" && f == "daemonsets" => Keep::Fields,
         [s, f, t] if s == "spec" && f == "daemonsets" && t == "tolerations" => Keep::Whole,
@@ -144,6 +148,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::k8s::cluster_policy::{EVERY_TEMPLATE_FIELDS, TOOLKIT_TEMPLATE_FIELDS};
     use crate::k8s::{cluster_policy, gpu_cluster, nvidia_driver};
 
     /// `object` read as the webhook and the watch read it.
@@ -173,6 +178,17 @@ mod tests {
             "cdi".into(),
             json!({"enabled": true, "nriPluginEnabled": true}),
         );
+        // Every field that reaches an operand's pod template, whole.
+        for field in TOOLKIT_TEMPLATE_FIELDS.iter().chain(&EVERY_TEMPLATE_FIELDS) {
+            if let Some((parent, leaf)) = field.split_once('.') {
+                let parent = spec.entry(parent).or_insert_with(|| json!({}));
+                parent[leaf] = if *field == "daemonsets.tolerations" {
+                    json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+                } else {
+                    json!([{"set": field, "nested": {"b": 1, "a": [2]}}])
+                };
+            }
+        }
         let policy = json!({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
             "metadata": {"name": "cp", "labels": {"a": "b"}, "resourceVersion": "7",
                          "annotations": {HOST_TOOLKIT_ANNOTATION: "why", "other": "x"}},
@@ -181,6 +197,16 @@ mod tests {
         assert_eq!(
             cluster_policy::from_object(&kept).unwrap(),
             cluster_policy::from_object(&policy).unwrap()
+        );
+        let inputs = cluster_policy::from_object(&kept)
+            .unwrap()
+            .facts
+            .templates
+            .inputs;
+        assert_eq!(
+            (inputs.toolkit.len(), inputs.every.len()),
+            (TOOLKIT_TEMPLATE_FIELDS.len(), EVERY_TEMPLATE_FIELDS.len()),
+            "{inputs:?}"
         );
         assert_eq!(
             kept.pointer("/metadata/annotations"),

@@ -7,10 +7,11 @@ use super::lease::{LeaseArgs, LeaseConfig};
 use crate::audit::metrics::DEFAULT_MAX_NODE_SERIES;
 use crate::core::policy::Policy;
 use crate::core::version::Followed;
+use crate::k8s::node::NODE_PAGE_SIZE;
 
-/// Objects per list page by default: a Node's metadata is ~10 KB and a Pod ~5–10 KB, so a page
-/// stays near a megabyte.
-pub const DEFAULT_PAGE_SIZE: u32 = 100;
+/// Objects per list page by default: a whole Node is 20–30 KB and a Pod 5–10 KB, so a page
+/// stays within a few megabytes ([`NODE_PAGE_SIZE`]).
+pub const DEFAULT_PAGE_SIZE: u32 = NODE_PAGE_SIZE;
 
 /// The flags of the cluster watch and of the continuous audit.
 #[derive(clap::Args, Clone, Debug)]

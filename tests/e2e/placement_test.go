@@ -98,3 +98,52 @@ func TestANoExecuteTaintThatEvictsOnlyTheToolkitIsRefused(t *testing.T) {
 		t.Errorf("lab-node-0 taints after the refusal: %s", out)
 	}
 }
+
+// toolkitRollout is the refusal of a ClusterPolicy change that rolls the
+// toolkit while lab-node-0 carries a NoSchedule taint it does not tolerate.
+const toolkitRollout = "ClusterPolicy cluster-policy: this change rolls the container toolkit DaemonSet " +
+	"(spec.toolkit.version: unset -> \"v1.17.5\"); on 1 node (lab-node-0) a NoSchedule taint the toolkit does not " +
+	"tolerate (example.com/maintenance=now:NoSchedule) keeps the new pod off, so the old one exits, removing the " +
+	"nvidia runtime, while the device plugin keeps advertising GPUs and GPU pods scheduled there cannot start. " +
+	"Remove or tolerate the taint (spec.daemonsets.tolerations) before the change, or drain those nodes; if the " +
+	"hosts bring their own toolkit, set " + hostToolkitKey + "."
+
+// TestAToolkitRolloutOnATaintedNodeIsRefused: no label changes, yet a new
+// toolkit version in the ClusterPolicy rolls the toolkit DaemonSet, whose
+// controller deletes the toolkit pod of lab-node-0 and, under a NoSchedule
+// taint the toolkit does not tolerate, never creates the new one, while the
+// device plugin there stays. The watching guard reads the taint from its node
+// records (whole Nodes watched) and refuses, naming the node and the taint;
+// the same change tolerating the taint passes, and so does a change that
+// does not reach the toolkit's template.
+func TestAToolkitRolloutOnATaintedNodeIsRefused(t *testing.T) {
+	setUpPolicyLab(t)
+	createClusterPolicy(t)
+	taint := "example.com/maintenance=now:NoSchedule"
+	if got := kubectl("taint", "node", "lab-node-0", taint); got.code != 0 {
+		t.Fatalf("kubectl taint node lab-node-0 %s: %s", taint, got)
+	}
+	t.Cleanup(func() {
+		if got := kubectl("taint", "node", "lab-node-0", "example.com/maintenance-"); got.code != 0 {
+			t.Errorf("cleanup: %s", got)
+		}
+	})
+	upgrade := `{"spec":{"toolkit":{"version":"v1.17.5"}}}`
+	refused := result{"", policyForbidden + toolkitRollout + "\n", 1}
+	framework.WaitFor(t, watchFollow, "the guard to read lab-node-0's taint", func() (bool, string) {
+		got := kubectl("patch", "clusterpolicy", clusterPolicyName, "--type=merge", "-p", upgrade, "--dry-run=server")
+		return got == refused, got.String()
+	})
+	expectResult(t, "kubectl patch clusterpolicy toolkit.version", kubectl("patch", "clusterpolicy",
+		clusterPolicyName, "--type=merge", "-p", upgrade), refused.code, refused.stdout, refused.stderr)
+	if v := cp.MustKubectl(t, "get", "clusterpolicy", clusterPolicyName, "-o", "jsonpath={.spec.toolkit.version}"); v != "" {
+		t.Errorf("spec.toolkit.version stored after the refusal: %q", v)
+	}
+	tolerated := `{"spec":{"toolkit":{"version":"v1.17.5"},"daemonsets":{"tolerations":[` +
+		`{"key":"nvidia.com/gpu","operator":"Exists","effect":"NoSchedule"},{"key":"example.com/maintenance","operator":"Exists"}]}}}`
+	expectResult(t, "the same change tolerating the taint", kubectl("patch", "clusterpolicy", clusterPolicyName,
+		"--type=merge", "-p", tolerated, "--dry-run=server"), 0, "clusterpolicy.nvidia.com/cluster-policy patched (server dry run)\n", "")
+	expectResult(t, "a change of the device plugin's version", kubectl("patch", "clusterpolicy", clusterPolicyName,
+		"--type=merge", "-p", `{"spec":{"devicePlugin":{"version":"v0.17.1"}}}`, "--dry-run=server"),
+		0, "clusterpolicy.nvidia.com/cluster-policy patched (server dry run)\n", "")
+}

@@ -279,3 +279,57 @@ fn an_operand_its_affinity_or_selector_does_not_pick_is_not_selected() {
         PlacementState::NotSelected
     );
 }
+
+#[test]
+fn an_nvidia_drivers_own_tolerations_place_its_driver() {
+    use crate::core::facts::operator_defaults;
+    use crate::core::nvidia_driver::NvidiaDriver;
+    use crate::core::operands::Operand;
+    let labels: crate::core::operands::Labels = [
+        ("nvidia.com/gpu.present", "true"),
+        ("nvidia.com/gpu.deploy.driver", "true"),
+        ("feature.node.kubernetes.io/system-os_release.ID", "ubuntu"),
+        (
+            "feature.node.kubernetes.io/system-os_release.VERSION_ID",
+            "22.04",
+        ),
+        ("pool", "a"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    let node = NodePlacement {
+        taints: vec![Taint::new("example.com/maint", "", Effect::NoSchedule)],
+        unschedulable: false,
+    };
+    let pool = |key: &str, tolerations: Vec<Toleration>| NvidiaDriver {
+        name: key.to_owned(),
+        node_selector: Some([("pool".to_owned(), key.to_owned())].into()),
+        vgpu_host_manager: false,
+        precompiled: false,
+        default: false,
+        tolerations,
+    };
+    let mut facts = operator_defaults();
+    facts.driver_crd = true;
+    // Pool a's NVIDIADriver tolerates the taint, pool b's does not: the node is in pool a.
+    facts.nvidia_drivers = Some(vec![
+        pool("b", Vec::new()),
+        pool("a", vec![Toleration::exists("example.com/maint", None)]),
+    ]);
+    assert_eq!(
+        facts.place(Operand::Driver, "n", &labels, &node),
+        Placement::Placed
+    );
+    facts.nvidia_drivers = Some(vec![pool("a", Vec::new())]);
+    assert!(matches!(
+        facts.place(Operand::Driver, "n", &labels, &node),
+        Placement::Kept(_)
+    ));
+    // The ClusterPolicy's tolerations never reach an NVIDIADriver's driver.
+    facts.templates.policy_tolerations = vec![Toleration::exists("example.com/maint", None)];
+    assert!(matches!(
+        facts.place(Operand::Driver, "n", &labels, &node),
+        Placement::Kept(_)
+    ));
+}

@@ -6,6 +6,7 @@
 use crate::core::facts::ClusterFacts;
 use crate::core::nvidia_driver::NvidiaDriver;
 use crate::core::operands::{Labels, OperandSet};
+use crate::core::placement::NodePlacement;
 use crate::core::review::Operation;
 
 /// The annotation by which a ClusterPolicy change says the hosts bring their own container
@@ -77,10 +78,12 @@ pub struct PolicyReview<'a> {
     pub change: PolicyChange<'a>,
 }
 
-/// Nodes with identical decision-relevant labels.
+/// Nodes with identical decision-relevant labels and taints.
 #[derive(Clone, Debug)]
 pub struct NodeGroup<'a> {
     pub labels: Labels,
+    /// Their taints and cordon (a decision reads what lasts: [`NodePlacement::lasting`]).
+    pub placement: NodePlacement,
     /// Sorted.
     pub nodes: Vec<&'a str>,
 }

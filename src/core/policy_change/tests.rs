@@ -3,6 +3,7 @@ use crate::core::facts::operator_defaults;
 use crate::core::nvidia_driver::{DRIVER_DEPLOY_KEY, VGPU_MANAGER_DEPLOY_KEY};
 use crate::core::operands::{SandboxMode, Workload};
 use crate::core::operator::Sandbox;
+use crate::core::placement::NodePlacement;
 use crate::core::policy::Decision;
 use crate::core::policy::tests::labels;
 use crate::core::rules::Finding;
@@ -45,6 +46,7 @@ fn over(review: &PolicyReview<'_>, groups: &[NodeGroup<'_>]) -> Verdict {
 fn group<'a>(labels: Labels, nodes: &[&'a str]) -> NodeGroup<'a> {
     NodeGroup {
         labels,
+        placement: NodePlacement::default(),
         nodes: nodes.to_vec(),
     }
 }
@@ -252,6 +254,7 @@ fn handing_the_driver_to_nvidiadrivers_warns_for_the_nodes_none_selects() {
         vgpu_host_manager: false,
         precompiled: false,
         default: false,
+        tolerations: Vec::new(),
     }];
     let groups = [group(a100, &["a-0"]), group(gpu_labels(), &["h-0"])];
     let review = cp_review_with_drivers(&before, &after, &drivers);
@@ -328,6 +331,7 @@ fn driver(name: &str, selector: &[(&str, &str)]) -> NvidiaDriver {
         vgpu_host_manager: false,
         precompiled: false,
         default: false,
+        tolerations: Vec::new(),
     }
 }
 
@@ -397,6 +401,7 @@ fn overlapping_nvidiadrivers_are_denied_naming_both_and_a_node() {
         vgpu_host_manager: false,
         precompiled: false,
         default: false,
+        tolerations: Vec::new(),
     };
     let v = over(
         &nd_review(&facts, Operation::Create, None, Some(&default), &existing),
@@ -1056,3 +1061,5 @@ fn an_nvidiadriver_is_refused_while_the_others_are_not_known() {
     );
     assert_ne!(v.decision, Decision::Denied);
 }
+
+mod rollout;

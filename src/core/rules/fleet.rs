@@ -3,6 +3,7 @@
 //! (`Check::Fleet`); [`FleetCtx::run`] runs them in the table's order.
 
 mod drivers;
+mod rollout;
 mod stacks;
 mod switches;
 
@@ -146,6 +147,16 @@ pub(super) fn toolkit_switched_off(ctx: &FleetCtx<'_>, out: &mut Vec<Found>) {
     match ctx.outcomes {
         Ok(outcomes) => toolkit_on_nodes(&ctx.policy_object, before, after, outcomes, out),
         Err(why) => toolkit_blind(&ctx.object, before, after, why, out),
+    }
+}
+
+/// `toolkit-rollout-not-recreated`: a change of the toolkit's pod template on nodes where the
+/// new pod would not be created while the device plugin stays.
+pub(super) fn toolkit_rollout_not_recreated(ctx: &FleetCtx<'_>, out: &mut Vec<Found>) {
+    if let (Some((before, after)), Some(outcomes)) = (ctx.cluster_policy(), ctx.known())
+        && ctx.request.operation == Operation::Update
+    {
+        rollout::toolkit_not_recreated(&ctx.policy_object, before, after, outcomes, out);
     }
 }
 

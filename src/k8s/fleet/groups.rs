@@ -54,6 +54,7 @@ impl NodeGroups {
             .iter()
             .map(|(record, ends)| NodeGroup {
                 labels: record.labels(),
+                placement: record.placement(),
                 nodes: ends
                     .iter()
                     .map(|&end| {

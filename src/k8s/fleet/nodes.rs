@@ -1,4 +1,5 @@
-//! Every node as a small record of the labels the decision reads ([`NodeIndex`]).
+//! Every node as a small record of the labels the decision reads and of its taints
+//! ([`NodeIndex`]).
 
 use std::collections::{BTreeMap, HashMap, btree_map};
 use std::sync::Arc;
@@ -6,12 +7,18 @@ use std::sync::Arc;
 use super::filter::LabelFilter;
 use super::interner::{Interner, Sym};
 use crate::core::operands::Labels;
+use crate::core::placement::{Effect, MAX_TAINTS, NodePlacement, Taint};
 use crate::k8s::node::NodeView;
 
-/// A node's labels that the decision reads, sorted by key.
+/// A node's labels that the decision reads, sorted by key, and what placement reads of it:
+/// its taints and its cordon. All taints are kept, those of a passing condition too: the audit
+/// says what the controller does now, and a decision reads what lasts
+/// ([`NodePlacement::lasting`]). A status heartbeat changes neither.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRecord {
     labels: Box<[(Sym, Sym)]>,
+    taints: Box<[(Sym, Sym, Effect)]>,
+    unschedulable: bool,
 }
 
 impl NodeRecord {
@@ -22,27 +29,46 @@ impl NodeRecord {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
     }
+
+    /// The kept taints and cordon as placement reads them.
+    pub fn placement(&self) -> NodePlacement {
+        NodePlacement {
+            taints: self
+                .taints
+                .iter()
+                .map(|(k, v, e)| Taint::new(k, v, *e))
+                .collect(),
+            unschedulable: self.unschedulable,
+        }
+    }
 }
 
-/// A record's identity: the addresses of its interned strings. Records of one index share
-/// the strings of equal text, so equal records have equal keys.
+/// A record's identity: the addresses of its interned strings (labels, then taints), the
+/// taints' effects and its cordon. Records of one index share the strings of equal text, so
+/// equal records have equal keys.
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct RecordKey(Vec<(usize, usize)>);
+struct RecordKey {
+    labels: Vec<(usize, usize)>,
+    taints: Vec<(usize, usize, Effect)>,
+    unschedulable: bool,
+}
 
 impl RecordKey {
     fn of(record: &NodeRecord) -> RecordKey {
-        RecordKey(
-            record
+        let addr = |s: &Sym| Arc::as_ptr(s).cast::<u8>() as usize;
+        RecordKey {
+            labels: record
                 .labels
                 .iter()
-                .map(|(k, v)| {
-                    (
-                        Arc::as_ptr(k).cast::<u8>() as usize,
-                        Arc::as_ptr(v).cast::<u8>() as usize,
-                    )
-                })
+                .map(|(k, v)| (addr(k), addr(v)))
                 .collect(),
-        )
+            taints: record
+                .taints
+                .iter()
+                .map(|(k, v, e)| (addr(k), addr(v), *e))
+                .collect(),
+            unschedulable: record.unschedulable,
+        }
     }
 }
 
@@ -120,8 +146,26 @@ impl NodeIndex {
             .filter(|(k, _)| filter.keeps(k))
             .map(|(k, v)| (strings.get(k), strings.get(v)))
             .collect();
+        let placement = &node.placement;
+        // The webhook's bound ([`MAX_TAINTS`]): a node past it (none is known) keeps the first.
+        if placement.taints.len() > MAX_TAINTS {
+            tracing::warn!(
+                node = node.name(),
+                taints = placement.taints.len(),
+                kept = MAX_TAINTS,
+                "a node has more taints than its record keeps: placement reads the first ones"
+            );
+        }
+        let taints: Vec<(Sym, Sym, Effect)> = placement
+            .taints
+            .iter()
+            .take(MAX_TAINTS)
+            .map(|t| (strings.get(&t.key), strings.get(&t.value), t.effect))
+            .collect();
         NodeRecord {
             labels: labels.into_boxed_slice(),
+            taints: taints.into_boxed_slice(),
+            unschedulable: placement.unschedulable,
         }
     }
 
@@ -230,6 +274,7 @@ mod tests {
                 let mut v = NodeView::default();
                 v.metadata.name = n.metadata.name.clone();
                 v.metadata.labels = Some(index.get(n.name()).unwrap().labels());
+                v.placement = index.get(n.name()).unwrap().placement();
                 v
             })
             .collect()
@@ -326,6 +371,52 @@ mod tests {
         index.relist_apply(&mk("b", "1"));
         assert_eq!(index.finish_relist(), vec![Box::from("a")]);
         assert!(index.get("a").is_none());
+    }
+
+    #[test]
+    fn records_keep_taints_and_cordon_and_group_by_them() {
+        let facts = operator_defaults();
+        let mut index = NodeIndex::new(LabelFilter::new(&facts));
+        let mk = |name: &str, taints: &[&str], cordon: bool| {
+            let mut n = NodeView::default();
+            n.metadata.name = Some(name.to_owned());
+            n.metadata.labels =
+                Some([("nvidia.com/gpu.deploy.driver".to_owned(), "true".to_owned())].into());
+            n.placement.unschedulable = cordon;
+            n.placement.taints = taints
+                .iter()
+                .map(|t| {
+                    let (kv, effect) = t.split_once(':').unwrap();
+                    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                    Taint::parse(k, v, effect).unwrap()
+                })
+                .collect();
+            n
+        };
+        let xid = ["nvidia.com/gpu-xid-error=79:NoExecute"];
+        assert!(index.apply(&mk("a", &[], false)));
+        assert!(index.apply(&mk("b", &xid, false)));
+        assert!(index.apply(&mk("c", &xid, false)));
+        assert!(index.apply(&mk("d", &[], true)));
+        assert!(!index.apply(&mk("b", &xid, false)), "a heartbeat");
+        let b = index.get("b").unwrap().placement();
+        assert_eq!(b.taints[0].to_string(), xid[0]);
+        assert!(index.get("d").unwrap().placement().unschedulable);
+        // The same labels, three placements: three groups, the tainted nodes together.
+        let groups: Vec<Vec<&str>> = index.groups().into_iter().map(|(_, n)| n).collect();
+        assert_eq!(groups, vec![vec!["a"], vec!["b", "c"], vec!["d"]]);
+        // A taint's effect alone changes the record; a condition taint is kept too.
+        assert!(index.apply(&mk("c", &["nvidia.com/gpu-xid-error=79:NoSchedule"], false)));
+        assert!(index.apply(&mk("a", &["node.kubernetes.io/not-ready:NoExecute"], false)));
+        assert_eq!(index.groups().len(), 4);
+        assert!(index.apply(&mk("a", &[], false)));
+        let copied = NodeGroups::copy(&index);
+        let placements: Vec<usize> = copied
+            .groups()
+            .iter()
+            .map(|g| g.placement.taints.len() + usize::from(g.placement.unschedulable))
+            .collect();
+        assert_eq!(placements, vec![0, 1, 1, 1]);
     }
 
     #[test]

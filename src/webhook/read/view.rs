@@ -175,8 +175,7 @@ pub(super) struct TaintView<'a> {
     pub(super) effect: Option<Text<'a>>,
 }
 
-/// More taints than this on one node is no node a cluster runs: refused, not walked.
-pub const MAX_TAINTS: usize = 1_024;
+pub use crate::core::placement::MAX_TAINTS;
 
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct Metadata<'a> {
