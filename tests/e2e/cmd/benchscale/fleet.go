@@ -45,7 +45,14 @@ type fleet struct {
 	logf     func(string, ...any)
 	nodes    int // how many exist (scale-node-00000 .. nodes-1)
 	broken   bool
+	// Every taintEvery-th node (0: none) is quarantined as NVIDIA NVSentinel
+	// does after an XID error: a NoSchedule taint the operands do not
+	// tolerate, so their pods stay but would not be re-created there.
+	taintEvery int
 }
+
+// quarantine is the taint of the benchmark's tainted nodes.
+var quarantine = corev1.Taint{Key: "nvidia.com/gpu-xid-error", Value: "79", Effect: corev1.TaintEffectNoSchedule}
 
 // loadNodeTemplate reads the large-node fixture and makes it a template:
 // server-set metadata dropped, only the lab's five deploy labels (all
@@ -93,6 +100,9 @@ func (f *fleet) node(i int, now time.Time) *corev1.Node {
 	}
 	n.Spec.ProviderID = ""
 	n.Spec.PodCIDR, n.Spec.PodCIDRs = "", nil
+	if f.taintEvery > 0 && i%f.taintEvery == 0 {
+		n.Spec.Taints = append(n.Spec.Taints, quarantine)
+	}
 	return n
 }
 

@@ -74,6 +74,7 @@ type options struct {
 	crFlood       int
 	crBytes       int
 	broken        bool
+	taintEvery    int
 }
 
 // envList is a repeatable -env KEY=VALUE flag.
@@ -112,6 +113,7 @@ func main() {
 	flag.IntVar(&o.apiMutInflght, "max-mutating-requests-inflight", 800, "kube-apiserver --max-mutating-requests-inflight")
 	flag.StringVar(&o.note, "note", "", "machine note recorded with the results")
 	flag.BoolVar(&o.broken, "broken", false, "a broken fleet: every node's container toolkit pod stays Pending under its Running device plugin, so every node has a failing finding (an operator upgrade gone wrong)")
+	flag.IntVar(&o.taintEvery, "taint-every", 10, "every Nth node carries the NoSchedule quarantine taint nvidia.com/gpu-xid-error=79 the operands do not tolerate (a tenth by default); 0: none")
 	flag.IntVar(&o.crFlood, "cr-flood", 40, "after the heartbeats, create this many large NVIDIADrivers (and a sixth as many ClusterPolicies), then delete them; 0: no flood")
 	flag.IntVar(&o.crBytes, "cr-bytes", 1000000, "bytes of an unread field in each flood object")
 	flag.Var(&o.env, "env", "KEY=VALUE added to serve's environment (repeatable), e.g. what a newer chart passes")
@@ -188,7 +190,7 @@ func run(o options) error {
 	}
 	cp, err := framework.Start(framework.Config{
 		BinDir: binDir, Kubectl: kubectl, WorkDir: clusterDir,
-		NoControllerManager: true, DisableFakeKubelet: true,
+		NoControllerManager: true,
 		// 10,000 nodes and 50,000 pods measured 596 MiB of etcd database
 		// (the bbolt file does not shrink after compaction without a
 		// defrag): etcd's default 2 GiB quota holds it, with less room than
@@ -238,13 +240,13 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	f := &fleet{cs: cs, template: template, dsets: s.dsets, workers: o.workers, logf: logf, broken: o.broken}
+	f := &fleet{cs: cs, template: template, dsets: s.dsets, workers: o.workers, logf: logf, broken: o.broken, taintEvery: o.taintEvery}
 
 	res := results{
 		Date: time.Now().UTC().Format(time.RFC3339), Binary: bin, Version: version, SHA256: digest, Note: o.note,
 		Replicas: o.replicas, Fixture: o.fixture, FixtureBytes: fixtureBytes, Kubeconfig: s.identity,
 		QuietSeconds: o.quiet.Seconds(), HeartbeatSeconds: o.heartbeat.Seconds(), HeartbeatPeriod: o.hbPeriod.Seconds(),
-		LeaderMetric: o.leaderMetric, EtcdQuota: o.etcdQuota, Machine: machine(), Broken: o.broken,
+		LeaderMetric: o.leaderMetric, EtcdQuota: o.etcdQuota, Machine: machine(), Broken: o.broken, TaintEvery: o.taintEvery,
 	}
 	for _, n := range o.nodes {
 		logf("N=%d: growing the fleet from %d nodes", n, f.nodes)

@@ -19,6 +19,7 @@ type results struct {
 	Note             string      `json:"note"`
 	Machine          string      `json:"machine"`
 	Broken           bool        `json:"broken_fleet"`
+	TaintEvery       int         `json:"taint_every"`
 	Replicas         int         `json:"replicas"`
 	Fixture          string      `json:"fixture"`
 	FixtureBytes     int         `json:"fixture_bytes"`
@@ -81,6 +82,9 @@ func table(res results, r runResult) string {
 	fleetKind := "every operand pod Running"
 	if res.Broken {
 		fleetKind = "broken: every container toolkit pod Pending"
+	}
+	if res.TaintEvery > 0 {
+		fleetKind += fmt.Sprintf(", every %dth node tainted %s=%s:%s", res.TaintEvery, quarantine.Key, quarantine.Value, quarantine.Effect)
 	}
 	fmt.Fprintf(&b, "\n== %d nodes, %d operand pods, %s (%s; %s)\n", r.Nodes, r.Pods, fleetKind, res.Version, res.Machine)
 	fmt.Fprintf(&b, "fill: +%d nodes, +%d pods in %.0f s; etcd db %.0f MiB, kube-apiserver RSS %.0f MiB (peak %.0f), etcd RSS %.0f MiB\n",
