@@ -142,8 +142,8 @@ func TestAToolkitRolloutOnATaintedNodeIsRefused(t *testing.T) {
 	tolerated := `{"spec":{"toolkit":{"version":"v1.17.5"},"daemonsets":{"tolerations":[` +
 		`{"key":"nvidia.com/gpu","operator":"Exists","effect":"NoSchedule"},{"key":"example.com/maintenance","operator":"Exists"}]}}}`
 	expectResult(t, "the same change tolerating the taint", kubectl("patch", "clusterpolicy", clusterPolicyName,
-		"--type=merge", "-p", tolerated, "--dry-run=server"), 0, "clusterpolicy.nvidia.com/cluster-policy patched (server dry run)\n", "")
+		"--type=merge", "-p", tolerated, "--dry-run=server"), 0, "clusterpolicy.nvidia.com/cluster-policy patched\n", "")
 	expectResult(t, "a change of the device plugin's version", kubectl("patch", "clusterpolicy", clusterPolicyName,
 		"--type=merge", "-p", `{"spec":{"devicePlugin":{"version":"v0.17.1"}}}`, "--dry-run=server"),
-		0, "clusterpolicy.nvidia.com/cluster-policy patched (server dry run)\n", "")
+		0, "clusterpolicy.nvidia.com/cluster-policy patched\n", "")
 }
