@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::document;
 use super::placement::tolerations_of;
+use super::policy_object::{EVERY_TEMPLATE_FIELDS, TOOLKIT_TEMPLATE_FIELDS};
 use crate::core::facts::{ClusterFacts, switched_off};
 use crate::core::operands::Operand;
 use crate::core::operands::{SandboxMode, Workload};
@@ -50,6 +51,9 @@ pub struct ClusterPolicy {
 
 /// The facts one ClusterPolicy object gives, with every switch type-checked.
 pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> {
+    // What the webhook keeps of the object is all any reader reads.
+    let kept = super::policy_object::kept(object);
+    let object = &kept;
     let name = object
         .pointer("/metadata/name")
         .and_then(Value::as_str)
@@ -121,45 +125,6 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
             ..ClusterFacts::from_switches(disabled)
         },
     })
-}
-
-/// The fields under `spec` that reach the container toolkit's pod template alone
-/// (`TransformToolkit`: `docs/gpu-operator.md` §13).
-pub const TOOLKIT_TEMPLATE_FIELDS: [&str; 9] = [
-    "toolkit.repository",
-    "toolkit.image",
-    "toolkit.version",
-    "toolkit.imagePullPolicy",
-    "toolkit.imagePullSecrets",
-    "toolkit.env",
-    "toolkit.resources",
-    "toolkit.installDir",
-    "cdi",
-];
-
-/// The fields under `spec` that reach every ClusterPolicy operand's pod template
-/// (`applyCommonDaemonsetConfig`; the validator's image runs in every operand's validation
-/// init container). `spec.daemonsets.updateStrategy` changes how a rollout goes, not the
-/// template.
-pub const EVERY_TEMPLATE_FIELDS: [&str; 9] = [
-    "daemonsets.tolerations",
-    "daemonsets.priorityClassName",
-    "daemonsets.labels",
-    "daemonsets.annotations",
-    "validator.repository",
-    "validator.image",
-    "validator.version",
-    "validator.imagePullPolicy",
-    "validator.imagePullSecrets",
-];
-
-/// Whether `path` (under `spec`) is one of the template fields, which the webhook's pruned
-/// reading keeps whole ([`crate::k8s::policy_object::keeps`]).
-pub fn is_template_field(path: &[String]) -> bool {
-    TOOLKIT_TEMPLATE_FIELDS
-        .iter()
-        .chain(&EVERY_TEMPLATE_FIELDS)
-        .any(|field| field.split('.').eq(path.iter().map(String::as_str)))
 }
 
 /// The template fields `object` sets, each as canonical JSON.

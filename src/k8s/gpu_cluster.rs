@@ -58,6 +58,9 @@ pub struct GpuCluster {
 
 /// The GPUCluster one object gives, its switches type-checked.
 pub fn from_object(object: &Value) -> Result<GpuCluster, GpuClusterError> {
+    // What the webhook keeps of the object is all any reader reads.
+    let kept = super::policy_object::kept(object);
+    let object = &kept;
     let name = object
         .pointer("/metadata/name")
         .and_then(Value::as_str)

@@ -22,6 +22,9 @@ pub fn resource() -> ApiResource {
 
 /// The NVIDIADriver one object gives: its name and `spec.nodeSelector`, type-checked.
 pub fn from_object(object: &Value) -> Result<NvidiaDriver, String> {
+    // What the webhook keeps of the object is all any reader reads.
+    let kept = super::policy_object::kept(object);
+    let object = &kept;
     let name = object
         .pointer("/metadata/name")
         .and_then(Value::as_str)

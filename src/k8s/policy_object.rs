@@ -12,11 +12,48 @@ use kube::core::DynamicResourceScope;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use super::cluster_policy::is_template_field;
 use super::pruned::{self, Keep};
 use crate::core::facts::SANDBOX_WORKLOADS;
 use crate::core::operands::OPERANDS;
 use crate::core::policy_change::HOST_TOOLKIT_ANNOTATION;
+
+/// The fields under `spec` that reach the container toolkit's pod template alone
+/// (`TransformToolkit`: `docs/gpu-operator.md` §13).
+pub const TOOLKIT_TEMPLATE_FIELDS: [&str; 9] = [
+    "toolkit.repository",
+    "toolkit.image",
+    "toolkit.version",
+    "toolkit.imagePullPolicy",
+    "toolkit.imagePullSecrets",
+    "toolkit.env",
+    "toolkit.resources",
+    "toolkit.installDir",
+    "cdi",
+];
+
+/// The fields under `spec` that reach every ClusterPolicy operand's pod template
+/// (`applyCommonDaemonsetConfig`; the validator's image runs in every operand's validation
+/// init container). `spec.daemonsets.updateStrategy` changes how a rollout goes, not the
+/// template.
+pub const EVERY_TEMPLATE_FIELDS: [&str; 9] = [
+    "daemonsets.tolerations",
+    "daemonsets.priorityClassName",
+    "daemonsets.labels",
+    "daemonsets.annotations",
+    "validator.repository",
+    "validator.image",
+    "validator.version",
+    "validator.imagePullPolicy",
+    "validator.imagePullSecrets",
+];
+
+/// Whether `path` (under `spec`) is one of the template fields, which [`keeps`] keeps whole.
+fn is_template_field(path: &[String]) -> bool {
+    TOOLKIT_TEMPLATE_FIELDS
+        .iter()
+        .chain(&EVERY_TEMPLATE_FIELDS)
+        .any(|field| field.split('.').eq(path.iter().map(String::as_str)))
+}
 
 /// The fields of a GPU-policy object that any decision reads: `cluster_policy::from_object`
 /// and `choose` (`status.state`), `nvidia_driver::from_object`, `gpu_cluster::from_object`, the
@@ -66,6 +103,18 @@ pub fn keeps(path: &[String]) -> Keep {
         }
         _ => Keep::No,
     }
+}
+
+/// `object` with only the fields [`keeps`] names: what every reader of a GPU-policy object
+/// reads (`cluster_policy::from_object`, `nvidia_driver::from_object`,
+/// `gpu_cluster::from_object` start here), whether the object came whole (a file, a list) or
+/// already pruned (the webhook, the watch). So a field a reader starts to read that [`keeps`]
+/// does not name is missing everywhere, and the reader's own tests fail: the webhook cannot
+/// drop what `check-policy` reads.
+pub fn kept(object: &Value) -> Value {
+    // A Value's fields are read as they are; only a duplicate key could fail, and a Value has
+    // none.
+    read(object).ok().flatten().unwrap_or(Value::Null)
 }
 
 /// Reads a GPU-policy object with only the fields [`keeps`] names; `null` is None.
@@ -148,7 +197,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::k8s::cluster_policy::{EVERY_TEMPLATE_FIELDS, TOOLKIT_TEMPLATE_FIELDS};
     use crate::k8s::{cluster_policy, gpu_cluster, nvidia_driver};
 
     /// `object` read as the webhook and the watch read it.

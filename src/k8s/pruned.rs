@@ -13,7 +13,8 @@ use serde_json::{Map, Value};
 pub enum Keep {
     /// Skipped.
     No,
-    /// An object whose fields are chosen one by one; anything else there is skipped.
+    /// An object whose fields are chosen one by one. Anything else there is kept as a scalar, or
+    /// an empty array for an array, so that a reader expecting an object says what it found.
     Fields,
     /// Kept as it is when it is a scalar; an object or array there is kept empty (the reader
     /// sees its type, not its contents).
@@ -23,7 +24,8 @@ pub enum Keep {
     Whole,
 }
 
-/// Reads an object with the fields `keep` chooses; `null` (or anything but an object) is None.
+/// Reads an object with the fields `keep` chooses; `null` is None, and a scalar or an array (an
+/// empty one) is what it is.
 pub fn read<'de, D: Deserializer<'de>>(
     deserializer: D,
     keep: fn(&[String]) -> Keep,
@@ -83,23 +85,23 @@ impl<'de> Visitor<'de> for Fields<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<Value>, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(None)
+        Ok(Some(Value::Array(Vec::new())))
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<Option<Value>, E> {
-        Ok(None)
+    fn visit_bool<E>(self, v: bool) -> Result<Option<Value>, E> {
+        Ok(Some(Value::Bool(v)))
     }
-    fn visit_i64<E>(self, _: i64) -> Result<Option<Value>, E> {
-        Ok(None)
+    fn visit_i64<E>(self, v: i64) -> Result<Option<Value>, E> {
+        Ok(Some(Value::from(v)))
     }
-    fn visit_u64<E>(self, _: u64) -> Result<Option<Value>, E> {
-        Ok(None)
+    fn visit_u64<E>(self, v: u64) -> Result<Option<Value>, E> {
+        Ok(Some(Value::from(v)))
     }
-    fn visit_f64<E>(self, _: f64) -> Result<Option<Value>, E> {
-        Ok(None)
+    fn visit_f64<E>(self, v: f64) -> Result<Option<Value>, E> {
+        Ok(Some(Value::from(v)))
     }
-    fn visit_str<E>(self, _: &str) -> Result<Option<Value>, E> {
-        Ok(None)
+    fn visit_str<E>(self, v: &str) -> Result<Option<Value>, E> {
+        Ok(Some(Value::String(v.to_owned())))
     }
     fn visit_unit<E>(self) -> Result<Option<Value>, E> {
         Ok(None)
@@ -184,15 +186,16 @@ mod tests {
                         "driver":{"enabled":{"deep":[1]}}},"status":{"state":"ready"}}"#,
         )
         .unwrap();
-        // Non-objects where fields were expected are left out; an object where a value was
-        // expected is kept empty.
+        // A scalar where fields were expected is kept, an array kept empty, so that a reader
+        // says what it found; an object where a value was expected is kept empty.
         assert_eq!(
             v,
             serde_json::json!({"metadata": {"name": "cp"},
-                "spec": {"toolkit": {"enabled": false}, "driver": {"enabled": {}}}})
+                "spec": {"toolkit": {"enabled": false}, "big": [], "n": 7,
+                         "driver": {"enabled": {}}}})
         );
         assert_eq!(pruned("null"), None);
-        assert_eq!(pruned("[1]"), None);
+        assert_eq!(pruned("[1]"), Some(serde_json::json!([])));
     }
 
     #[test]

@@ -42,6 +42,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -325,6 +326,20 @@ func setUp(ctx context.Context, cp *framework.ControlPlane, cs *kubernetes.Clien
 	}
 	if len(list.Items) != len(labDeployLabels) {
 		return nil, fmt.Errorf("%d DaemonSets in %s, want %d", len(list.Items), operatorNS, len(labDeployLabels))
+	}
+	// The toleration every operand asset of the GPU Operator carries: the
+	// fixture's nodes are tainted nvidia.com/gpu=present:NoSchedule as GPU
+	// node pools often are, and only the -taint-every nodes should hold
+	// operands off.
+	for i := range list.Items {
+		ds := &list.Items[i]
+		ds.Spec.Template.Spec.Tolerations = append(ds.Spec.Template.Spec.Tolerations, corev1.Toleration{
+			Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+		updated, err := cs.AppsV1().DaemonSets(operatorNS).Update(ctx, ds, metav1.UpdateOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("adding the operator's toleration to %s: %w", ds.Name, err)
+		}
+		list.Items[i] = *updated
 	}
 	s := &setup{dsets: list.Items}
 	if s.review, err = os.ReadFile(filepath.Join(root, "benches", "fixtures", "large-node-review-allowed.json")); err != nil {
