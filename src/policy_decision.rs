@@ -130,14 +130,16 @@ pub fn status_verdict(facts: &ClusterFacts, policy: &Policy) -> Verdict {
 
 /// The label keys an NVIDIADriver's nodeSelector reads (none for the other kinds).
 fn selector_keys<'a>(review: &'a PolicyReview<'_>) -> impl Iterator<Item = &'a str> {
-    let selector = match review.change {
-        PolicyChange::NvidiaDriver {
-            after: Some(this), ..
-        } => this.node_selector.as_ref(),
-        _ => None,
+    // The old selector's keys too: a changed selector moves the driver off the nodes only the
+    // old one picks, which the records tell only if they keep its labels.
+    let (before, after) = match review.change {
+        PolicyChange::NvidiaDriver { before, after, .. } => (before, after),
+        _ => (None, None),
     };
-    selector
+    [before, after]
         .into_iter()
+        .flatten()
+        .filter_map(|d| d.node_selector.as_ref())
         .flat_map(|s| s.keys())
         .map(String::as_str)
 }

@@ -369,6 +369,32 @@ async fn nvidiadrivers_that_overlap_are_refused_and_a_delete_warns() {
 }
 
 #[tokio::test]
+async fn a_changed_nodeselector_asks_the_records_for_the_old_and_the_new_keys() {
+    let facts = ClusterFacts {
+        nvidia_drivers: Some(Vec::new()),
+        ..ClusterFacts::default()
+    };
+    let h = harness_with(&[gpu_node("gpu-a")], true, facts);
+    let driver = |name: &str, selector: Value| {
+        json!({"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+            "metadata": {"name": name}, "spec": {"driverType": "gpu", "nodeSelector": selector}})
+    };
+    let moved = review(
+        "NVIDIADriver",
+        "UPDATE",
+        driver("pool", json!({"example.com/pool": "b"})),
+        driver("pool", json!({"example.com/rack": "7"})),
+    );
+    let (_, answer) = post(&h, &moved).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    let requested = h.fleet.lock().requested_keys.clone();
+    // The old selector's key too: which nodes the driver leaves needs it.
+    for key in ["example.com/pool", "example.com/rack"] {
+        assert!(requested.contains(key), "{key} not in {requested:?}");
+    }
+}
+
+#[tokio::test]
 async fn bad_policy_reviews_are_named() {
     let h = harness(&[], true);
     let mut node = review("ClusterPolicy", "UPDATE", json!({}), json!({}));
