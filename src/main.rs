@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use gpu_deploy_guard::cli::kubectl_plugin::{self, PluginCli};
-use gpu_deploy_guard::cli::{audit, certs, check, check_policy, completion};
+use gpu_deploy_guard::cli::{audit, certs, check, check_policy, completion, operands};
 use gpu_deploy_guard::serve;
 
 /// Keeps NVIDIA GPU Operator deploy labels (nvidia.com/gpu.deploy.*) from breaking a node's GPU stack.
@@ -31,6 +31,9 @@ enum Command {
     Certs(certs::CertsArgs),
     /// Check that every operand a node's labels call for runs there (a cluster or files).
     Audit(audit::AuditArgs),
+    /// Print the model of the GPU Operator's operands for a version: deploy labels, DaemonSets,
+    /// ClusterPolicy switches, what each waits for and which workloads label it.
+    Operands(operands::OperandsArgs),
     /// Print a shell completion script (bash, zsh or fish) on standard output.
     Completion(completion::CompletionArgs),
 }
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::CheckPolicy(args) => check_policy::run(args),
         Command::Certs(args) => report(certs::run(args)),
         Command::Audit(args) => audit::run(args),
+        Command::Operands(args) => operands::run(&args),
         Command::Completion(args) => {
             use clap::CommandFactory;
             completion::write(

@@ -225,3 +225,25 @@ fn audit_output_is_unchanged() {
     }
     compare("audit.txt", &got);
 }
+
+/// `operands`: the model of every era, as text, and one era as JSON.
+#[test]
+fn operands_output_is_unchanged() {
+    let mut got = String::new();
+    // One release of each era of the model (`core::era`).
+    for version in ["v23.3.2", "v24.9.2", "v26.3.3", "v26.7.0"] {
+        got.push_str(&section(&strings(&[
+            "operands",
+            "--operator-version",
+            version,
+        ])));
+    }
+    got.push_str(&section(&strings(&[
+        "operands",
+        "--operator-version",
+        "v26.7.0",
+        "-o",
+        "json",
+    ])));
+    compare("operands.txt", &got);
+}

@@ -9,3 +9,4 @@ pub mod check_policy;
 pub mod completion;
 pub mod kubectl_plugin;
 pub mod kubectl_policy;
+pub mod operands;

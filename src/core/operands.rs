@@ -14,6 +14,7 @@ mod deploy;
 mod set;
 mod settings;
 mod value;
+mod workloads;
 
 use std::collections::BTreeMap;
 use std::fmt;
