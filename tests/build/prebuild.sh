@@ -42,7 +42,7 @@ builds() {
         echo "prebuild: fuzz targets built after $((SECONDS - start))s"
     (cd "$root" && nice -n 10 cargo bench --locked --quiet --no-run >/dev/null 2>&1) &&
         echo "prebuild: benches built after $((SECONDS - start))s"
-    nice -n 10 bash "$root/tests/build/oha.sh" >/dev/null &&
+    nice -n 10 bash "$root/tests/build/oha.sh" --debug >/dev/null &&
         echo "prebuild: oha ready after $((SECONDS - start))s"
     echo "prebuild: done after $((SECONDS - start))s"
 }
