@@ -26,7 +26,7 @@ use crate::policy_decision::ObjectChange;
 
 #[derive(Args)]
 pub struct PolicyArgs {
-    /// `clusterpolicy` or `nvidiadriver` (with NAME), unless -f names the object.
+    /// `clusterpolicy`, `nvidiadriver` or `gpucluster` (with NAME), unless -f names the object.
     #[arg(value_name = "KIND")]
     kind: Option<String>,
     /// The object's name.
@@ -38,7 +38,7 @@ pub struct PolicyArgs {
     /// A JSON merge patch of the live object (`kubectl patch --type merge -p`).
     #[arg(short = 'p', long, value_name = "JSON", conflicts_with = "delete")]
     patch: Option<String>,
-    /// Preview deleting the object (NVIDIADriver).
+    /// Preview deleting the object (NVIDIADriver, GPUCluster).
     #[arg(long)]
     delete: bool,
     /// The webhook's YAML configuration (rules, mode, exemptions); default: the built-in one.
@@ -69,6 +69,7 @@ fn kind_of(word: &str) -> Option<PolicyKind> {
         "nvidiadriver" | "nvidiadrivers" | "nvidiadrivers.nvidia.com" => {
             Some(PolicyKind::NvidiaDriver)
         }
+        "gpucluster" | "gpuclusters" | "gpuclusters.nvidia.com" => Some(PolicyKind::GpuCluster),
         _ => None,
     }
 }
@@ -154,7 +155,9 @@ fn kind_and_name(
                 .get("kind")
                 .and_then(Value::as_str)
                 .and_then(kind_of)
-                .ok_or_else(|| bad("-f: expected a ClusterPolicy or an NVIDIADriver".into()))?;
+                .ok_or_else(|| {
+                    bad("-f: expected a ClusterPolicy, an NVIDIADriver or a GPUCluster".into())
+                })?;
             let name = v
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
@@ -162,8 +165,11 @@ fn kind_and_name(
             (kind, name.to_owned())
         }
         (None, Some(k), Some(n)) => (
-            kind_of(k)
-                .ok_or_else(|| bad(format!("{k:?}: expected clusterpolicy or nvidiadriver")))?,
+            kind_of(k).ok_or_else(|| {
+                bad(format!(
+                    "{k:?}: expected clusterpolicy, nvidiadriver or gpucluster"
+                ))
+            })?,
             n.clone(),
         ),
         _ => {
@@ -195,7 +201,6 @@ async fn live_object(
     let resource = match kind {
         PolicyKind::ClusterPolicy => cluster_policy_resource(),
         PolicyKind::NvidiaDriver => nvidia_driver::resource(),
-        // kind_of names no GPUCluster: the preview does not take one.
         PolicyKind::GpuCluster => crate::k8s::gpu_cluster::resource(),
     };
     match Api::<DynamicObject>::all_with(client.clone(), &resource)

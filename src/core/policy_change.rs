@@ -151,10 +151,12 @@ fn effect(review: &PolicyReview<'_>) -> Effect {
         {
             Effect::Nothing
         }
-        (None, PolicyChange::ClusterPolicy { .. } | PolicyChange::NvidiaDriver { .. }) => {
-            Effect::Request
-        }
-        (None, PolicyChange::GpuCluster { .. }) => Effect::Nothing,
+        (
+            None,
+            PolicyChange::ClusterPolicy { .. }
+            | PolicyChange::NvidiaDriver { .. }
+            | PolicyChange::GpuCluster { .. },
+        ) => Effect::Request,
     }
 }
 
@@ -367,7 +369,8 @@ fn state_transitions(
 ) {
     let (before_facts, after_facts) = match review.change {
         PolicyChange::ClusterPolicy { before, after, .. } => (before, after),
-        PolicyChange::NvidiaDriver { .. } | PolicyChange::GpuCluster { .. } => return,
+        PolicyChange::GpuCluster { facts, after, .. } => (facts, after),
+        PolicyChange::NvidiaDriver { .. } => return,
     };
     let mut by_rule: BTreeMap<Rule, (Vec<&str>, String)> = BTreeMap::new();
     for o in outcomes {

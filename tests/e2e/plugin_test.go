@@ -214,4 +214,18 @@ func TestKubectlPluginPreviewsAClusterPolicyChange(t *testing.T) {
 	if got.code != 2 || !strings.Contains(got.stderr, "ClusterPolicy no-such-policy does not exist") {
 		t.Errorf("policy preview of a missing ClusterPolicy: want exit 2 naming it; got %s", got)
 	}
+	// A GPUCluster is previewed too: beside the ClusterPolicy it is the conflict the
+	// webhook refuses, and nothing is created.
+	gc := filepath.Join(t.TempDir(), "gpu-cluster.yaml")
+	if err := os.WriteFile(gc, []byte("apiVersion: nvidia.com/v1alpha1\nkind: GPUCluster\nmetadata:\n  name: gpu-cluster\nspec: {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got = kubectlPlugin(t, "policy", "-f", gc)
+	if got.code != 1 || !strings.HasPrefix(got.stdout, "GPUCluster/gpu-cluster CREATE: denied") ||
+		!strings.Contains(got.stdout, "GPUCluster gpu-cluster: ClusterPolicy cluster-policy exists") {
+		t.Errorf("policy preview of a GPUCluster beside the ClusterPolicy: want exit 1, the conflict; got %s", got)
+	}
+	if out := cp.MustKubectl(t, "get", "gpuclusters", "-o", "name"); out != "" {
+		t.Errorf("a preview created %s", out)
+	}
 }

@@ -262,3 +262,55 @@ fn a_new_policy_toleration_list_re_renders_the_live_templates_it_reaches() {
         vec![gpu]
     );
 }
+
+/// A GPUCluster alone (v26.7, no ClusterPolicy) is judged over the fleet: the state rules its
+/// stack newly breaks are reported, naming the nodes.
+#[test]
+fn a_gpu_cluster_alone_is_judged_over_the_fleet() {
+    use crate::core::facts::PolicySource;
+    let before = switched(|f| {
+        at("v26.7.0")(f);
+        f.source = PolicySource::Missing("no ClusterPolicy object exists".into());
+    });
+    let after =
+        before
+            .clone()
+            .with_gpu_cluster("gpu-cluster", OperandSet::EMPTY, Vec::new(), false);
+    // gpu-1's DRA kubelet plugin was labelled off by a person: the pass leaves the label, so
+    // the DRA stack's validator and DCGM wait there for ever.
+    let mut dra_off = gpu_labels();
+    dra_off.insert("nvidia.com/gpu.deploy.dra-driver".into(), "false".into());
+    let groups = [group(dra_off, &["gpu-1"]), group(gpu_labels(), &["gpu-2"])];
+    let review = PolicyReview {
+        kind: PolicyKind::GpuCluster,
+        name: "gpu-cluster",
+        operation: Operation::Create,
+        change: PolicyChange::GpuCluster {
+            facts: &before,
+            after: &after,
+            cluster_policy: None,
+        },
+        ..cp_review(&before, &after, None)
+    };
+    let v = over(&review, &groups);
+    let found: Vec<&Finding> = v
+        .findings
+        .iter()
+        .filter(|f| f.rule == Rule::OperandWithoutDraDriver)
+        .collect();
+    assert_eq!(found.len(), 1, "{:?}", v.findings);
+    assert!(
+        found[0]
+            .message
+            .starts_with("GPUCluster gpu-cluster: after this change, 1 node fail operand-without-dra-driver (gpu-1)"),
+        "{}",
+        found[0].message
+    );
+    // What starts where: the DRA stack's operands on both nodes, its plugin on gpu-2 only.
+    let shifts = shifts(&review, &groups);
+    let dra = shifts
+        .iter()
+        .find(|s| s.operand == Operand::DraDriver)
+        .unwrap();
+    assert_eq!(dra.starts, vec!["gpu-2".to_owned()]);
+}
