@@ -298,6 +298,20 @@ fn sandbox_workloads_on_warns_what_each_kind_of_node_gets() {
         "container nodes keep their operands: {m}"
     );
     assert_eq!(v.decision, Decision::Allowed);
+    // The vm nodes lose the driver: said as what the change does, not as a driver switch.
+    let lost: Vec<&Finding> = v
+        .findings
+        .iter()
+        .filter(|f| f.rule == Rule::DriverRemoved)
+        .collect();
+    assert_eq!(lost.len(), 1, "{:?}", v.findings);
+    let m = &lost[0].message;
+    assert!(
+        m.contains(
+            "the sandboxWorkloads change gives them a workload whose label set has no driver"
+        ) && !m.contains("spec.driver.enabled"),
+        "{m}"
+    );
 }
 
 /// The operator's defaults with `sandboxWorkloads.enabled` (KubeVirt mode).

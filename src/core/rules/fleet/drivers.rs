@@ -5,6 +5,7 @@ use super::{finding, lose, name_nodes, plural};
 use crate::core::echo::echo;
 use crate::core::facts::ClusterFacts;
 use crate::core::nvidia_driver::NvidiaDriver;
+use crate::core::operands::Operand;
 use crate::core::policy_change::model::{Outcome, PolicyChange, PolicyReview};
 use crate::core::rules::{Found, Rule};
 
@@ -24,10 +25,17 @@ pub(super) fn driver_lost(
     }
     let how = match review.change {
         PolicyChange::ClusterPolicy { before, after, .. } => {
+            let switched_off = |f: &ClusterFacts| f.off().contains(Operand::Driver);
             if !before.driver_crd && after.driver_crd {
                 "driver.useNvidiaDriverCRD hands the driver to NVIDIADriver resources, and none selects them"
-            } else {
+            } else if !switched_off(before) && switched_off(after) {
                 "spec.driver.enabled true -> false deletes nvidia-driver-daemonset"
+            } else if before.sandbox != after.sandbox {
+                "the sandboxWorkloads change gives them a workload whose label set has no driver: the \
+                 operator's next pass removes nvidia.com/gpu.deploy.driver, and the DaemonSet controller \
+                 their driver pod"
+            } else {
+                "the change stops the driver DaemonSet there"
             }
         }
         PolicyChange::NvidiaDriver { after: None, .. } => {
@@ -36,7 +44,7 @@ pub(super) fn driver_lost(
         PolicyChange::NvidiaDriver { .. } => {
             "its nodeSelector no longer selects them, and no other NVIDIADriver does"
         }
-        // Never judged over the fleet.
+        // The GPUCluster stack's drivers are NVIDIADriver resources', which its changes leave.
         PolicyChange::GpuCluster { .. } => return,
     };
     out.push(finding(
