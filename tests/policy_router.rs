@@ -232,8 +232,9 @@ async fn before_the_nodes_are_listed_the_policy_alone_decides_and_says_so() {
 #[tokio::test]
 async fn consistent_and_unrelated_changes_pass_and_status_is_not_judged() {
     let h = harness(&[gpu_node("gpu-a")], true);
-    // Toolkit and device plugin off together: nothing runs without the toolkit; allowed, with
-    // the warning that the node's GPUs are no longer advertised.
+    // Toolkit and device plugin off together: no GPU pod is scheduled; allowed, with the
+    // warnings that the node's GPUs are no longer advertised and that its other operands lose
+    // the runtime the leaving toolkit removes.
     let answer = update(
         &h,
         cluster_policy(false, false, json!({})),
@@ -244,7 +245,8 @@ async fn consistent_and_unrelated_changes_pass_and_status_is_not_judged() {
     assert_eq!(
         answer["response"]["warnings"],
         json!([
-            "ClusterPolicy cluster-policy: the device plugin stops on 1 node (gpu-a); their GPUs are no longer advertised"
+            "ClusterPolicy cluster-policy: the device plugin stops on 1 node (gpu-a); their GPUs are no longer advertised",
+            "ClusterPolicy cluster-policy: operand-without-toolkit on 1 node (gpu-a)"
         ]),
         "{answer}"
     );

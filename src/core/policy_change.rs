@@ -367,10 +367,34 @@ fn state_transitions(
     policy: &Policy,
     out: &mut Vec<Found>,
 ) {
-    let (before_facts, after_facts) = match review.change {
-        PolicyChange::ClusterPolicy { before, after, .. } => (before, after),
-        PolicyChange::GpuCluster { facts, after, .. } => (facts, after),
+    let (before_facts, after_facts, toolkit_removed) = match review.change {
+        PolicyChange::ClusterPolicy {
+            before,
+            after,
+            host_toolkit,
+            ..
+        } => (
+            before,
+            after,
+            before.toolkit_managed && !after.toolkit_managed && host_toolkit.is_none(),
+        ),
+        PolicyChange::GpuCluster { facts, after, .. } => (facts, after, false),
         PolicyChange::NvidiaDriver { .. } => return,
+    };
+    // `spec.toolkit.enabled` false says the hosts bring the toolkit; switched off under running
+    // operands it says nothing of the kind: the toolkit that ran exits and removes the `nvidia`
+    // runtime its operands' pods (GFD, DCGM, the exporter, the MIG manager, the validator) use.
+    // So the state after is judged without a toolkit, unless the request says the hosts bring
+    // one. The device plugin's case is `toolkit-switched-off`'s.
+    let toolkit_gone;
+    let after_facts = if toolkit_removed {
+        toolkit_gone = ClusterFacts {
+            toolkit_managed: true,
+            ..after_facts.clone()
+        };
+        &toolkit_gone
+    } else {
+        after_facts
     };
     let mut by_rule: BTreeMap<Rule, (Vec<&str>, String)> = BTreeMap::new();
     for o in outcomes {
@@ -392,7 +416,9 @@ fn state_transitions(
             after_facts,
             policy,
         ) {
-            if had.contains(&f.rule) {
+            if had.contains(&f.rule)
+                || (toolkit_removed && f.rule == Rule::DevicePluginWithoutToolkit)
+            {
                 continue;
             }
             let entry = by_rule

@@ -79,6 +79,11 @@ func installOperatorCRDs(t *testing.T) {
 // the lab's two device-plugin nodes.
 const devicePluginStops = "ClusterPolicy cluster-policy: the device plugin stops on 2 nodes (lab-node-0, lab-node-1); their GPUs are no longer advertised"
 
+// operandsLoseTheRuntime is the warning for the toolkit switched off with the
+// device plugin: GFD and the DCGM exporter of the lab's nodes keep their
+// `nvidia` runtime class, which the leaving toolkit removes.
+const operandsLoseTheRuntime = "ClusterPolicy cluster-policy: operand-without-toolkit on 2 nodes (lab-node-0, lab-node-1)"
+
 // setUpPolicyLab resets the lab, serves the operator's CRDs and points the
 // webhook configuration at a watching serve, which it returns. lab-node-0
 // and lab-node-1 get the label NFD gives a node with an NVIDIA GPU: the GPU
@@ -324,7 +329,7 @@ func TestClusterPolicyChangesThatKeepTheToolkitUnderThePluginPass(t *testing.T) 
 	// Consistent, so allowed; the nodes that stop advertising their GPUs are named.
 	expectResult(t, "kubectl patch clusterpolicy toolkit.enabled=false devicePlugin.enabled=false",
 		patch(`{"spec":{"toolkit":{"enabled":false},"devicePlugin":{"enabled":false}}}`), 0, patched,
-		"Warning: "+devicePluginStops+"\n")
+		"Warning: "+devicePluginStops+"\nWarning: "+operandsLoseTheRuntime+"\n")
 	if got := clusterPolicySwitches(t); got != "driver=true toolkit=false devicePlugin=false" {
 		t.Errorf("after switching both off the ClusterPolicy has %s", got)
 	}

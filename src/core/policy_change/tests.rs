@@ -553,7 +553,8 @@ fn the_operator_s_service_accounts_are_exempt_and_warn_mode_lowers() {
         &policy,
     );
     assert_eq!(v.decision, Decision::Allowed);
-    assert_eq!(v.warnings.len(), 1, "{:?}", v.warnings);
+    // toolkit-switched-off lowered to a warning, and the operands left without the runtime.
+    assert_eq!(v.warnings.len(), 2, "{:?}", v.warnings);
 }
 
 #[test]
@@ -714,10 +715,12 @@ fn the_device_plugin_switched_off_warns_that_gpus_are_no_longer_advertised() {
         "{m}"
     );
     assert!(!m.contains("cpu-0"), "{m}");
+    // The toolkit that leaves with it removes the runtime the other operands' pods use.
     assert_eq!(
         v.warnings,
         [
-            "ClusterPolicy cluster-policy: the device plugin stops on 2 nodes (gpu-0, gpu-1); their GPUs are no longer advertised"
+            "ClusterPolicy cluster-policy: the device plugin stops on 2 nodes (gpu-0, gpu-1); their GPUs are no longer advertised",
+            "ClusterPolicy cluster-policy: operand-without-toolkit on 2 nodes (gpu-0, gpu-1)"
         ]
     );
     // Switched back on, or already off, or only CPU nodes: nothing to say.
@@ -953,7 +956,11 @@ fn a_cluster_policy_and_a_gpu_cluster_at_once_are_refused() {
     assert_eq!(v.decision, Decision::Denied);
     assert_eq!(
         v.findings.iter().map(|f| f.rule).collect::<Vec<_>>(),
-        [Rule::GpuClusterConflict, Rule::ToolkitSwitchedOff]
+        [
+            Rule::GpuClusterConflict,
+            Rule::ToolkitSwitchedOff,
+            Rule::OperandWithoutToolkit
+        ]
     );
     assert_eq!(v.findings[0].action, Action::Warn);
     assert_eq!(v.findings[1].action, Action::Deny);
