@@ -224,15 +224,17 @@ metadata:
 	waitDesired(t, "nvidia-device-plugin-daemonset", "3")
 }
 
-// deleteNode removes a node a test created, and the DaemonSet pods the fake
-// kubelet bound to it (no pod GC controller runs to do that).
+// deleteNode removes a node a test created, and the DaemonSet pods bound to
+// it, at once (--force): kwok stops playing a node's kubelet when the node is
+// gone, so their graceful deletion would never finish, and the pod GC
+// controller that force-deletes such pods is not run.
 func deleteNode(t *testing.T, name string) {
 	t.Helper()
 	if _, stderr, code := cp.Kubectl("delete", "node", name, "--ignore-not-found"); code != 0 {
 		t.Errorf("cleanup: kubectl delete node %s: exit %d: %s", name, code, stderr)
 	}
 	if _, stderr, code := cp.Kubectl("delete", "pods", "-n", operatorNS, "--field-selector", "spec.nodeName="+name,
-		"--ignore-not-found", "--timeout=60s"); code != 0 {
+		"--ignore-not-found", "--grace-period=0", "--force", "--timeout=60s"); code != 0 {
 		t.Errorf("cleanup: deleting pods of node %s: exit %d: %s", name, code, stderr)
 	}
 }

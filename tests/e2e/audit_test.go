@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"gpu-deploy-guard/tests/e2e/framework"
 )
@@ -30,10 +31,11 @@ func (p labPod) key() string { return p.daemonSet + "@" + p.node }
 
 // setUpIncidentLab is setUpLab plus the lab's incident (device-plugin=true
 // on lab-node-2, set by the operator's service account), with fresh operand
-// pods bound to their nodes and marked Running through the API, except the
-// pods named in pending ("<DaemonSet>@<node>"), which stay Pending. When the
-// test ends the nodes get their testdata labels back and the pods are
-// replaced by Pending ones again, so no other test sees Running pods.
+// pods bound to their nodes by kube-scheduler and Running (kwok), except the
+// pods named in pending ("<DaemonSet>@<node>"), which are then reported
+// Pending through the API. When the test ends the nodes get their testdata
+// labels back and the pods are replaced by fresh ones, so no other test sees
+// a pod this test set Pending.
 func setUpIncidentLab(t *testing.T, pending ...string) *framework.Guard {
 	t.Helper()
 	g := setUpLab(t)
@@ -49,8 +51,8 @@ func setUpIncidentLab(t *testing.T, pending ...string) *framework.Guard {
 	}
 	freshOperandPods(t, placement)
 	for _, p := range operandPods(t) {
-		if !slices.Contains(pending, p.key()) {
-			setPodPhase(t, p.name, "Running")
+		if slices.Contains(pending, p.key()) {
+			setPodPhase(t, p.name, "Pending")
 		}
 	}
 	var phases []string
@@ -62,9 +64,9 @@ func setUpIncidentLab(t *testing.T, pending ...string) *framework.Guard {
 }
 
 // freshOperandPods deletes every pod of the operator namespace and waits
-// until the DaemonSet controller has made new ones, bound (by the fake
-// kubelet) to exactly the nodes in placement. New pods are Pending, whatever
-// an earlier test did to the old ones.
+// until the DaemonSet controller has made new ones, bound (by kube-scheduler)
+// to exactly the nodes in placement and Running (kwok), whatever an earlier
+// test did to the old ones.
 func freshOperandPods(t *testing.T, placement map[string][]string) {
 	t.Helper()
 	cp.MustKubectl(t, "delete", "pods", "-n", operatorNS, "--all", "--wait=true", "--timeout=60s")
@@ -72,6 +74,35 @@ func freshOperandPods(t *testing.T, placement map[string][]string) {
 		waitDesired(t, ds, fmt.Sprint(len(nodes)))
 		waitPodNodes(t, ds, nodes)
 	}
+	framework.WaitFor(t, 60*time.Second, "every operand pod Running", func() (bool, string) {
+		var phases []string
+		running := true
+		for _, p := range operandPods(t) {
+			phases = append(phases, p.key()+"="+p.phase)
+			running = running && p.phase == "Running"
+		}
+		return running, strings.Join(phases, " ")
+	})
+}
+
+// reportPending waits until kwok has started the DaemonSet's pod on node,
+// then reports that pod Pending, as its kubelet would while the image is
+// still being pulled, and returns its name. kwok leaves a started pod's
+// status alone, so it stays Pending until the test says otherwise.
+func reportPending(t *testing.T, daemonSet, node string) string {
+	t.Helper()
+	var name string
+	framework.WaitFor(t, 60*time.Second, daemonSet+" on "+node+" Running", func() (bool, string) {
+		for _, p := range operandPods(t) {
+			if p.daemonSet == daemonSet && p.node == node {
+				name = p.name
+				return p.phase == "Running", p.name + " " + p.phase
+			}
+		}
+		return false, "no pod"
+	})
+	setPodPhase(t, name, "Pending")
+	return name
 }
 
 // operandPods lists the pods of the operator namespace that are bound to a
@@ -123,8 +154,9 @@ func podOf(t *testing.T, daemonSet, node string) labPod {
 }
 
 // setPodPhase writes the pod's status.phase through the API, the way a
-// kubelet reports it (no kubelet runs here). The DaemonSet controller leaves
-// a Running pod alone.
+// kubelet reports it. kwok starts a pod once (see framework/scheduling.go)
+// and then leaves its status alone, so the phase stays what the test wrote.
+// The DaemonSet controller leaves a pod of either phase alone.
 func setPodPhase(t *testing.T, pod, phase string) {
 	t.Helper()
 	patch := fmt.Sprintf(`{"status":{"phase":%q}}`, phase)
@@ -133,7 +165,7 @@ func setPodPhase(t *testing.T, pod, phase string) {
 }
 
 // restoreLab gives the lab nodes exactly their testdata labels back and
-// replaces every operator pod by a fresh (Pending) one.
+// replaces every operator pod by a fresh one (Running, as kwok starts it).
 func restoreLab(t *testing.T) {
 	t.Helper()
 	data, err := os.ReadFile(labNodes)

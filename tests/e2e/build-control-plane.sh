@@ -4,15 +4,22 @@
 # Binaries go to a cache outside the source tree, keyed by the versions in
 # tests/e2e/go.mod and tests/e2e/etcd/go.mod:
 #   ${GDG_CACHE:-$HOME/.cache/gpu-deploy-guard}/k8s-<k8sver>-etcd-<etcdver>/bin/
-# A cold build of kube-apiserver + kube-controller-manager + etcd takes many
-# minutes on two cores, so an existing cache entry is reused as is.
+# A cold build of kube-apiserver + kube-controller-manager + kube-scheduler +
+# etcd + kwok takes many minutes on two cores, so an existing cache entry is
+# reused as is; a binary missing from it (an entry made before kube-scheduler
+# and kwok were added) is built alone.
+#
+# kwok (sigs.k8s.io/kwok, its version in tests/e2e/kwok/go.mod) is built in
+# its own module, as etcd is, and stamped with its version: a cached binary
+# whose `kwok --version` names another version is rebuilt.
 #
 # kubectl: $KUBECTL if set, else the gcloud SDK's kubectl.1.33 when present,
 # else kubectl is built from the same k8s.io/kubernetes module into the cache.
 # GDG_BUILD_KUBECTL=1 forces the built one (to exercise that path).
 #
 # stdout: shell-style assignments the suite reads, nothing else:
-#   GDG_K8S_BIN_DIR=<dir with kube-apiserver, kube-controller-manager, etcd>
+#   GDG_K8S_BIN_DIR=<dir with kube-apiserver, kube-controller-manager,
+#                    kube-scheduler, etcd, kwok>
 #   KUBECTL=<kubectl binary>
 # Progress and timings go to stderr.
 set -euo pipefail
@@ -28,6 +35,7 @@ export GOFLAGS="-mod=readonly -buildvcs=false"
 
 k8s_ver="$(cd "$here" && go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 etcd_ver="$(cd "$here/etcd" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
+kwok_ver="$(cd "$here/kwok" && go list -m -f '{{.Version}}' sigs.k8s.io/kwok)"
 cache_root="${GDG_CACHE:-$HOME/.cache/gpu-deploy-guard}"
 dir="$cache_root/k8s-$k8s_ver-etcd-$etcd_ver"
 bin="$dir/bin"
@@ -59,14 +67,20 @@ done
 k8s_pkgs=()
 [[ -x "$bin/kube-apiserver" ]] || k8s_pkgs+=(k8s.io/kubernetes/cmd/kube-apiserver)
 [[ -x "$bin/kube-controller-manager" ]] || k8s_pkgs+=(k8s.io/kubernetes/cmd/kube-controller-manager)
+[[ -x "$bin/kube-scheduler" ]] || k8s_pkgs+=(k8s.io/kubernetes/cmd/kube-scheduler)
 [[ "$kubectl" != "$bin/kubectl" || -x "$bin/kubectl" ]] || k8s_pkgs+=(k8s.io/kubernetes/cmd/kubectl)
 need_etcd=0
 [[ -x "$bin/etcd" ]] || need_etcd=1
+need_kwok=0
+[[ -x "$bin/kwok" && "$("$bin/kwok" --version 2>/dev/null)" == "kwok version $kwok_ver "* ]] || need_kwok=1
 
-if [[ ${#k8s_pkgs[@]} -eq 0 && $need_etcd -eq 0 ]]; then
+if [[ ${#k8s_pkgs[@]} -eq 0 && $need_etcd -eq 0 && $need_kwok -eq 0 ]]; then
   log "using cached binaries in $bin ($((SECONDS - start))s)"
 else
-  log "building into $bin (go $(go env GOVERSION), $(nproc) cores): ${k8s_pkgs[*]:-} $([[ $need_etcd -eq 1 ]] && echo etcd)"
+  what=("${k8s_pkgs[@]}")
+  [[ $need_etcd -eq 0 ]] || what+=("etcd $etcd_ver")
+  [[ $need_kwok -eq 0 ]] || what+=("kwok $kwok_ver")
+  log "building into $bin (go $(go env GOVERSION), $(nproc) cores): ${what[*]}"
   # Build into a scratch dir and move each finished binary in: a binary in
   # bin/ is always complete, even if this build is interrupted.
   tmp="$(mktemp -d "$dir/build.XXXXXX")"
@@ -82,11 +96,17 @@ else
     (cd "$here/etcd" && go build -trimpath -ldflags="-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
     log "etcd $etcd_ver: $((SECONDS - t))s"
   fi
+  if [[ $need_kwok -eq 1 ]]; then
+    t=$SECONDS
+    (cd "$here/kwok" && go build -trimpath -ldflags="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_ver" \
+      -o "$tmp/kwok" sigs.k8s.io/kwok/cmd/kwok)
+    log "kwok $kwok_ver: $((SECONDS - t))s"
+  fi
   for f in "$tmp"/*; do mv -f "$f" "$bin/"; done
   log "built in $((SECONDS - start))s"
 fi
 
-for f in kube-apiserver kube-controller-manager etcd; do
+for f in kube-apiserver kube-controller-manager kube-scheduler etcd kwok; do
   [[ -x "$bin/$f" ]] || { log "missing $bin/$f after build"; exit 1; }
 done
 [[ -x "$kubectl" ]] || { log "missing kubectl $kubectl after build"; exit 1; }

@@ -16,10 +16,11 @@ const (
 )
 
 // TestControlPlaneSchedulesDaemonSetsByNodeSelector checks the harness
-// itself: without kubelets or a scheduler, the DaemonSet controller must
-// still derive desiredNumberScheduled (and the pods it creates) from the
-// nodes' nvidia.com/gpu.deploy.* labels, and follow a label change. Later
-// tests rely on exactly this to observe what a Node label edit would do.
+// itself: with kwok in place of kubelets, the DaemonSet controller must
+// derive desiredNumberScheduled (and the pods it creates, bound by
+// kube-scheduler) from the nodes' nvidia.com/gpu.deploy.* labels, and follow
+// a label change. Later tests rely on exactly this to observe what a Node
+// label edit would do.
 func TestControlPlaneSchedulesDaemonSetsByNodeSelector(t *testing.T) {
 	cp.MustKubectl(t, "apply", "-f", labNodes)
 	cp.MustKubectl(t, "apply", "-f", operandDaemonSet)
@@ -88,9 +89,9 @@ func waitDesired(t *testing.T, name, want string) {
 }
 
 // waitPodNodes waits until the DaemonSet's pods are exactly one per given
-// node. The framework's fake kubelet binds each pod to the node the
-// DaemonSet controller created it for (spec.nodeName) and completes the
-// deletion of pods the controller removes; the pods never run.
+// node. kube-scheduler binds each pod to the node the DaemonSet controller
+// created it for (spec.nodeName), and kwok completes the deletion of pods
+// the controller removes (and runs the pods; this does not wait for that).
 func waitPodNodes(t *testing.T, name string, want []string) {
 	t.Helper()
 	framework.WaitFor(t, 60*time.Second, name+" pods on "+strings.Join(want, ","), func() (bool, string) {

@@ -142,7 +142,8 @@ func expectGet(t *testing.T, want, query string, object ...string) {
 // expectGuardPods waits until the Deployment's ReplicaSet has created both
 // pods: the namespace enforces Pod Security "restricted" and the pods name
 // the shipped PriorityClass, so their creation shows both are satisfied.
-// They stay Pending: no scheduler or kubelet runs.
+// kube-scheduler binds them, but they stay Pending: kwok runs only DaemonSet
+// pods (framework/scheduling.go).
 func expectGuardPods(t *testing.T) {
 	t.Helper()
 	cp.WaitForKubectlOutput(t, 60*time.Second, "1000000000 1000000000", "get", "pods", "-n", guardNS,

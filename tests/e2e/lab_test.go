@@ -90,9 +90,10 @@ func useGuard(t testing.TB) *framework.Guard {
 // lab nodes with exactly the labels of testdata/lab-nodes.yaml. It waits
 // until the DaemonSet controller has caught up with those labels.
 //
-// Nodes that exist are replaced rather than deleted: the fake kubelet has
+// Nodes that exist are replaced rather than deleted: kube-scheduler has
 // bound DaemonSet pods to them, and without the pod GC controller those
-// pods would outlive a deleted node.
+// pods would outlive a deleted node (kwok, which finishes pod deletions,
+// only serves nodes that exist).
 func setUpLab(t *testing.T) *framework.Guard {
 	t.Helper()
 	g := useGuard(t)

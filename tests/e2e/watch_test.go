@@ -405,7 +405,8 @@ var labOperands = []string{"driver", "container-toolkit", "device-plugin", "gpu-
 // exactly that, and then follow two label changes: the DCGM exporter
 // switched off on lab-node-1 (its count drops; lab-node-1 is clean and has no
 // per-node series before or after), and lab-node-2 repaired
-// with the toolkit (first Pending: a missing operand; then Running: clean).
+// with the toolkit (its pod first reported Pending: a missing operand; then
+// Running: clean).
 func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
 	setUpIncidentLab(t)
 	installWatchedCRDs(t)
@@ -476,15 +477,16 @@ func TestServeGaugesAndReportFollowALabelChange(t *testing.T) {
 	}
 
 	// 2. A person repairs lab-node-2: the toolkit label. Its pod is created
-	// but is not Running yet: an expected operand is missing, and the device
-	// plugin still runs without a toolkit.
+	// and reported Pending (kwok runs it at once; the test reports it Pending,
+	// as a kubelet does while the image is pulled): an expected operand is
+	// missing, and the device plugin still runs without a toolkit.
 	predicted := predict(t, "lab-node-2", deployPrefix+"container-toolkit=true")
 	got := kubectl("label", "node", "lab-node-2", deployPrefix+"container-toolkit=true")
 	expectResult(t, "kubectl label node lab-node-2 container-toolkit=true", got, 0, "node/lab-node-2 labeled\n",
 		"Warning: lab-node-2: device-plugin already runs on a node with no NVIDIA GPU label\n")
 	expectAgreesWithCheck(t, predicted, got)
 	waitPodNodes(t, "nvidia-container-toolkit-daemonset", []string{"lab-node-0", "lab-node-1", "lab-node-2"})
-	toolkit2 := podOf(t, "nvidia-container-toolkit-daemonset", "lab-node-2").name
+	toolkit2 := reportPending(t, "nvidia-container-toolkit-daemonset", "lab-node-2")
 	want = new(gauges).
 		operands("lab-node-2", 1, 1, "device-plugin").
 		operands("lab-node-2", 1, 0, "container-toolkit").
@@ -582,11 +584,12 @@ func TestAuditFailsOverToAnotherReplica(t *testing.T) {
 	holder.Kill()
 	killed := time.Now()
 	// A person repairs lab-node-2 while no replica audits: the toolkit pod is
-	// created and stays Pending, a change only a new auditor can report.
+	// created and reported Pending, a change only a new auditor can report.
 	if got := kubectl("label", "node", "lab-node-2", deployPrefix+"container-toolkit=true"); got.code != 0 {
 		t.Fatalf("kubectl label node lab-node-2 container-toolkit=true: %s", got)
 	}
 	waitPodNodes(t, "nvidia-container-toolkit-daemonset", []string{"lab-node-0", "lab-node-1", "lab-node-2"})
+	reportPending(t, "nvidia-container-toolkit-daemonset", "lab-node-2")
 	framework.WaitFor(t, leaseDuration+watchFollow, "the other replica takes the audit's Lease over", func() (bool, string) {
 		l, err := other.Counter(metricPrefix+"audit_leader", nil)
 		if err != nil {

@@ -1,14 +1,14 @@
 // Package framework runs a real, local Kubernetes control plane (etcd,
-// kube-apiserver, kube-controller-manager; no kubelet, no scheduler) for the
-// gpu-deploy-guard end-to-end tests, and drives it with the real kubectl.
+// kube-apiserver, kube-controller-manager, kube-scheduler; no kubelet) for
+// the gpu-deploy-guard end-to-end tests, and drives it with the real kubectl.
 //
-// Nodes in these tests are plain API objects created with kubectl. That is
-// enough for what the product cares about: admission of Node label changes
-// and the DaemonSet controller's view of which nodes should run an operand
-// (status.desiredNumberScheduled). A small in-process stand-in binds the
-// DaemonSet pods to their nodes and finishes their deletion (fakeKubelet),
-// because the DaemonSet controller only notices a node losing a label
-// through the pods bound to it.
+// Nodes in these tests are API objects created with kubectl. kwok plays
+// their kubelets (see scheduling.go): it keeps every node Ready with a
+// Lease, runs the DaemonSet pods the scheduler binds to it, and finishes pod
+// deletions. That is enough for what the product cares about: admission of
+// Node label and taint changes, the DaemonSet controller's placement of the
+// operands (status.desiredNumberScheduled, taints included) and the pods
+// that run where.
 package framework
 
 import (
@@ -31,14 +31,15 @@ import (
 
 // DefaultControllers is the kube-controller-manager controller set.
 //
-// node-lifecycle-controller is deliberately absent: our Nodes have no kubelet
-// posting status, so after the node-monitor grace period it would mark them
-// Ready=Unknown and taint them node.kubernetes.io/unreachable:NoSchedule.
-// DaemonSet pods tolerate the NoExecute variants of not-ready/unreachable
-// but not NoSchedule, so every such node would drop out of
-// desiredNumberScheduled and the count would no longer follow nodeSelector
-// alone. Controllers that need kubelets, a cloud, or node CIDRs are left out
-// too; what remains is what DaemonSets and namespaced test objects need.
+// node-lifecycle-controller is deliberately absent. kwok keeps the nodes
+// Ready and their Leases fresh, but a node created by a test is not Ready
+// until kwok has seen it, and kwok cannot renew Leases while a test holds
+// kube-apiserver down (RestartAPIServer): the controller would then taint
+// the node node.kubernetes.io/not-ready or unreachable:NoSchedule, which
+// DaemonSet pods do not tolerate, and desiredNumberScheduled would follow
+// the timing of kwok and not the nodes' labels and the tests' taints alone.
+// Controllers that need kubelets, a cloud, or node CIDRs are left out too;
+// what remains is what DaemonSets and namespaced test objects need.
 var DefaultControllers = []string{
 	"daemonset-controller",
 	"serviceaccount-controller",       // "default" SA, without which DaemonSet pods are rejected
@@ -66,17 +67,20 @@ type Config struct {
 	WorkDir string
 
 	Controllers []string // default DefaultControllers
-	// DisableFakeKubelet turns off the pod binder/reaper that stands in for
-	// kube-scheduler and kubelets (see fakeKubelet).
-	DisableFakeKubelet bool
+	// NoScheduling starts neither kube-scheduler nor kwok: pods are never
+	// bound, run or finally deleted, nodes get no status and no Leases
+	// (a benchmark that needs no pods and no background writes).
+	NoScheduling bool
 	// NoControllerManager starts etcd and kube-apiserver only: no
 	// controllers create, bind or delete anything (a benchmark that
 	// creates every object itself). The admin kubeconfig is still written.
-	// Implies DisableFakeKubelet.
+	// Implies NoScheduling.
 	NoControllerManager        bool
 	ExtraEtcdArgs              []string
 	ExtraAPIServerArgs         []string
 	ExtraControllerManagerArgs []string
+	ExtraSchedulerArgs         []string
+	ExtraKwokArgs              []string
 
 	Logf func(format string, args ...any) // progress; default: stderr
 }
@@ -84,11 +88,13 @@ type Config struct {
 // Timings records how long each start-up phase took.
 type Timings struct {
 	Certs, Etcd, APIServer, ControllerManager time.Duration
+	Scheduler, Kwok                           time.Duration
 	APIServerReady                            time.Duration // from Start to /readyz OK
 	Total                                     time.Duration // from Start to controllers working
 }
 
-// ControlPlane is a running etcd + kube-apiserver + kube-controller-manager.
+// ControlPlane is a running etcd + kube-apiserver + kube-controller-manager
+// + kube-scheduler, with kwok as the nodes' kubelets.
 type ControlPlane struct {
 	Dir            string // work dir (removed by Stop unless kept)
 	LogDir         string // <component>.log files
@@ -107,7 +113,8 @@ type ControlPlane struct {
 	apiSrv   *process
 	apiArgs  []string // the API server's flags, for RestartAPIServer
 	kcm      *process
-	fakeKub  *fakeKubelet
+	sched    *process
+	kwok     *process
 	stopOnce sync.Once
 	cleanups []func()
 	kcmPort  int
@@ -115,10 +122,11 @@ type ControlPlane struct {
 }
 
 // Pids are the process ids of the running components, by name (etcd,
-// kube-apiserver, kube-controller-manager).
+// kube-apiserver, kube-controller-manager, kube-scheduler, kwok).
 func (cp *ControlPlane) Pids() map[string]int {
 	pids := map[string]int{}
-	for name, p := range map[string]*process{"etcd": cp.etcd, "kube-apiserver": cp.apiSrv, "kube-controller-manager": cp.kcm} {
+	for name, p := range map[string]*process{"etcd": cp.etcd, "kube-apiserver": cp.apiSrv,
+		"kube-controller-manager": cp.kcm, "kube-scheduler": cp.sched, "kwok": cp.kwok} {
 		if p != nil && p.cmd != nil && p.cmd.Process != nil {
 			if gone, _ := p.exited(); !gone {
 				pids[name] = p.cmd.Process.Pid
@@ -128,10 +136,11 @@ func (cp *ControlPlane) Pids() map[string]int {
 	return pids
 }
 
-// Start brings up etcd, kube-apiserver and kube-controller-manager and
-// returns once the API server is ready and the controller manager has done
-// visible work. On error everything started so far is stopped again; the
-// returned ControlPlane (if non-nil) still allows DumpLogs.
+// Start brings up etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler and kwok, and returns once the API server is ready, the
+// controller manager has done visible work and the scheduler and kwok
+// serve their health checks. On error everything started so far is stopped
+// again; the returned ControlPlane (if non-nil) still allows DumpLogs.
 func Start(cfg Config) (cp *ControlPlane, err error) {
 	t0 := time.Now()
 	if cfg.Logf == nil {
@@ -140,7 +149,11 @@ func Start(cfg Config) (cp *ControlPlane, err error) {
 	if len(cfg.Controllers) == 0 {
 		cfg.Controllers = DefaultControllers
 	}
-	for _, b := range []string{"etcd", "kube-apiserver", "kube-controller-manager"} {
+	bins := []string{"etcd", "kube-apiserver", "kube-controller-manager"}
+	if !cfg.NoControllerManager && !cfg.NoScheduling {
+		bins = append(bins, "kube-scheduler", "kwok")
+	}
+	for _, b := range bins {
 		if st, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil || st.IsDir() {
 			return nil, fmt.Errorf("control-plane binary %s not found in %q (run tests/e2e/build-control-plane.sh)", b, cfg.BinDir)
 		}
@@ -216,14 +229,22 @@ func Start(cfg Config) (cp *ControlPlane, err error) {
 		return cp, fmt.Errorf("kube-controller-manager: %w", err)
 	}
 	cp.Timings.ControllerManager = time.Since(phase)
-	if !cfg.DisableFakeKubelet {
-		if cp.fakeKub, err = startFakeKubelet(cp.admin, cp.APIServerURL, cp.LogDir); err != nil {
-			return cp, err
+	if !cfg.NoScheduling {
+		phase = time.Now()
+		if err := cp.startScheduler(); err != nil {
+			return cp, fmt.Errorf("kube-scheduler: %w", err)
 		}
+		cp.Timings.Scheduler = time.Since(phase)
+		phase = time.Now()
+		if err := cp.startKwok(); err != nil {
+			return cp, fmt.Errorf("kwok: %w", err)
+		}
+		cp.Timings.Kwok = time.Since(phase)
 	}
 	cp.Timings.Total = time.Since(t0)
-	cfg.Logf("kube-controller-manager working after %s; control plane up in %s (certs %s)",
-		cp.Timings.ControllerManager.Round(time.Millisecond), cp.Timings.Total.Round(time.Millisecond),
+	cfg.Logf("kube-controller-manager working after %s, kube-scheduler after %s, kwok after %s; control plane up in %s (certs %s)",
+		cp.Timings.ControllerManager.Round(time.Millisecond), cp.Timings.Scheduler.Round(time.Millisecond),
+		cp.Timings.Kwok.Round(time.Millisecond), cp.Timings.Total.Round(time.Millisecond),
 		cp.Timings.Certs.Round(time.Millisecond))
 	return cp, nil
 }
@@ -353,12 +374,14 @@ func (cp *ControlPlane) startAPIServer(pki *pkiFiles) error {
 			"--enable-admission-plugins=ValidatingAdmissionWebhook,ValidatingAdmissionPolicy",
 			// TaintNodesByCondition taints every new Node
 			// node.kubernetes.io/not-ready:NoSchedule, which only the
-			// node-lifecycle controller removes once a kubelet reports
-			// Ready. With neither kubelets nor that controller, every
-			// lab node would stay tainted and no DaemonSet pod tolerates
-			// that taint: desiredNumberScheduled would be 0 everywhere.
-			// Without the plugin, created Nodes look like Ready nodes of a
-			// running cluster as far as DaemonSet placement goes.
+			// node-lifecycle controller removes once the node reports
+			// Ready. That controller is not run (see DefaultControllers),
+			// so every lab node would stay tainted, although kwok reports
+			// it Ready, and no DaemonSet pod tolerates that taint:
+			// desiredNumberScheduled would be 0 everywhere. Without the
+			// plugin, created Nodes look like Ready nodes of a running
+			// cluster as far as DaemonSet placement goes; the only taints
+			// are the ones tests set.
 			"--disable-admission-plugins=TaintNodesByCondition",
 			"--allow-privileged=true",
 		}
@@ -533,7 +556,8 @@ func (cp *ControlPlane) Stop() {
 
 func (cp *ControlPlane) stopProcesses() {
 	// Reverse start order: clients before the servers they talk to.
-	cp.fakeKub.stop()
+	cp.kwok.stop(10 * time.Second)
+	cp.sched.stop(10 * time.Second)
 	cp.kcm.stop(10 * time.Second)
 	cp.apiSrv.stop(15 * time.Second)
 	cp.etcd.stop(10 * time.Second)

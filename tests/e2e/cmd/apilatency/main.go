@@ -197,9 +197,10 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	// No fake kubelet: it lists every pod five times a second, load that
-	// has nothing to do with node PATCHes. Nothing here needs pods.
-	cp, err := framework.Start(framework.Config{BinDir: binDir, Kubectl: kubectl, DisableFakeKubelet: true,
+	// No kube-scheduler or kwok: kwok's Lease renewals and the watches of
+	// both are load that has nothing to do with node PATCHes. Nothing here
+	// needs pods.
+	cp, err := framework.Start(framework.Config{BinDir: binDir, Kubectl: kubectl, NoScheduling: true,
 		Logf: func(f string, a ...any) { logf(f, a...) }})
 	if err != nil {
 		if cp != nil {
