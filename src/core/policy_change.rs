@@ -385,7 +385,7 @@ fn state_transitions(
     // operands it says nothing of the kind: the toolkit that ran exits and removes the `nvidia`
     // runtime its operands' pods (GFD, DCGM, the exporter, the MIG manager, the validator) use.
     // So the state after is judged without a toolkit, unless the request says the hosts bring
-    // one. The device plugin's case is `toolkit-switched-off`'s.
+    // one. Nodes whose device plugin stays are `toolkit-switched-off`'s.
     let toolkit_gone;
     let after_facts = if toolkit_removed {
         toolkit_gone = ClusterFacts {
@@ -416,9 +416,13 @@ fn state_transitions(
             after_facts,
             policy,
         ) {
-            if had.contains(&f.rule)
-                || (toolkit_removed && f.rule == Rule::DevicePluginWithoutToolkit)
-            {
+            // Where the device plugin stays, `toolkit-switched-off` already says what the
+            // toolkit's exit does to the node.
+            let said = toolkit_removed
+                && (f.rule == Rule::DevicePluginWithoutToolkit
+                    || (f.rule == Rule::OperandWithoutToolkit
+                        && o.after.contains(Operand::DevicePlugin)));
+            if had.contains(&f.rule) || said {
                 continue;
             }
             let entry = by_rule
