@@ -148,7 +148,18 @@ async fn label_keys_and_values_outside_kubernetes_syntax_are_refused_naming_whic
 
 #[tokio::test]
 async fn huge_unknown_deploy_keys_leave_livez_answering() {
-    let serve = Serve::start(&["--max-body-bytes", "8388608"]).await;
+    // Two 8 MB bodies do not fit the in-flight room at once: the second waits for the first.
+    // On a loaded machine (CI builds in the background) that wait passed the default 5 s body
+    // timeout and got a 503; this test is about /livez and the refusals, not that timeout.
+    let serve = Serve::start(&[
+        "--max-body-bytes",
+        "8388608",
+        "--body-timeout",
+        "60s",
+        "--request-timeout",
+        "60s",
+    ])
+    .await;
     let key = format!(
         "nvidia.com/gpu.deploy.{}",
         "x".repeat(7 * 1024 * 1024 + 900 * 1024)
