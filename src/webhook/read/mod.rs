@@ -67,18 +67,21 @@ pub fn scan_review(bytes: &[u8]) -> Scanned<'_> {
         Ok(review) => review,
         Err(why) => return Scanned::ToSerde(Some(why)),
     };
+    // A label outside Kubernetes syntax is refused before any work per label. serde's reader
+    // refuses it too, and names the field, while it reads, so before it checks the review's
+    // kind and version: let it say so, so both paths give the same answer.
+    if let Some(request) = &review.request {
+        let nodes = [&request.object, &request.old_object];
+        if nodes.into_iter().flatten().any(|node| !node.syntax_ok()) {
+            return Scanned::ToSerde(None);
+        }
+    }
     if let Err((bad, uid)) = check_review(review.kind.as_str(), review.api_version.as_str()) {
         return Scanned::Refused(bad, uid);
     }
     let Some(request) = review.request else {
         return Scanned::Refused(BadRequest::NoRequest, None);
     };
-    // A label outside Kubernetes syntax is refused before any work per label. serde's reader
-    // refuses it too, and names the field: let it say so, so both paths give the same answer.
-    let nodes = [&request.object, &request.old_object];
-    if nodes.into_iter().flatten().any(|node| !node.syntax_ok()) {
-        return Scanned::ToSerde(None);
-    }
     match check_bounds(&request) {
         Ok(()) => Scanned::Read(request),
         Err((bad, uid)) => Scanned::Refused(bad, uid),
