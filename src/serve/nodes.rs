@@ -1,5 +1,5 @@
 //! The node follower: every replica's compact record of every node ([`SharedFleet`]), from a
-//! metadata-only watch of the nodes.
+//! watch of the whole nodes (labels and taints).
 
 use std::sync::{Arc, Mutex};
 
@@ -17,7 +17,7 @@ use crate::k8s::api::list_pages_with;
 use crate::k8s::fleet::{LabelFilter, SharedFleet, Trouble};
 use crate::k8s::node::NodeView;
 
-/// Keeps `fleet`'s node records current from a metadata-only watch of the nodes. The records
+/// Keeps `fleet`'s node records current from a watch of the whole nodes. The records
 /// keep the labels the facts' selectors read too: when new facts read a label the records do
 /// not hold, it is read from the nodes that carry it (a labelled list), not from the whole
 /// fleet; only if that fails are the nodes listed again (the old records serve meanwhile).

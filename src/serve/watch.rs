@@ -8,10 +8,10 @@
 //!   Deployment's image tag names), re-computed at most once per debounce
 //!   interval after a change and published on a `watch` channel; it also opens
 //!   readiness;
-//! - the node follower ([`super::nodes`]): a metadata-only watch of the nodes (no spec, status or
-//!   images on the wire, pages of [`WatchConfig::page_size`]) kept as one
+//! - the node follower ([`super::nodes`]): a watch of whole Nodes (their taints are in `spec`;
+//!   status and images are skipped unbuilt; pages of [`WatchConfig::page_size`]) kept as one
 //!   [`NodeRecord`](crate::k8s::fleet::NodeRecord) per node with only the labels the
-//!   decision reads; a heartbeat that changes none of them costs nothing more;
+//!   decision reads and the taints; a heartbeat that changes none of them costs nothing more;
 //! - the auditor ([`super::auditor`]), in the one replica holding the audit's
 //!   Lease: it watches the operator's pods and keeps the continuous audit on
 //!   `/metrics` (and, when asked, the ClusterPolicyReport) current, re-auditing
