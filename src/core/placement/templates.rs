@@ -131,7 +131,10 @@ impl Templates {
         if tolerations == self.policy_tolerations.as_slice() {
             return out;
         }
-        let rendered = out.clone();
+        let rendered = Templates {
+            policy_tolerations: tolerations.to_vec(),
+            ..Templates::default()
+        };
         for (op, template) in &mut out.daemonsets {
             if Templates::from_cluster_policy(*op, stack, nvidia_drivers) {
                 template.tolerations =
@@ -139,6 +142,21 @@ impl Templates {
             }
         }
         out
+    }
+
+    /// What a ClusterPolicy change from these templates to `after`'s rolls: its template
+    /// fields ([`TemplateInputs::rollout`]), and a changed `spec.daemonsets.tolerations`, which
+    /// reaches every operand's template, however it was read.
+    pub fn rollout(&self, after: &Templates) -> Rollout {
+        const FIELD: &str = "spec.daemonsets.tolerations";
+        let mut rollout = self.inputs.rollout(&after.inputs);
+        if self.policy_tolerations != after.policy_tolerations {
+            rollout.operands = Operand::all().collect();
+            if !rollout.changed.iter().any(|c| c.starts_with(FIELD)) {
+                rollout.changed.push(FIELD.to_owned());
+            }
+        }
+        rollout
     }
 
     /// The tolerations the operator gives `op`'s DaemonSet on this stack and version. An

@@ -9,7 +9,7 @@ use super::{finding, name_nodes, plural};
 use crate::core::echo::echo;
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::Operand;
-use crate::core::placement::{Placement, Rollout};
+use crate::core::placement::Placement;
 use crate::core::policy_change::model::{HOST_TOOLKIT_ANNOTATION, Outcome};
 use crate::core::rules::{Found, Rule};
 
@@ -23,11 +23,8 @@ pub(super) fn toolkit_not_recreated(
     outcomes: &[Outcome<'_, '_>],
     out: &mut Vec<Found>,
 ) {
-    let rollout = before.templates.inputs.rollout(&after.templates.inputs);
-    // A tolerations change rolls every operand, and the templates' own tolerations differ.
-    let tolerations_changed =
-        before.templates.policy_tolerations != after.templates.policy_tolerations;
-    let rolls = |op: Operand| rollout.operands.contains(op) || tolerations_changed;
+    let rollout = before.templates.rollout(&after.templates);
+    let rolls = |op: Operand| rollout.operands.contains(op);
     if !rolls(Operand::ContainerToolkit) {
         return;
     }
@@ -96,7 +93,12 @@ pub(super) fn toolkit_not_recreated(
              so the old one exits, removing the nvidia runtime, while the device plugin keeps advertising GPUs \
              and GPU pods scheduled there cannot start. Remove or tolerate the taint (spec.daemonsets.tolerations) \
              before the change, or drain those nodes; if the hosts bring their own toolkit, set {HOST_TOOLKIT_ANNOTATION}.",
-            reasons(&rollout, tolerations_changed),
+            rollout
+                .changed
+                .iter()
+                .map(|c| echo(c).into_owned())
+                .collect::<Vec<_>>()
+                .join("; "),
             plural(count)
         ),
         format!(
@@ -104,21 +106,4 @@ pub(super) fn toolkit_not_recreated(
             plural(count)
         ),
     ));
-}
-
-/// What changed, as the message says it.
-fn reasons(rollout: &Rollout, tolerations_changed: bool) -> String {
-    let mut said: Vec<String> = rollout
-        .changed
-        .iter()
-        .map(|c| echo(c).into_owned())
-        .collect();
-    if tolerations_changed
-        && !said
-            .iter()
-            .any(|c| c.starts_with("spec.daemonsets.tolerations"))
-    {
-        said.push("spec.daemonsets.tolerations".to_owned());
-    }
-    said.join("; ")
 }
