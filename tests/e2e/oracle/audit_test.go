@@ -26,12 +26,17 @@ type daemonSet struct {
 		Template struct {
 			Spec struct {
 				NodeSelector map[string]string `json:"nodeSelector"`
+				Tolerations  []map[string]any  `json:"tolerations"`
 			} `json:"spec"`
 		} `json:"template"`
 	} `json:"spec"`
 	Status struct {
 		ObservedGeneration     int64 `json:"observedGeneration"`
 		DesiredNumberScheduled int   `json:"desiredNumberScheduled"`
+		CurrentNumberScheduled int   `json:"currentNumberScheduled"`
+		UpdatedNumberScheduled int   `json:"updatedNumberScheduled"`
+		NumberAvailable        int   `json:"numberAvailable"`
+		NumberUnavailable      int   `json:"numberUnavailable"`
 	} `json:"status"`
 }
 

@@ -206,35 +206,11 @@ func cleanUpPlacement(t *testing.T, o *oracle) {
 	waitTolerations(t, []string{gpuToleration}, []string{maintToleration})
 }
 
-// placementDaemonSet is what the test reads of one of the operator's DaemonSets.
-type placementDaemonSet struct {
-	Metadata struct {
-		Name       string `json:"name"`
-		Generation int64  `json:"generation"`
-	} `json:"metadata"`
-	Spec struct {
-		Template struct {
-			Spec struct {
-				NodeSelector map[string]string `json:"nodeSelector"`
-				Tolerations  []map[string]any  `json:"tolerations"`
-			} `json:"spec"`
-		} `json:"template"`
-	} `json:"spec"`
-	Status struct {
-		ObservedGeneration     int64 `json:"observedGeneration"`
-		DesiredNumberScheduled int   `json:"desiredNumberScheduled"`
-		CurrentNumberScheduled int   `json:"currentNumberScheduled"`
-		UpdatedNumberScheduled int   `json:"updatedNumberScheduled"`
-		NumberAvailable        int   `json:"numberAvailable"`
-		NumberUnavailable      int   `json:"numberUnavailable"`
-	} `json:"status"`
-}
-
 // operand is the deploy label (set to "true") the DaemonSet's nodeSelector
 // holds: the operand it runs. The device plugin's MPS control daemon
 // selects the device plugin's label beside mps.capable: its pods count as
-// the device plugin's.
-func (d placementDaemonSet) operand() string {
+// the device plugin's (deployOperand, which wants the label alone, leaves it out).
+func (d daemonSet) operand() string {
 	for k, v := range d.Spec.Template.Spec.NodeSelector {
 		if strings.HasPrefix(k, deployPrefix) && v == "true" {
 			return strings.TrimPrefix(k, deployPrefix)
@@ -274,11 +250,11 @@ func (p placementPod) daemonSet() string {
 
 // readDaemonSetsAndPods reads the operator's DaemonSets and pods as JSON
 // (the DaemonSets' text is check's --daemonsets).
-func readDaemonSetsAndPods(t *testing.T) (string, []placementDaemonSet, []placementPod) {
+func readDaemonSetsAndPods(t *testing.T) (string, []daemonSet, []placementPod) {
 	t.Helper()
 	dsJSON := cp.MustKubectl(t, "get", "daemonsets", "-n", operatorNS, "-o", "json")
 	var sets struct {
-		Items []placementDaemonSet `json:"items"`
+		Items []daemonSet `json:"items"`
 	}
 	if err := json.Unmarshal([]byte(dsJSON), &sets); err != nil {
 		t.Fatal(err)
