@@ -75,11 +75,19 @@ impl Era {
         self.reaches(Era::V26_3)
     }
 
-    /// `driver.useNvidiaDriverCRD` true -> false sets the NVIDIADriver resources `disabled` and
-    /// leaves their DaemonSets (v26.3+); before, the operator goes on reconciling them
-    /// (`docs/gpu-operator.md` §11.3).
+    /// With `driver.useNvidiaDriverCRD` off, the NVIDIADriver resources are set `disabled`,
+    /// deploy nothing and keep the DaemonSets they have (v26.3+); before, the operator
+    /// reconciles them whatever the flag says, so one created with the flag off runs beside the
+    /// ClusterPolicy's driver DaemonSet (`docs/gpu-operator.md` §11.3).
     pub fn disables_nvidia_drivers_when_crd_off(self) -> bool {
         self.reaches(Era::V26_3)
+    }
+
+    /// Without a ClusterPolicy the NVIDIADriver reconcile fails ("no ClusterPolicy object found
+    /// in the cluster") and deploys nothing (before v26.7; v26.7 reconciles it with the host
+    /// root `/`, `docs/gpu-operator.md` §11.3).
+    pub fn nvidia_drivers_need_cluster_policy(self) -> bool {
+        !self.reaches(Era::V26_7)
     }
 
     /// An NVIDIADriver pool its new selector drops keeps its DaemonSet running (before v26.3,
@@ -209,6 +217,15 @@ impl OperatorVersion {
     /// before, the bash script (`gpu-operator@<tag> deployments/gpu-operator/values.yaml`,
     /// `driver.manager.version`).
     pub fn ships_go_driver_manager(&self) -> bool {
+        self.release >= (25, 10)
+    }
+
+    /// `spec.cdi.enabled` is on when absent (v25.10 and later); before, off. The only operand
+    /// or runtime switch whose default differs between the releases the model follows: the
+    /// nil case of `CDIConfigSpec.IsEnabled` and the CRD's `+kubebuilder:default` move together
+    /// (gpu-operator@v25.3.4 `api/nvidia/v1/clusterpolicy_types.go` l.2065 false, @v25.10.1
+    /// l.2156 true; `docs/gpu-operator.md` §11.8).
+    pub fn cdi_on_by_default(&self) -> bool {
         self.release >= (25, 10)
     }
 

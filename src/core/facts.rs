@@ -37,6 +37,9 @@ pub struct ClusterFacts {
     /// `spec.cdi.nriPluginEnabled` (v26.3+): the toolkit configures the runtime as an NRI plugin,
     /// and the operator deletes the `nvidia` RuntimeClasses.
     pub nri_plugin: bool,
+    /// `spec.cdi.enabled` as the ClusterPolicy gives it; `None` when absent, which the operator
+    /// reads as its version's default ([`ClusterFacts::cdi_enabled`]).
+    pub cdi: Option<bool>,
     /// The NVIDIADriver resources, when they were listed.
     pub nvidia_drivers: Option<Vec<crate::core::nvidia_driver::NvidiaDriver>>,
     /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras), and
@@ -68,6 +71,7 @@ impl Default for ClusterFacts {
             sandbox: Sandbox::default(),
             driver_crd: false,
             nri_plugin: false,
+            cdi: None,
             nvidia_drivers: None,
             operator: Followed::default(),
             stack: Stack::ClusterPolicy,
@@ -252,6 +256,48 @@ impl ClusterFacts {
         }
     }
 
+    /// CDI is on: `spec.cdi.enabled`, or when absent the default of the operator version
+    /// followed (on from v25.10).
+    pub fn cdi_enabled(&self) -> bool {
+        self.cdi
+            .unwrap_or_else(|| self.operator.version.cdi_on_by_default())
+    }
+
+    /// Whether the operator carries out a change of an NVIDIADriver under these facts
+    /// (`docs/gpu-operator.md` §11.3). Unknown facts (no ClusterPolicy given offline, RBAC,
+    /// no access) count as carried out: the change is judged by what it would do.
+    pub fn nvidia_drivers_reconciled(&self) -> DriversReconciled {
+        let era = self.operator.era();
+        match (&self.source, self.stack) {
+            (_, Stack::GpuCluster) => DriversReconciled::Yes,
+            (PolicySource::Found(_), _)
+                if !self.driver_crd && era.disables_nvidia_drivers_when_crd_off() =>
+            {
+                DriversReconciled::FlagOff
+            }
+            (PolicySource::Missing(_), _) if era.nvidia_drivers_need_cluster_policy() => {
+                DriversReconciled::NoClusterPolicy
+            }
+            _ => DriversReconciled::Yes,
+        }
+    }
+
+    /// The known ClusterPolicy runs its own driver DaemonSet (`nvidia-driver-daemonset`):
+    /// `useNvidiaDriverCRD` off and the driver switched on. Without a ClusterPolicy read, the
+    /// flag is not known, and NVIDIADriver changes are judged as if they were in charge.
+    pub fn policy_driver_runs(&self) -> bool {
+        matches!(self.source, PolicySource::Found(_))
+            && self.stack == Stack::ClusterPolicy
+            && !self.driver_crd
+            && !self.off().contains(Operand::Driver)
+    }
+
+    /// The ClusterPolicy's own driver DaemonSet runs beside the NVIDIADriver ones: it runs, and
+    /// this operator version reconciles NVIDIADrivers whatever the flag says (before v26.3).
+    pub fn policy_driver_beside_nvidia_drivers(&self) -> bool {
+        self.policy_driver_runs() && self.nvidia_drivers_reconciled() == DriversReconciled::Yes
+    }
+
     /// Operand `op`'s pod template as the DaemonSet controller reads it
     /// ([`Templates::of`]).
     pub fn template(&self, op: Operand) -> PodPlacement {
@@ -308,6 +354,18 @@ impl ClusterFacts {
 pub fn operator_defaults() -> ClusterFacts {
     let Ok(defaults) = switched_off(|_, default| Ok::<bool, Infallible>(default));
     ClusterFacts::from_switches(defaults)
+}
+
+/// Whether the operator carries out a change of an NVIDIADriver
+/// ([`ClusterFacts::nvidia_drivers_reconciled`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum DriversReconciled {
+    Yes,
+    /// `spec.driver.useNvidiaDriverCRD` is off (v26.3+): the resource is set `disabled`, deploys
+    /// nothing and keeps the DaemonSets it has.
+    FlagOff,
+    /// No ClusterPolicy exists (before v26.7): the reconcile fails and deploys nothing.
+    NoClusterPolicy,
 }
 
 /// Where the ClusterPolicy facts came from.

@@ -26,7 +26,7 @@
 
 use std::collections::BTreeMap;
 
-use super::facts::ClusterFacts;
+use super::facts::{ClusterFacts, DriversReconciled};
 use super::nvidia_driver::NvidiaDriver;
 use super::operands::{Labels, Operand, OperandSet};
 use super::operator::labelling_pass;
@@ -339,23 +339,44 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             before,
             after,
             others,
-        } => {
-            let ops = policy::simulate(labels, facts);
-            let version = &facts.operator.version;
-            let by_others = others.iter().any(|d| d.selects(labels, version));
-            let before_here = before.is_some_and(|d| d.selects(labels, version));
-            // Before v26.3 a pool the new selector drops keeps its DaemonSet running
-            // (`docs/gpu-operator.md` §11.4); a deleted resource's DaemonSets always go.
-            let kept =
-                after.is_some() && before_here && facts.operator.era().keeps_dropped_driver_pools();
-            Outcome::labels_kept(
-                group,
-                ops,
-                by_others || before_here,
-                by_others || kept || after.is_some_and(|d| d.selects(labels, version)),
-            )
-        }
+        } => nvidia_driver_outcome(group, facts, before, after, others),
     }
+}
+
+/// What an NVIDIADriver change does on one group: only where a driver DaemonSet runs differs.
+fn nvidia_driver_outcome<'g, 'a>(
+    group: &'g NodeGroup<'a>,
+    facts: &ClusterFacts,
+    before: Option<&NvidiaDriver>,
+    after: Option<&NvidiaDriver>,
+    others: &[NvidiaDriver],
+) -> Outcome<'g, 'a> {
+    let labels = &group.labels;
+    let ops = policy::simulate(labels, facts);
+    let version = &facts.operator.version;
+    // While `useNvidiaDriverCRD` is off the ClusterPolicy's own driver DaemonSet runs,
+    // beside the NVIDIADriver ones before v26.3 (`docs/gpu-operator.md` §11.3).
+    let by_policy = facts.policy_driver_runs() && ops.contains(Operand::Driver);
+    let by_others = by_policy || others.iter().any(|d| d.selects(labels, version));
+    let before_here = before.is_some_and(|d| d.selects(labels, version));
+    let driver_before = by_others || before_here;
+    // A deleted resource's DaemonSets always go (garbage collection); a change the
+    // operator does not reconcile (the flag off from v26.3, no ClusterPolicy before
+    // v26.7) changes nothing else.
+    let carried_out =
+        after.is_none() || facts.nvidia_drivers_reconciled() == DriversReconciled::Yes;
+    if !carried_out {
+        return Outcome::labels_kept(group, ops, driver_before, driver_before);
+    }
+    // Before v26.3 a pool the new selector drops keeps its DaemonSet running
+    // (`docs/gpu-operator.md` §11.4).
+    let kept = after.is_some() && before_here && facts.operator.era().keeps_dropped_driver_pools();
+    Outcome::labels_kept(
+        group,
+        ops,
+        driver_before,
+        by_others || kept || after.is_some_and(|d| d.selects(labels, version)),
+    )
 }
 
 /// Every state rule, before and after, on every group: a finding only the new state has is

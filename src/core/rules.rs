@@ -50,6 +50,7 @@ pub enum Rule {
     NvidiaDriverOverlap,
     DevicePluginSwitchedOff,
     DriverSelectedTwice,
+    NvidiaDriverNotReconciled,
     RuntimeClassesRemoved,
     OperandNotRunning,
     ToolkitNotRecreated,

@@ -92,10 +92,10 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
             _ => SandboxMode::KubeVirt,
         },
     };
-    let flag = |field: &str| -> Result<bool, ClusterPolicyError> {
+    let given = |field: &str| -> Result<Option<bool>, ClusterPolicyError> {
         match object.pointer(&format!("/spec/{}", field.replace('.', "/"))) {
-            None | Some(Value::Null) => Ok(false),
-            Some(Value::Bool(b)) => Ok(*b),
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
             Some(other) => Err(ClusterPolicyError::Field {
                 name: name.clone(),
                 field: format!("spec.{field}"),
@@ -103,8 +103,11 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
             }),
         }
     };
+    let flag = |field: &str| Ok::<_, ClusterPolicyError>(given(field)?.unwrap_or(false));
     let driver_crd = flag("driver.useNvidiaDriverCRD")?;
     let nri_plugin = flag("cdi.nriPluginEnabled")?;
+    // Its default is the operator version's (`ClusterFacts::cdi_enabled`).
+    let cdi = given("cdi.enabled")?;
     let policy_tolerations =
         daemonset_tolerations(object).map_err(|problem| ClusterPolicyError::Field {
             name: name.clone(),
@@ -117,6 +120,7 @@ pub fn from_object(object: &Value) -> Result<ClusterPolicy, ClusterPolicyError> 
             sandbox,
             driver_crd,
             nri_plugin,
+            cdi,
             templates: Templates {
                 policy_tolerations,
                 inputs: template_inputs(object),
@@ -430,6 +434,10 @@ mod tests {
                 "ClusterPolicy cp: spec.cdi.nriPluginEnabled: expected true or false, found 1",
             ),
             (
+                "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: cp}\nspec: {cdi: {enabled: \"off\"}}\n",
+                "ClusterPolicy cp: spec.cdi.enabled: expected true or false, found \"off\"",
+            ),
+            (
                 "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {name: cp}\nspec: {driver: {useNvidiaDriverCRD: yes}}\n",
                 "ClusterPolicy cp: spec.driver.useNvidiaDriverCRD: expected true or false, found \"yes\"",
             ),
@@ -439,6 +447,19 @@ mod tests {
         )
         .unwrap();
         assert!(nri.facts.nri_plugin && !nri.facts.driver_crd);
+        // `spec.cdi.enabled` as given, unset kept apart: its default is the version's.
+        for (spec, cdi) in [
+            ("{cdi: {enabled: false}}", Some(false)),
+            ("{cdi: {enabled: true, default: true}}", Some(true)),
+            ("{cdi: {}}", None),
+            ("{}", None),
+        ] {
+            let p = parse_str(&format!(
+                "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata: {{name: cp}}\nspec: {spec}\n"
+            ))
+            .unwrap();
+            assert_eq!(p.facts.cdi, cdi, "{spec}");
+        }
         for (text, want) in cases {
             let got = parse_str(text).unwrap_err().to_string();
             assert_eq!(got, want, "{text}");

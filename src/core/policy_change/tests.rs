@@ -1080,3 +1080,4 @@ fn an_nvidiadriver_is_refused_while_the_others_are_not_known() {
 }
 
 mod rollout;
+mod versions;

@@ -14,7 +14,10 @@ use crate::core::echo::echo;
 use crate::core::facts::ClusterFacts;
 use crate::core::policy_change::model::{Outcome, PolicyChange, PolicyReview};
 use crate::core::review::Operation;
-use drivers::{driver_lost, overlap, overlap_unknown, unkept_selector_keys};
+use drivers::{
+    beside_policy_driver, driver_lost, not_reconciled, overlap, overlap_unknown,
+    unkept_selector_keys,
+};
 use switches::{
     device_plugin_stops, driver_back_where_served, runtime_classes_deleted, sandbox_swaps,
     toolkit_blind, toolkit_on_nodes,
@@ -176,12 +179,38 @@ pub(super) fn sandbox_relabel(ctx: &FleetCtx<'_>, out: &mut Vec<Found>) {
     }
 }
 
-/// `driver-selected-twice`.
+/// `driver-selected-twice`: the ClusterPolicy's driver back where NVIDIADrivers serve, or an
+/// NVIDIADriver deployed where the ClusterPolicy's driver runs.
 pub(super) fn driver_selected_twice(ctx: &FleetCtx<'_>, out: &mut Vec<Found>) {
-    if let (Some((before, after)), Some(outcomes)) = (ctx.cluster_policy(), ctx.known())
-        && let Some(PolicyChange::ClusterPolicy { drivers, .. }) = ctx.effect.map(|e| e.change)
+    let (Some(effect), Some(outcomes)) = (ctx.effect, ctx.known()) else {
+        return;
+    };
+    match effect.change {
+        PolicyChange::ClusterPolicy {
+            before,
+            after,
+            drivers,
+            ..
+        } => driver_back_where_served(&ctx.policy_object, before, after, drivers, outcomes, out),
+        PolicyChange::NvidiaDriver {
+            facts,
+            before,
+            after: Some(this),
+            ..
+        } => beside_policy_driver(&ctx.object, facts, before, this, outcomes, out),
+        _ => {}
+    }
+}
+
+/// `nvidia-driver-not-reconciled`.
+pub(super) fn nvidia_driver_not_reconciled(ctx: &FleetCtx<'_>, out: &mut Vec<Found>) {
+    if let Some(PolicyChange::NvidiaDriver {
+        facts,
+        after: Some(_),
+        ..
+    }) = ctx.effect.map(|e| e.change)
     {
-        driver_back_where_served(&ctx.policy_object, before, after, drivers, outcomes, out);
+        not_reconciled(&ctx.object, facts, out);
     }
 }
 

@@ -5,7 +5,7 @@ use super::{Action, Check, Kind, Rule, RuleSpec, Severity, fleet, pods};
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs`, `rules/change.rs`, `rules/fleet.rs` or
 /// `rules/pods.rs`).
-pub const RULES: [RuleSpec; 22] = [
+pub const RULES: [RuleSpec; 23] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -191,8 +191,18 @@ pub const RULES: [RuleSpec; 22] = [
         default: Action::Warn,
         severity: Severity::High,
         pass: "no node is selected by two driver DaemonSets",
-        summary: "driver.useNvidiaDriverCRD true -> false brings the ClusterPolicy's driver DaemonSet back on nodes NVIDIADriver DaemonSets still serve",
+        summary: "driver.useNvidiaDriverCRD true -> false brings the ClusterPolicy's driver DaemonSet back on nodes NVIDIADriver DaemonSets still serve, or (before v26.3) an NVIDIADriver deploys beside the ClusterPolicy's driver while the flag is off",
         checks: &[Check::Fleet(fleet::driver_selected_twice)],
+    },
+    RuleSpec {
+        rule: Rule::NvidiaDriverNotReconciled,
+        id: "nvidia-driver-not-reconciled",
+        kind: Kind::Policy,
+        default: Action::Warn,
+        severity: Severity::Low,
+        pass: "every NVIDIADriver change is carried out by the operator",
+        summary: "an NVIDIADriver created or changed while the operator does not reconcile NVIDIADrivers (useNvidiaDriverCRD off from v26.3, or no ClusterPolicy before v26.7): it deploys nothing",
+        checks: &[Check::Fleet(fleet::nvidia_driver_not_reconciled)],
     },
     RuleSpec {
         rule: Rule::RuntimeClassesRemoved,

@@ -3,7 +3,7 @@
 
 use super::{finding, lose, name_nodes, plural};
 use crate::core::echo::echo;
-use crate::core::facts::ClusterFacts;
+use crate::core::facts::{ClusterFacts, DriversReconciled, PolicySource};
 use crate::core::nvidia_driver::NvidiaDriver;
 use crate::core::operands::Operand;
 use crate::core::policy_change::model::{Outcome, PolicyChange, PolicyReview};
@@ -61,6 +61,83 @@ pub(super) fn driver_lost(
             lose(count)
         ),
     ));
+}
+
+/// Before v26.3 the operator reconciles NVIDIADrivers while `useNvidiaDriverCRD` is off: one
+/// created or widened then starts a driver DaemonSet where the ClusterPolicy's
+/// `nvidia-driver-daemonset` runs (`docs/gpu-operator.md` §11.3).
+pub(super) fn beside_policy_driver(
+    object: &str,
+    facts: &ClusterFacts,
+    before: Option<&NvidiaDriver>,
+    this: &NvidiaDriver,
+    outcomes: &[Outcome<'_, '_>],
+    out: &mut Vec<Found>,
+) {
+    if !facts.policy_driver_beside_nvidia_drivers() {
+        return;
+    }
+    let version = &facts.operator.version;
+    let both = outcomes
+        .iter()
+        .filter(|o| {
+            o.after.contains(Operand::Driver)
+                && this.selects(&o.after_labels, version)
+                && !before.is_some_and(|d| d.selects(&o.before_labels, version))
+        })
+        .flat_map(|o| o.group.nodes.iter().copied());
+    let (count, names) = name_nodes(both);
+    if count == 0 {
+        return;
+    }
+    out.push(finding(
+        Rule::DriverSelectedTwice,
+        format!(
+            "{object}: spec.driver.useNvidiaDriverCRD is off, and GPU Operator {version} reconciles NVIDIADrivers whatever the flag \
+             says: its driver DaemonSet starts on {count} {} ({names}) where nvidia-driver-daemonset runs; one driver pod runs per \
+             node (required pod anti-affinity), so the second stays Pending and both DaemonSets report not ready. Set \
+             spec.driver.useNvidiaDriverCRD true to hand the drivers to NVIDIADrivers, or select nodes the ClusterPolicy's driver \
+             does not run on.",
+            plural(count)
+        ),
+        format!(
+            "{object}: {count} {} running nvidia-driver-daemonset get its driver DaemonSet too ({names})",
+            plural(count)
+        ),
+    ));
+}
+
+/// An NVIDIADriver change the operator does not carry out (`docs/gpu-operator.md` §11.3).
+pub(super) fn not_reconciled(object: &str, facts: &ClusterFacts, out: &mut Vec<Found>) {
+    let version = &facts.operator.version;
+    let (message, warning) = match facts.nvidia_drivers_reconciled() {
+        DriversReconciled::Yes => return,
+        DriversReconciled::FlagOff => {
+            let policy = match &facts.source {
+                PolicySource::Found(name) => format!("ClusterPolicy {}", echo(name)),
+                _ => "the ClusterPolicy".to_owned(),
+            };
+            (
+                format!(
+                    "{object}: {policy} has spec.driver.useNvidiaDriverCRD off, so GPU Operator {version} sets this \
+                     NVIDIADriver's status disabled and deploys nothing (DaemonSets it already has stay as they are); \
+                     nvidia-driver-daemonset keeps serving the nodes. Set spec.driver.useNvidiaDriverCRD true to hand \
+                     the drivers to NVIDIADrivers."
+                ),
+                format!(
+                    "{object}: not reconciled: {policy} has spec.driver.useNvidiaDriverCRD off"
+                ),
+            )
+        }
+        DriversReconciled::NoClusterPolicy => (
+            format!(
+                "{object}: no ClusterPolicy exists, so GPU Operator {version} fails this NVIDIADriver's reconcile \
+                 (\"no ClusterPolicy object found in the cluster\") and deploys nothing until one exists."
+            ),
+            format!("{object}: not reconciled: no ClusterPolicy exists"),
+        ),
+    };
+    out.push(finding(Rule::NvidiaDriverNotReconciled, message, warning));
 }
 
 /// The other NVIDIADrivers are not known (not listed yet, RBAC forbids it, or not given

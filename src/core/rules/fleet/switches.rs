@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{finding, name_nodes, plural};
 use crate::core::echo::echo;
-use crate::core::facts::ClusterFacts;
+use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::nvidia_driver::NvidiaDriver;
 use crate::core::operands::Operand;
 use crate::core::policy_change::model::{HOST_TOOLKIT_ANNOTATION, Outcome};
@@ -163,17 +163,23 @@ pub(super) fn runtime_classes_deleted(
     outcomes: &[Outcome<'_, '_>],
     out: &mut Vec<Found>,
 ) {
-    if !after.operator.era().nri_plugin_deletes_runtime_classes()
-        || before.nri_plugin
-        || !after.nri_plugin
-    {
-        return;
-    }
+    let nri_era = after.operator.era().nri_plugin_deletes_runtime_classes();
     let toolkit = outcomes
         .iter()
         .filter(|o| o.after.contains(Operand::ContainerToolkit))
         .map(|o| o.group.nodes.len())
         .sum::<usize>();
+    if !nri_era || before.nri_plugin || !after.nri_plugin {
+        // Without NRI, CDI on -> off deletes the two CDI RuntimeClasses at every version
+        // (`RuntimeClasses`, `docs/gpu-operator.md` §11.6); they exist only under a
+        // ClusterPolicy that had CDI on.
+        let existed =
+            matches!(before.source, PolicySource::Found(_)) && !(nri_era && before.nri_plugin);
+        if existed && before.cdi_enabled() && !after.cdi_enabled() {
+            cdi_classes_deleted(object, before, toolkit, out);
+        }
+        return;
+    }
     out.push(finding(
         Rule::RuntimeClassesRemoved,
         format!(
@@ -184,6 +190,30 @@ pub(super) fn runtime_classes_deleted(
         ),
         format!(
             "{object}: the nvidia RuntimeClasses are deleted; pods naming runtimeClassName: nvidia are refused from then on"
+        ),
+    ));
+}
+
+/// `spec.cdi.enabled` true -> false (or absent -> false where the version's default is on).
+fn cdi_classes_deleted(object: &str, before: &ClusterFacts, toolkit: usize, out: &mut Vec<Found>) {
+    let was = match before.cdi {
+        Some(_) => "true".to_owned(),
+        None => format!(
+            "unset (on by default in GPU Operator {}, as from v25.10)",
+            before.operator.version
+        ),
+    };
+    out.push(finding(
+        Rule::RuntimeClassesRemoved,
+        format!(
+            "{object}: spec.cdi.enabled {was} -> false switches CDI off: the GPU Operator deletes the RuntimeClasses nvidia-cdi and \
+             nvidia-legacy, and from then on the API server refuses every pod that names one of them (running ones keep running); \
+             the container toolkit, device plugin and MIG manager DaemonSets roll on {toolkit} {} as their CDI settings change. Move \
+             workloads off runtimeClassName nvidia-cdi and nvidia-legacy first.",
+            plural(toolkit)
+        ),
+        format!(
+            "{object}: CDI off deletes the nvidia-cdi and nvidia-legacy RuntimeClasses; pods naming them are refused from then on"
         ),
     ));
 }

@@ -1,0 +1,222 @@
+//! GPU-policy changes the operator carries out differently per version
+//! (`docs/gpu-operator.md` §11.3, §11.6, §11.8): NVIDIADrivers under `useNvidiaDriverCRD`, and
+//! CDI's default.
+
+use super::*;
+use crate::core::facts::PolicySource;
+
+/// Every release the model was read at; the behaviours below change between them.
+const RELEASES: [&str; 5] = ["v24.9.2", "v25.3.4", "v25.10.1", "v26.3.3", "v26.7.0"];
+
+/// A cluster with ClusterPolicy `cluster-policy` at `version`, `useNvidiaDriverCRD` as given,
+/// and the NVIDIADrivers listed.
+fn policy_at(version: &str, driver_crd: bool) -> ClusterFacts {
+    switched(|f| {
+        at(version)(f);
+        f.source = PolicySource::Found("cluster-policy".into());
+        f.driver_crd = driver_crd;
+        f.nvidia_drivers = Some(Vec::new());
+    })
+}
+
+/// Two GPU nodes in pool a, one in pool b.
+fn pools() -> Vec<NodeGroup<'static>> {
+    vec![
+        group(gpu_labels_with("pool", "a"), &["a-0", "a-1"]),
+        group(gpu_labels_with("pool", "b"), &["b-0"]),
+    ]
+}
+
+fn driver_shift(review: &PolicyReview<'_>, groups: &[NodeGroup<'_>]) -> (Vec<String>, Vec<String>) {
+    shifts(review, groups)
+        .into_iter()
+        .find(|s| s.operand == Operand::Driver)
+        .map(|s| (s.starts, s.stops))
+        .unwrap_or_default()
+}
+
+fn ids(v: &Verdict) -> Vec<&'static str> {
+    v.findings.iter().map(|f| f.rule.id()).collect()
+}
+
+#[test]
+fn an_nvidiadriver_created_with_the_flag_off_runs_beside_the_policy_driver_until_v26_3() {
+    let pool_a = driver("pool-a", &[("pool", "a")]);
+    for version in RELEASES {
+        let facts = policy_at(version, false);
+        let review = nd_review(&facts, Operation::Create, None, Some(&pool_a), &[]);
+        let v = over(&review, &pools());
+        assert_eq!(v.decision, Decision::Allowed, "{version}: {:?}", v.findings);
+        // The ClusterPolicy's driver serves every node before and after: nothing moves.
+        assert_eq!(
+            driver_shift(&review, &pools()),
+            Default::default(),
+            "{version}"
+        );
+        if facts.operator.era().disables_nvidia_drivers_when_crd_off() {
+            assert_eq!(ids(&v), ["nvidia-driver-not-reconciled"], "{version}");
+            let m = &v.findings[0].message;
+            assert!(
+                m.contains("ClusterPolicy cluster-policy has spec.driver.useNvidiaDriverCRD off")
+                    && m.contains(&format!(
+                        "GPU Operator {version} sets this NVIDIADriver's status disabled"
+                    )),
+                "{m}"
+            );
+        } else {
+            assert_eq!(ids(&v), ["driver-selected-twice"], "{version}");
+            let m = &v.findings[0].message;
+            assert!(
+                m.contains(&format!(
+                    "GPU Operator {version} reconciles NVIDIADrivers whatever the flag"
+                )) && m.contains("starts on 2 nodes (a-0, a-1) where nvidia-driver-daemonset runs")
+                    && m.contains("Pending"),
+                "{m}"
+            );
+        }
+        // With the flag on, it is the driver of pool a, and nothing else is said.
+        let on = policy_at(version, true);
+        let review = nd_review(&on, Operation::Create, None, Some(&pool_a), &[]);
+        let v = over(&review, &pools());
+        assert!(v.findings.is_empty(), "{version}: {:?}", v.findings);
+        assert_eq!(
+            driver_shift(&review, &pools()),
+            (vec!["a-0".to_owned(), "a-1".to_owned()], Vec::new()),
+            "{version}"
+        );
+    }
+}
+
+#[test]
+fn with_the_flag_off_a_selector_change_or_a_delete_leaves_the_policy_driver() {
+    let pool_a = driver("pool", &[("pool", "a")]);
+    let pool_b = driver("pool", &[("pool", "b")]);
+    for version in RELEASES {
+        let facts = policy_at(version, false);
+        let moved = nd_review(&facts, Operation::Update, Some(&pool_a), Some(&pool_b), &[]);
+        let v = over(&moved, &pools());
+        assert_eq!(
+            driver_shift(&moved, &pools()),
+            Default::default(),
+            "{version}"
+        );
+        let want: &[&str] = if facts.operator.era().disables_nvidia_drivers_when_crd_off() {
+            &["nvidia-driver-not-reconciled"]
+        } else {
+            // Pool b newly gets a second driver DaemonSet; pool a already had one.
+            &["driver-selected-twice"]
+        };
+        assert_eq!(ids(&v), want, "{version}: {:?}", v.findings);
+        if want == ["driver-selected-twice"] {
+            assert!(v.findings[0].message.contains("starts on 1 node (b-0)"));
+        }
+        // Deleted: its DaemonSets go (garbage collection), the ClusterPolicy's stays.
+        let deleted = nd_review(&facts, Operation::Delete, Some(&pool_a), None, &[]);
+        let v = over(&deleted, &pools());
+        assert!(v.findings.is_empty(), "{version}: {:?}", v.findings);
+        // With the flag on, the same delete leaves pool a without a driver.
+        let on = policy_at(version, true);
+        let deleted = nd_review(&on, Operation::Delete, Some(&pool_a), None, &[]);
+        let v = over(&deleted, &pools());
+        assert_eq!(ids(&v), ["driver-removed"], "{version}");
+        assert_eq!(
+            driver_shift(&deleted, &pools()),
+            (Vec::new(), vec!["a-0".to_owned(), "a-1".to_owned()]),
+            "{version}"
+        );
+    }
+}
+
+#[test]
+fn without_a_cluster_policy_nvidiadrivers_deploy_nothing_before_v26_7() {
+    let pool_a = driver("pool-a", &[("pool", "a")]);
+    for version in RELEASES {
+        let facts = switched(|f| {
+            at(version)(f);
+            f.source = PolicySource::Missing("no ClusterPolicy exists".into());
+            f.nvidia_drivers = Some(Vec::new());
+        });
+        let review = nd_review(&facts, Operation::Create, None, Some(&pool_a), &[]);
+        let v = over(&review, &pools());
+        if facts.operator.era().nvidia_drivers_need_cluster_policy() {
+            assert_eq!(ids(&v), ["nvidia-driver-not-reconciled"], "{version}");
+            assert!(
+                v.findings[0]
+                    .message
+                    .contains("no ClusterPolicy object found")
+            );
+            assert_eq!(driver_shift(&review, &pools()), Default::default());
+        } else {
+            assert!(v.findings.is_empty(), "{version}: {:?}", v.findings);
+        }
+    }
+    // Offline, with no ClusterPolicy given, the flag is not known: the change is judged by
+    // what it does when carried out, and nothing says it is not.
+    let unknown = switched(|f| f.nvidia_drivers = Some(Vec::new()));
+    let review = nd_review(&unknown, Operation::Create, None, Some(&pool_a), &[]);
+    assert!(!ids(&over(&review, &pools())).contains(&"nvidia-driver-not-reconciled"));
+}
+
+#[test]
+fn cdi_switched_off_deletes_its_runtime_classes_with_the_version_s_default() {
+    let groups = [group(gpu_labels(), &["gpu-0"])];
+    let cdi = |version: &str, cdi: Option<bool>| {
+        let mut f = policy_at(version, false);
+        f.cdi = cdi;
+        f
+    };
+    for version in RELEASES {
+        let on_by_default = !matches!(version, "v24.9.2" | "v25.3.4");
+        assert_eq!(cdi(version, None).cdi_enabled(), on_by_default, "{version}");
+        for (before, after, warns) in [
+            (Some(true), Some(false), true),
+            (None, Some(false), on_by_default),
+            (Some(true), None, !on_by_default),
+            (Some(false), Some(true), false),
+            (None, None, false),
+        ] {
+            let (b, a) = (cdi(version, before), cdi(version, after));
+            let v = over(&cp_review(&b, &a, None), &groups);
+            let found = of_rule(&v, Rule::RuntimeClassesRemoved);
+            assert_eq!(
+                found.len(),
+                usize::from(warns),
+                "{version} {before:?} -> {after:?}: {:?}",
+                v.findings
+            );
+            if let Some(f) = found.first() {
+                assert!(
+                    f.message
+                        .contains("deletes the RuntimeClasses nvidia-cdi and nvidia-legacy")
+                        && f.message.contains("on 1 node"),
+                    "{}",
+                    f.message
+                );
+                assert_eq!(
+                    f.message.contains("unset (on by default"),
+                    before.is_none(),
+                    "{}",
+                    f.message
+                );
+            }
+        }
+    }
+    // A first ClusterPolicy with CDI off deletes nothing: no RuntimeClass existed.
+    let none = switched(at("v26.7.0"));
+    let first = cdi("v26.7.0", Some(false));
+    let mut review = cp_review(&none, &first, None);
+    review.operation = Operation::Create;
+    assert!(of_rule(&over(&review, &groups), Rule::RuntimeClassesRemoved).is_empty());
+    // Under the NRI plugin (v26.3+) the RuntimeClasses are gone already.
+    let mut nri = cdi("v26.3.3", Some(true));
+    nri.nri_plugin = true;
+    let mut off = nri.clone();
+    off.cdi = Some(false);
+    assert!(
+        of_rule(
+            &over(&cp_review(&nri, &off, None), &groups),
+            Rule::RuntimeClassesRemoved
+        )
+        .is_empty()
+    );
+}
