@@ -19,8 +19,10 @@ import (
 // daemonSet is what the test reads of one of the operator's DaemonSets.
 type daemonSet struct {
 	Metadata struct {
-		Name       string `json:"name"`
-		Generation int64  `json:"generation"`
+		Name              string           `json:"name"`
+		Generation        int64            `json:"generation"`
+		DeletionTimestamp *string          `json:"deletionTimestamp"`
+		OwnerReferences   []ownerReference `json:"ownerReferences"`
 	} `json:"metadata"`
 	Spec struct {
 		Template struct {
@@ -38,6 +40,24 @@ type daemonSet struct {
 		NumberAvailable        int   `json:"numberAvailable"`
 		NumberUnavailable      int   `json:"numberUnavailable"`
 	} `json:"status"`
+}
+
+// ownerReference is what the test reads of an object's owner.
+type ownerReference struct {
+	Kind       string `json:"kind"`
+	Name       string `json:"name"`
+	UID        string `json:"uid"`
+	Controller bool   `json:"controller"`
+}
+
+// controller is the DaemonSet's controlling owner ("Kind/name"), "" without one.
+func (d daemonSet) controller() string {
+	for _, r := range d.Metadata.OwnerReferences {
+		if r.Controller {
+			return r.Kind + "/" + r.Name
+		}
+	}
+	return ""
 }
 
 func operatorDaemonSets(t *testing.T) []daemonSet {

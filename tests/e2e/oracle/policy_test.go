@@ -26,10 +26,18 @@ type shift struct {
 }
 
 type policyCheck struct {
-	Decision string   `json:"decision"`
-	Message  *string  `json:"message"`
-	Warnings []string `json:"warnings"`
-	Operands []shift  `json:"operands"`
+	Decision string    `json:"decision"`
+	Message  *string   `json:"message"`
+	Warnings []string  `json:"warnings"`
+	Findings []finding `json:"findings"`
+	Operands []shift   `json:"operands"`
+}
+
+// finding is one rule's word in `check-policy -o json`.
+type finding struct {
+	Rule    string `json:"rule"`
+	Action  string `json:"action"`
+	Message string `json:"message"`
 }
 
 // TestPolicyChangesAgreeWithOperator: for ClusterPolicy changes the guard
