@@ -161,6 +161,24 @@ impl Pauser {
     }
 }
 
+/// The component whose pause a label's value shows (`paused-for-driver-upgrade`,
+/// `v_paused-for-driver-upgrade`, `paused-for-mig-change`, `paused-for-vgpu-change`).
+pub fn paused_by(value: &str) -> Option<Pauser> {
+    PAUSERS.into_iter().rev().find(|p| p.marks(value))
+}
+
+/// What a refusal says to do about a label paused by `pauser`: wait for (or finish) the work
+/// that paused it, never write it `true` by hand (the component writes it back itself, and a
+/// `true` written in between starts the operand before that work is done).
+pub fn wait_for_pause(pauser: Pauser, key: &str, value: &str) -> String {
+    format!(
+        "{key}={value:?} is {}'s pause, which it writes back {}: wait for that (or finish what paused the node) \
+         instead of setting {key}=true by hand",
+        pauser.name(),
+        pauser.when()
+    )
+}
+
 /// What the end of a pause writes to one label, and which component writes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resume {

@@ -2204,3 +2204,52 @@ fn on_the_gpu_cluster_stack_the_dra_operands_need_the_kubelet_plugin() {
             .any(|f| f.rule == Rule::OperandWithoutDraDriver)
     );
 }
+
+#[test]
+fn a_refusal_during_a_pause_says_to_wait_for_it_never_to_set_the_paused_label_true() {
+    // A driver upgrade paused the toolkit, the device plugin and the validator; a tool (as
+    // NVSentinel's janitor does) writes the device plugin back to `true` in the middle of it.
+    let paused = with(
+        &lab_node_0(),
+        &[
+            ("device-plugin", Some("paused-for-driver-upgrade")),
+            ("container-toolkit", Some("paused-for-driver-upgrade")),
+            ("operator-validator", Some("paused-for-driver-upgrade")),
+        ],
+    );
+    let new = with(&paused, &[("device-plugin", Some("true"))]);
+    let v = update("lab-node-0", &paused, &new);
+    assert_eq!(v.decision, Decision::Denied, "{:?}", v.findings);
+    let m = v.message.as_deref().unwrap();
+    assert!(
+        m.contains(
+            "is k8s-driver-manager's pause, which it writes back when the driver upgrade ends"
+        ) && m.contains("instead of setting nvidia.com/gpu.deploy.container-toolkit=true by hand")
+            && !m.contains("set nvidia.com/gpu.deploy.container-toolkit=true in the same command"),
+        "{m}"
+    );
+    let validator = v
+        .findings
+        .iter()
+        .find(|f| f.rule == Rule::OperandWithoutValidator)
+        .expect("the paused validator is named");
+    assert!(
+        validator.message.contains("k8s-driver-manager's pause")
+            && !validator
+                .message
+                .contains("; set nvidia.com/gpu.deploy.operator-validator=true"),
+        "{}",
+        validator.message
+    );
+    // Outside a pause the fix is still to set the label.
+    let off = with(&lab_node_0(), &[("container-toolkit", Some("false"))]);
+    let v = update("lab-node-0", &lab_node_0(), &off);
+    assert!(
+        v.message
+            .as_deref()
+            .unwrap()
+            .contains("keep nvidia.com/gpu.deploy.container-toolkit=true"),
+        "{:?}",
+        v.message
+    );
+}

@@ -6,6 +6,7 @@ use crate::core::operands::{
     CC_CAPABLE_KEY, GPU_PRESENT_KEY, Labels, Operand, OperandSet, Wait, Workload, is_gpu_node,
 };
 use crate::core::operator::workload;
+use crate::core::pauses::{paused_by, wait_for_pause};
 
 impl Ctx<'_, '_> {
     pub(super) fn device_plugin_without_toolkit(&self, out: &mut Vec<Found>) {
@@ -35,7 +36,15 @@ impl Ctx<'_, '_> {
                     .blocked
                     .get(&Operand::ContainerToolkit)
                     .and_then(|p| p.taint());
-                let fix = if let Some(taint) = taint {
+                let paused = self
+                    .new_value(toolkit)
+                    .and_then(|v| paused_by(v).map(|p| (p, v)));
+                let fix = if let Some((pauser, value)) = paused {
+                    format!(
+                        "{}; until then leave {plugin} paused too (or false)",
+                        wait_for_pause(pauser, toolkit, value)
+                    )
+                } else if let Some(taint) = taint {
                     format!(
                         "do not taint the node with {taint}, or tolerate it in the container toolkit's DaemonSet \
                          too (the ClusterPolicy's spec.daemonsets.tolerations)"
@@ -134,7 +143,8 @@ impl Ctx<'_, '_> {
             (
                 format!(
                     "node {node}: {key}={value:?} keeps the operator validator off, so {names} {already}wait forever \
-                     for its toolkit-ready check; set {key}=true."
+                     for its toolkit-ready check; {}.",
+                    fix_for_validator(key, value)
                 ),
                 format!(
                     "{node}: {} {already}hang: operator-validator={value:?}",
@@ -159,7 +169,8 @@ impl Ctx<'_, '_> {
                     format!(
                         "node {node}: {key}={value:?} keeps the sandbox validator off, so {names} {already}wait \
                          forever for its files (workload-type, vfio-pci-ready, vgpu-devices-ready, \
-                         vgpu-manager-ready); set {key}=true."
+                         vgpu-manager-ready); {}.",
+                        fix_for_validator(key, value)
                     ),
                     format!(
                         "{node}: {} {already}hang: sandbox-validator={value:?}",
@@ -430,5 +441,14 @@ fn short_list(names: &str) -> String {
         format!("{n} operands")
     } else {
         names.to_owned()
+    }
+}
+
+/// How to bring a validator labelled off back: `true`, unless its label is a pause, which the
+/// pausing component writes back itself.
+fn fix_for_validator(key: &str, value: &str) -> String {
+    match paused_by(value) {
+        Some(pauser) => wait_for_pause(pauser, key, value),
+        None => format!("set {key}=true"),
     }
 }
