@@ -40,6 +40,10 @@ pub struct ClusterFacts {
     /// `spec.cdi.enabled` as the ClusterPolicy gives it; `None` when absent, which the operator
     /// reads as its version's default ([`ClusterFacts::cdi_enabled`]).
     pub cdi: Option<bool>,
+    /// The nodeSelectors of the driver DaemonSets each NVIDIADriver controls, by its name, when
+    /// the operator's DaemonSets were read: what runs now, including pools an earlier change
+    /// stopped rendering that the operator keeps (before v26.3).
+    pub nvidia_driver_daemonsets: Option<BTreeMap<String, Vec<Labels>>>,
     /// The NVIDIADriver resources, when they were listed.
     pub nvidia_drivers: Option<Vec<crate::core::nvidia_driver::NvidiaDriver>>,
     /// The GPU Operator version the decision follows (`docs/gpu-operator.md`, the eras), and
@@ -72,6 +76,7 @@ impl Default for ClusterFacts {
             driver_crd: false,
             nri_plugin: false,
             cdi: None,
+            nvidia_driver_daemonsets: None,
             nvidia_drivers: None,
             operator: Followed::default(),
             stack: Stack::ClusterPolicy,
@@ -190,6 +195,7 @@ impl ClusterFacts {
         ClusterFacts {
             selectors: self.selectors.clone(),
             daemonsets: self.daemonsets,
+            nvidia_driver_daemonsets: self.nvidia_driver_daemonsets.clone(),
             nvidia_drivers: self.nvidia_drivers.clone(),
             operator: self.operator.clone(),
             source: PolicySource::Found(name.to_owned()),

@@ -30,7 +30,36 @@ pub struct NvidiaDriver {
     pub tolerations: Vec<Toleration>,
 }
 
+/// The OS pool a node falls in for an NVIDIADriver: NFD's `system-os_release.ID` and
+/// `VERSION_ID`, and with `usePrecompiled` the kernel (`getNodePools`,
+/// `internal/state/nodepool.go`): one driver DaemonSet per pool.
+pub type PoolKey = (String, String, Option<String>);
+
 impl NvidiaDriver {
+    /// The pool of a node with these labels, whether or not this resource selects it; `None`
+    /// without the NFD labels a pool needs.
+    pub fn pool_key(&self, labels: &Labels) -> Option<PoolKey> {
+        let [id, version] = NFD_OS_KEYS.map(|k| labels.get(k).cloned());
+        let kernel = if self.precompiled {
+            Some(labels.get(NFD_KERNEL_KEY)?.clone())
+        } else {
+            None
+        };
+        Some((id?, version?, kernel))
+    }
+
+    /// The pool this resource renders a DaemonSet for from a node with these labels: the
+    /// operator lists the nodes its selector (over `gpu.present=true`) picks and makes one pool
+    /// per OS among them.
+    pub fn renders(&self, labels: &Labels) -> Option<PoolKey> {
+        let gpu = labels.get(GPU_PRESENT_KEY).is_some_and(|v| v == "true");
+        let picked = self
+            .node_selector
+            .as_ref()
+            .is_none_or(|selector| Self::matches(selector, labels));
+        (gpu && picked).then(|| self.pool_key(labels)).flatten()
+    }
+
     fn matches(selector: &Labels, labels: &Labels) -> bool {
         selector
             .iter()

@@ -24,10 +24,10 @@
 //! - every state rule of the label decision, transition-aware: a finding the change creates on
 //!   some node is acted on with the rule's action, naming the nodes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::facts::{ClusterFacts, DriversReconciled};
-use super::nvidia_driver::NvidiaDriver;
+use super::nvidia_driver::{NvidiaDriver, PoolKey};
 use super::operands::{Labels, Operand, OperandSet};
 use super::operator::labelling_pass;
 use super::policy::{self, Policy, PolicyNote, Verdict};
@@ -171,7 +171,11 @@ fn judge_fleet(
 ) {
     let outcomes: Result<Vec<Outcome<'_, '_>>, &str> = match (effect, fleet) {
         (Some(effect), Fleet::Known { groups, .. }) => {
-            Ok(groups.iter().map(|g| outcome(effect, g)).collect())
+            let pools = rendered_pools(effect, groups);
+            Ok(groups
+                .iter()
+                .map(|g| outcome(effect, g, pools.as_ref()))
+                .collect())
         }
         (None, Fleet::Known { .. }) => Ok(Vec::new()),
         (_, Fleet::Unknown(why)) => Err(why),
@@ -209,7 +213,11 @@ pub struct Shift {
 /// of [`Operand::all`]: the same simulation [`decide_policy`] judges (for the driver, any driver
 /// DaemonSet: the ClusterPolicy's or an NVIDIADriver's).
 pub fn shifts(review: &PolicyReview<'_>, groups: &[NodeGroup<'_>]) -> Vec<Shift> {
-    let outcomes: Vec<Outcome<'_, '_>> = groups.iter().map(|g| outcome(review, g)).collect();
+    let pools = rendered_pools(review, groups);
+    let outcomes: Vec<Outcome<'_, '_>> = groups
+        .iter()
+        .map(|g| outcome(review, g, pools.as_ref()))
+        .collect();
     let runs = |o: &Outcome<'_, '_>, op: Operand, after: bool| match (op, after) {
         (Operand::Driver, false) => o.driver_before,
         (Operand::Driver, true) => o.driver_after,
@@ -266,7 +274,25 @@ fn driver_runs(
     }
 }
 
-fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outcome<'g, 'a> {
+/// The OS pools the new selector of a changed NVIDIADriver renders over the fleet: a pool still
+/// rendered keeps its DaemonSet, updated in place with the new selector.
+fn rendered_pools(
+    review: &PolicyReview<'_>,
+    groups: &[NodeGroup<'_>],
+) -> Option<BTreeSet<PoolKey>> {
+    match review.change {
+        PolicyChange::NvidiaDriver { after: Some(d), .. } => {
+            Some(groups.iter().filter_map(|g| d.renders(&g.labels)).collect())
+        }
+        _ => None,
+    }
+}
+
+fn outcome<'g, 'a>(
+    review: &PolicyReview<'_>,
+    group: &'g NodeGroup<'a>,
+    pools: Option<&BTreeSet<PoolKey>>,
+) -> Outcome<'g, 'a> {
     let labels = &group.labels;
     match review.change {
         PolicyChange::ClusterPolicy {
@@ -339,44 +365,82 @@ fn outcome<'g, 'a>(review: &PolicyReview<'_>, group: &'g NodeGroup<'a>) -> Outco
             before,
             after,
             others,
-        } => nvidia_driver_outcome(group, facts, before, after, others),
+        } => nvidia_driver_outcome(group, facts, (before, after), others, pools),
     }
 }
 
 /// What an NVIDIADriver change does on one group: only where a driver DaemonSet runs differs.
+/// `pools`: the OS pools its new selector renders over the fleet ([`rendered_pools`]).
 fn nvidia_driver_outcome<'g, 'a>(
     group: &'g NodeGroup<'a>,
     facts: &ClusterFacts,
-    before: Option<&NvidiaDriver>,
-    after: Option<&NvidiaDriver>,
+    (before, after): (Option<&NvidiaDriver>, Option<&NvidiaDriver>),
     others: &[NvidiaDriver],
+    pools: Option<&BTreeSet<PoolKey>>,
 ) -> Outcome<'g, 'a> {
     let labels = &group.labels;
     let ops = policy::simulate(labels, facts);
     let version = &facts.operator.version;
+    let era = facts.operator.era();
     // While `useNvidiaDriverCRD` is off the ClusterPolicy's own driver DaemonSet runs,
     // beside the NVIDIADriver ones before v26.3 (`docs/gpu-operator.md` §11.3).
     let by_policy = facts.policy_driver_runs() && ops.contains(Operand::Driver);
-    let by_others = by_policy || others.iter().any(|d| d.selects(labels, version));
-    let before_here = before.is_some_and(|d| d.selects(labels, version));
+    let by_others = by_policy || others.iter().any(|d| serves_now(facts, d, labels));
+    let before_here = before.is_some_and(|d| serves_now(facts, d, labels));
     let driver_before = by_others || before_here;
-    // A deleted resource's DaemonSets always go (garbage collection); a change the
-    // operator does not reconcile (the flag off from v26.3, no ClusterPolicy before
-    // v26.7) changes nothing else.
-    let carried_out =
-        after.is_none() || facts.nvidia_drivers_reconciled() == DriversReconciled::Yes;
+    let no_pool = pools.is_some_and(BTreeSet::is_empty);
+    // A deleted resource's DaemonSets always go (garbage collection). Not carried out: the flag
+    // off from v26.3, no ClusterPolicy before v26.7, and before v26.3 a selector that matches no
+    // pooled node ("no nodes matching the given node selector": nothing is applied).
+    let carried_out = after.is_none()
+        || (facts.nvidia_drivers_reconciled() == DriversReconciled::Yes
+            && !(no_pool && era.keeps_dropped_driver_pools()));
     if !carried_out {
         return Outcome::labels_kept(group, ops, driver_before, driver_before);
     }
-    // Before v26.3 a pool the new selector drops keeps its DaemonSet running
-    // (`docs/gpu-operator.md` §11.4).
-    let kept = after.is_some() && before_here && facts.operator.era().keeps_dropped_driver_pools();
+    // Each pool the new selector still renders keeps its DaemonSet, updated in place with the
+    // new selector; a pool it no longer renders keeps its DaemonSet, with the selector it has,
+    // before v26.3, and loses it from v26.3 (`docs/gpu-operator.md` §11.4).
+    let rendered =
+        |pool: Option<PoolKey>| pool.is_some_and(|p| pools.is_some_and(|set| set.contains(&p)));
+    let kept = match (before, after) {
+        (Some(b), Some(_)) if era.keeps_dropped_driver_pools() => {
+            let live = live_selectors(facts, b).unwrap_or_default();
+            live.iter()
+                .any(|sel| !rendered(b.pool_key(sel)) && selector_matches(sel, labels))
+                || (b.selects(labels, version) && !rendered(b.pool_key(labels)))
+        }
+        _ => false,
+    };
     Outcome::labels_kept(
         group,
         ops,
         driver_before,
         by_others || kept || after.is_some_and(|d| d.selects(labels, version)),
     )
+}
+
+/// The nodeSelectors of the driver DaemonSets `d` controls now, when the operator's DaemonSets
+/// were read.
+fn live_selectors<'f>(facts: &'f ClusterFacts, d: &NvidiaDriver) -> Option<&'f [Labels]> {
+    let all = facts.nvidia_driver_daemonsets.as_ref()?;
+    Some(all.get(&d.name).map_or(&[], Vec::as_slice))
+}
+
+/// Whether a driver DaemonSet of `d` runs on a node with these labels now: what its selector
+/// renders, or one it controls (when they were read) selects the node, such as a pool an
+/// earlier change dropped and the operator kept. Both count, so that a DaemonSet not listed
+/// yet still counts as running.
+fn serves_now(facts: &ClusterFacts, d: &NvidiaDriver, labels: &Labels) -> bool {
+    d.selects(labels, &facts.operator.version)
+        || live_selectors(facts, d)
+            .is_some_and(|live| live.iter().any(|sel| selector_matches(sel, labels)))
+}
+
+fn selector_matches(selector: &Labels, labels: &Labels) -> bool {
+    selector
+        .iter()
+        .all(|(k, v)| labels.get(k).is_some_and(|have| have == v))
 }
 
 /// Every state rule, before and after, on every group: a finding only the new state has is

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use super::meta::{PartialMeta, WorkloadSpec};
+use super::meta::{PartialMeta, RawOwner, WorkloadSpec};
 use super::placement::RawPodPlacement;
 use super::pod::PodView;
 use crate::core::operands::{Labels, Operand, OperandSet};
@@ -37,6 +37,9 @@ pub struct DaemonSetView {
     pub metadata: ObjectMeta,
     pub node_selector: Labels,
     pub placement: PodPlacement,
+    /// The NVIDIADriver resource whose controller reference it carries: that resource's
+    /// driver DaemonSet for one OS pool.
+    pub nvidia_driver: Option<String>,
 }
 
 impl DaemonSetView {
@@ -50,7 +53,7 @@ pub(crate) struct RawDaemonSet {
     #[serde(default)]
     pub(crate) kind: Option<String>,
     #[serde(default)]
-    metadata: PartialMeta,
+    metadata: PartialMeta<IgnoredAny, Vec<RawOwner>>,
     #[serde(default)]
     spec: WorkloadSpec<IgnoredAny, RawPodSpec>,
 }
@@ -66,10 +69,16 @@ struct RawPodSpec {
 
 impl From<RawDaemonSet> for DaemonSetView {
     fn from(raw: RawDaemonSet) -> Self {
+        let (metadata, _, owners) = raw.metadata.into_parts();
+        let nvidia_driver = owners
+            .into_iter()
+            .find(|o| o.kind == "NVIDIADriver" && o.controller == Some(true))
+            .map(|o| o.name);
         DaemonSetView {
-            metadata: raw.metadata.into_parts().0,
+            metadata,
             node_selector: raw.spec.template.spec.node_selector.unwrap_or_default(),
             placement: raw.spec.template.spec.placement.into(),
+            nvidia_driver,
         }
     }
 }
@@ -125,10 +134,32 @@ pub fn learn_daemonsets<'a>(
     daemonsets: impl IntoIterator<Item = &'a DaemonSetView> + Clone,
 ) {
     facts.selectors = custom_selectors(daemonsets.clone());
+    facts.nvidia_driver_daemonsets = Some(nvidia_driver_selectors(daemonsets.clone()));
     facts.templates.daemonsets = templates(daemonsets.clone());
     let present = operands_present(daemonsets);
     facts.daemonsets = Some(present);
     facts.enable_seen(present);
+}
+
+/// The nodeSelectors of the driver DaemonSets each NVIDIADriver controls (one per OS pool),
+/// sorted by DaemonSet name.
+pub fn nvidia_driver_selectors<'a>(
+    daemonsets: impl IntoIterator<Item = &'a DaemonSetView>,
+) -> BTreeMap<String, Vec<Labels>> {
+    let mut sorted: Vec<&DaemonSetView> = daemonsets
+        .into_iter()
+        .filter(|ds| ds.nvidia_driver.is_some())
+        .collect();
+    sorted.sort_by(|a, b| a.name().cmp(b.name()));
+    let mut out: BTreeMap<String, Vec<Labels>> = BTreeMap::new();
+    for ds in sorted {
+        if let Some(owner) = &ds.nvidia_driver {
+            out.entry(owner.clone())
+                .or_default()
+                .push(ds.node_selector.clone());
+        }
+    }
+    out
 }
 
 /// Each operand's pod template as placement reads it. An operand with several DaemonSets
@@ -167,7 +198,35 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             placement: PodPlacement::default(),
+            nvidia_driver: None,
         }
+    }
+
+    #[test]
+    fn an_nvidiadriver_s_daemonsets_are_read_by_their_controller_reference() {
+        let list: Vec<DaemonSetView> = serde_json::from_str(
+            r#"[{"metadata":{"name":"nvidia-gpu-driver-rhel9.4-7c9","ownerReferences":[
+                  {"apiVersion":"nvidia.com/v1alpha1","kind":"NVIDIADriver","name":"pool","uid":"u","controller":true}]},
+                 "spec":{"template":{"spec":{"nodeSelector":{"nvidia.com/gpu.deploy.driver":"true","pool":"a"}}}}},
+                {"metadata":{"name":"nvidia-gpu-driver-ubuntu22.04-7c9","ownerReferences":[
+                  {"kind":"NVIDIADriver","name":"pool","controller":true}]},
+                 "spec":{"template":{"spec":{"nodeSelector":{"nvidia.com/gpu.deploy.driver":"true","pool":"b"}}}}},
+                {"metadata":{"name":"nvidia-driver-daemonset","ownerReferences":[
+                  {"kind":"ClusterPolicy","name":"cluster-policy","controller":true}]},
+                 "spec":{"template":{"spec":{"nodeSelector":{"nvidia.com/gpu.deploy.driver":"true"}}}}},
+                {"metadata":{"name":"not-controlled","ownerReferences":[{"kind":"NVIDIADriver","name":"x"}]},
+                 "spec":{"template":{"spec":{"nodeSelector":{"nvidia.com/gpu.deploy.driver":"true"}}}}}]"#,
+        )
+        .unwrap();
+        assert_eq!(list[0].nvidia_driver.as_deref(), Some("pool"));
+        assert_eq!(list[2].nvidia_driver, None);
+        assert_eq!(list[3].nvidia_driver, None);
+        let by_driver = nvidia_driver_selectors(&list);
+        let pools: Vec<&str> = by_driver["pool"]
+            .iter()
+            .map(|s| s["pool"].as_str())
+            .collect();
+        assert_eq!((by_driver.len(), pools), (1, vec!["a", "b"]));
     }
 
     #[test]

@@ -40,6 +40,17 @@ impl<L, O> PartialMeta<L, O> {
     }
 }
 
+/// One of `metadata.ownerReferences`, as far as it is read.
+#[derive(Deserialize)]
+pub(crate) struct RawOwner {
+    #[serde(default)]
+    pub(crate) kind: String,
+    #[serde(default)]
+    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) controller: Option<bool>,
+}
+
 /// A workload's `spec.template` (DaemonSet, Deployment), read only as far as `M` (the pod
 /// template's metadata) and `P` (its pod spec) go; everything else is skipped.
 #[derive(Default, serde::Deserialize)]

@@ -10,7 +10,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use super::meta::PartialMeta;
+use super::meta::{PartialMeta, RawOwner};
 pub use crate::core::pods::PodPhase;
 
 /// A Pod reduced to what the audit needs.
@@ -65,16 +65,6 @@ pub(crate) struct RawPod {
 struct RawLabels {
     #[serde(default)]
     app: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RawOwner {
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    controller: Option<bool>,
 }
 
 #[derive(Default, Deserialize)]

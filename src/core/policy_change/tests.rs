@@ -9,6 +9,7 @@ use crate::core::policy::tests::labels;
 use crate::core::rules::Finding;
 
 const NFD: (&str, &str) = ("feature.node.kubernetes.io/pci-10de.present", "true");
+const NFD_OS_ID: &str = "feature.node.kubernetes.io/system-os_release.ID";
 
 /// A GPU node as the operator leaves it in the container workload.
 fn gpu_labels() -> Labels {
@@ -501,7 +502,8 @@ fn an_nvidiadriver_deleted_or_narrowed_warns_for_the_nodes_left_without_a_driver
         ["NVIDIADriver all: 1 node loses the driver DaemonSet (b-0)"]
     );
     assert!(v.findings[0].message.contains("no longer selects them"));
-    // Before v26.3 the dropped pool's DaemonSet keeps running: nothing is lost.
+    // Before v26.3 a pool the new selector still renders (a-0 and b-0 run the same OS) keeps
+    // its DaemonSet, updated in place: b-0 loses it all the same.
     let old = switched(|f| {
         f.driver_crd = true;
         at("v25.10.1")(f);
@@ -510,7 +512,28 @@ fn an_nvidiadriver_deleted_or_narrowed_warns_for_the_nodes_left_without_a_driver
         &nd_review(&old, Operation::Update, Some(&all), Some(&narrowed), &[]),
         &groups,
     );
+    assert_eq!(
+        v.warnings,
+        ["NVIDIADriver all: 1 node loses the driver DaemonSet (b-0)"]
+    );
+    // A pool it no longer renders (b-0 on another OS) keeps its DaemonSet, with the old
+    // selector, before v26.3: nothing is lost; from v26.3 it is deleted.
+    let mut rhel = pool("b");
+    rhel.insert(NFD_OS_ID.into(), "rhel".into());
+    let split = [group(pool("a"), &["a-0"]), group(rhel, &["b-0"])];
+    let v = over(
+        &nd_review(&old, Operation::Update, Some(&all), Some(&narrowed), &[]),
+        &split,
+    );
     assert!(v.warnings.is_empty(), "{:?}", v.warnings);
+    let v = over(
+        &nd_review(&facts, Operation::Update, Some(&all), Some(&narrowed), &[]),
+        &split,
+    );
+    assert_eq!(
+        v.warnings,
+        ["NVIDIADriver all: 1 node loses the driver DaemonSet (b-0)"]
+    );
     // Another NVIDIADriver still selects pool b: nothing is lost.
     let others = [driver("b", &[("example.com/pool", "b")])];
     let v = decide_policy(

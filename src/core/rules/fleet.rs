@@ -206,11 +206,11 @@ pub(super) fn driver_selected_twice(ctx: &FleetCtx<'_>, out: &mut Vec<Found>) {
 pub(super) fn nvidia_driver_not_reconciled(ctx: &FleetCtx<'_>, out: &mut Vec<Found>) {
     if let Some(PolicyChange::NvidiaDriver {
         facts,
-        after: Some(_),
+        after: Some(this),
         ..
     }) = ctx.effect.map(|e| e.change)
     {
-        not_reconciled(&ctx.object, facts, out);
+        not_reconciled(&ctx.object, facts, this, ctx.known(), out);
     }
 }
 

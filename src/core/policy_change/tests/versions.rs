@@ -4,6 +4,8 @@
 
 use super::*;
 use crate::core::facts::PolicySource;
+use crate::core::operands::NFD_OS_KEYS;
+use std::collections::BTreeMap;
 
 /// Every release the model was read at; the behaviours below change between them.
 const RELEASES: [&str; 5] = ["v24.9.2", "v25.3.4", "v25.10.1", "v26.3.3", "v26.7.0"];
@@ -218,5 +220,123 @@ fn cdi_switched_off_deletes_its_runtime_classes_with_the_version_s_default() {
             Rule::RuntimeClassesRemoved
         )
         .is_empty()
+    );
+}
+
+#[test]
+fn a_selector_that_picks_no_node_applies_nothing_before_v26_3_and_deletes_everything_after() {
+    let pool_a = driver("pool", &[("pool", "a")]);
+    let pool_c = driver("pool", &[("pool", "c")]);
+    for version in RELEASES {
+        let facts = policy_at(version, true);
+        let review = nd_review(&facts, Operation::Update, Some(&pool_a), Some(&pool_c), &[]);
+        let v = over(&review, &pools());
+        if facts.operator.era().keeps_dropped_driver_pools() {
+            assert_eq!(ids(&v), ["nvidia-driver-not-reconciled"], "{version}");
+            assert!(
+                v.findings[0]
+                    .message
+                    .contains("no nodes matching the given node selector")
+            );
+            assert_eq!(
+                driver_shift(&review, &pools()),
+                Default::default(),
+                "{version}"
+            );
+        } else {
+            assert_eq!(ids(&v), ["driver-removed"], "{version}: {:?}", v.findings);
+            assert_eq!(
+                driver_shift(&review, &pools()),
+                (Vec::new(), vec!["a-0".to_owned(), "a-1".to_owned()]),
+                "{version}"
+            );
+        }
+    }
+}
+
+/// The labels of a GPU node in `pool` on this OS.
+fn on_os(pool: &str, id: &str, version: &str) -> Labels {
+    let mut l = gpu_labels_with("pool", pool);
+    l.insert(NFD_OS_KEYS[0].into(), id.into());
+    l.insert(NFD_OS_KEYS[1].into(), version.into());
+    l
+}
+
+/// A driver DaemonSet's nodeSelector for one OS pool of a `pool=<pool>` NVIDIADriver (v25.3).
+fn pool_selector(pool: &str, id: &str, version: &str) -> Labels {
+    let mut l = labels(&[
+        ("driver", "true"),
+        ("nvidia.com/gpu.present", "true"),
+        (NFD_OS_KEYS[0], id),
+        (NFD_OS_KEYS[1], version),
+    ]);
+    l.insert("pool".into(), pool.into());
+    l
+}
+
+#[test]
+fn the_live_daemonsets_say_what_runs_and_a_pool_still_rendered_is_updated_in_place() {
+    // The e2e oracle's sequence on GPU Operator v25.3.4 (`tests/e2e/oracle/nvidiadriver_test.go`).
+    let groups = vec![
+        group(on_os("a", "ubuntu", "22.04"), &["a1"]),
+        group(on_os("a", "rhel", "9.4"), &["a2"]),
+        group(on_os("b", "ubuntu", "22.04"), &["b1"]),
+        group(on_os("b", "ubuntu", "24.04"), &["b2"]),
+    ];
+    let with_live = |live: Vec<Labels>| {
+        let mut f = policy_at("v25.3.4", true);
+        f.nvidia_driver_daemonsets = Some(BTreeMap::from([("pool".to_owned(), live)]));
+        f
+    };
+    let (a, b, c) = (
+        driver("pool", &[("pool", "a")]),
+        driver("pool", &[("pool", "b")]),
+        driver("pool", &[("pool", "c")]),
+    );
+    // pool=a -> pool=b: the ubuntu 22.04 pool is rendered again (b1), so its DaemonSet moves
+    // from a1 to b1; the rhel pool is not, and keeps running on a2 with pool=a.
+    let facts = with_live(vec![
+        pool_selector("a", "ubuntu", "22.04"),
+        pool_selector("a", "rhel", "9.4"),
+    ]);
+    let review = nd_review(&facts, Operation::Update, Some(&a), Some(&b), &[]);
+    assert_eq!(
+        driver_shift(&review, &groups),
+        (
+            vec!["b1".to_owned(), "b2".to_owned()],
+            vec!["a1".to_owned()]
+        )
+    );
+    let v = over(&review, &groups);
+    assert_eq!(ids(&v), ["driver-removed"]);
+    assert!(
+        v.warnings[0].contains("1 node loses the driver DaemonSet (a1)"),
+        "{:?}",
+        v.warnings
+    );
+    // What the operator leaves: pool=b DaemonSets for both ubuntu pools, the rhel one kept.
+    let facts = with_live(vec![
+        pool_selector("a", "rhel", "9.4"),
+        pool_selector("b", "ubuntu", "22.04"),
+        pool_selector("b", "ubuntu", "24.04"),
+    ]);
+    // pool=b -> pool=c, which no node has: nothing applied; a2, b1, b2 keep their drivers.
+    let review = nd_review(&facts, Operation::Update, Some(&b), Some(&c), &[]);
+    let shift = shifts(&review, &groups)
+        .into_iter()
+        .find(|s| s.operand == Operand::Driver)
+        .unwrap();
+    assert_eq!((shift.before, shift.after), (3, 3));
+    assert_eq!(
+        ids(&over(&review, &groups)),
+        ["nvidia-driver-not-reconciled"]
+    );
+    // Deleted: garbage collection takes every DaemonSet, the kept rhel one too.
+    let review = nd_review(&facts, Operation::Delete, Some(&b), None, &[]);
+    let v = over(&review, &groups);
+    assert!(
+        v.warnings[0].contains("3 nodes lose the driver DaemonSet (a2, b1, b2)"),
+        "{:?}",
+        v.warnings
     );
 }

@@ -108,9 +108,35 @@ pub(super) fn beside_policy_driver(
 }
 
 /// An NVIDIADriver change the operator does not carry out (`docs/gpu-operator.md` §11.3).
-pub(super) fn not_reconciled(object: &str, facts: &ClusterFacts, out: &mut Vec<Found>) {
+pub(super) fn not_reconciled(
+    object: &str,
+    facts: &ClusterFacts,
+    this: &NvidiaDriver,
+    outcomes: Option<&[Outcome<'_, '_>]>,
+    out: &mut Vec<Found>,
+) {
     let version = &facts.operator.version;
     let (message, warning) = match facts.nvidia_drivers_reconciled() {
+        // Before v26.3 a selector that picks no node with NFD's OS labels fails the reconcile
+        // (`getManifestObjects`, `internal/state/driver.go`); from v26.3 its DaemonSets are all
+        // deleted, which `driver-removed` says.
+        DriversReconciled::Yes
+            if facts.operator.era().keeps_dropped_driver_pools()
+                && outcomes.is_some_and(|o| {
+                    !o.iter().any(|o| this.renders(&o.after_labels).is_some())
+                }) =>
+        {
+            (
+                format!(
+                    "{object}: its nodeSelector picks no GPU node with NFD's OS labels, so GPU Operator {version} fails \
+                     its reconcile (\"no nodes matching the given node selector\") and applies nothing: its DaemonSets \
+                     stay as they are, with the selector they had."
+                ),
+                format!(
+                    "{object}: not reconciled: its nodeSelector picks no GPU node with NFD's OS labels"
+                ),
+            )
+        }
         DriversReconciled::Yes => return,
         DriversReconciled::FlagOff => {
             let policy = match &facts.source {
