@@ -383,6 +383,7 @@ mod tests {
             "gpu_deploy_guard_audit_findings{rule=\"toolkit-not-recreated\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"operand-without-sandbox-validator\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"operand-without-dra-driver\"} 0",
+            "gpu_deploy_guard_audit_findings{rule=\"dcgm-exporter-without-dcgm\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"device-plugin-on-non-gpu-node\"} 2",
             "gpu_deploy_guard_audit_findings{rule=\"operand-not-running\"} 1",
             "gpu_deploy_guard_audit_last_run_timestamp_seconds 1796032800",

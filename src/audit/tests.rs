@@ -517,11 +517,11 @@ fn at() -> Timestamp {
 fn the_report_has_one_result_per_relevant_node_and_rule() {
     let r = run("lab-device-plugin-only");
     let rep = report::build(&r, at());
-    // Three nodes take part (two GPUs, one with the plugin), nine rules each.
-    assert_eq!(rep.results.len(), 27);
+    // Three nodes take part (two GPUs, one with the plugin), ten rules each.
+    assert_eq!(rep.results.len(), 30);
     assert_eq!(
         (rep.summary.pass, rep.summary.fail, rep.summary.warn),
-        (25, 1, 1)
+        (28, 1, 1)
     );
     let fail = rep
         .results
@@ -557,6 +557,7 @@ fn the_report_yaml_follows_the_wgpolicyk8s_schema() {
         Rule::OperandWithoutValidator,
         Rule::OperandWithoutSandboxValidator,
         Rule::OperandWithoutDraDriver,
+        Rule::DcgmExporterWithoutDcgm,
         Rule::DevicePluginOnNonGpuNode,
     ] {
         policy.actions[rule as usize] = Action::Off;
@@ -589,13 +590,13 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
     let rep = report::build(&r, at());
     assert_eq!(rep.results.len(), report::MAX_RESULTS);
     assert_eq!(rep.summary.fail, 1000);
-    assert_eq!(rep.summary.pass, 8000);
+    assert_eq!(rep.summary.pass, 9000);
     assert_eq!(
         rep.metadata
             .annotations
             .get(report::OMITTED_ANNOTATION)
             .map(String::as_str),
-        Some("7000")
+        Some("8000")
     );
     assert!(
         rep.results[..1000]
@@ -604,7 +605,7 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
     );
 
     // Kept as summaries, the same report: each listed node's audit is made again only for its
-    // results (the 1,000 failures, then the passes of the first 125 nodes, 8 rules each), never
+    // results (the 1,000 failures, then the passes of the first 112 nodes, 9 rules each), never
     // for the nodes left out.
     let summary = r.summary();
     let mut made = Vec::new();
@@ -617,9 +618,9 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
         at(),
     );
     assert_eq!(again, rep);
-    assert_eq!(made.len(), 1000 + 125);
+    assert_eq!(made.len(), 1000 + 112);
     assert_eq!(made[1000], "gpu-0000");
-    assert_eq!(made.last().map(String::as_str), Some("gpu-0124"));
+    assert_eq!(made.last().map(String::as_str), Some("gpu-0111"));
 
     // A node whose audit cannot be made again keeps its outcome, and says so.
     let blind = report::build_from(&summary, |_| None, at());

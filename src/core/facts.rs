@@ -288,6 +288,24 @@ impl ClusterFacts {
         }
     }
 
+    /// The operator runs DCGM's host engine as its own DaemonSet (`nvidia-dcgm`), and so points
+    /// the DCGM exporter at the `nvidia-dcgm` Service (`DCGM_REMOTE_HOSTENGINE_INFO`,
+    /// gpu-operator@v25.3.4 `controllers/object_controls.go` l.1624–1625), which answers only on
+    /// the same node (`internalTrafficPolicy: Local`, `assets/state-dcgm/0500_service.yaml`).
+    /// Known from a ClusterPolicy read (its switch, on when absent), else from the operator's
+    /// DaemonSets; with neither it is not assumed: the API's default is on, but the Helm chart
+    /// renders `dcgm.enabled: false` (`docs/gpu-operator.md` §11.8).
+    pub fn standalone_dcgm(&self) -> bool {
+        if self.stack != Stack::ClusterPolicy || self.off().contains(Operand::Dcgm) {
+            return false;
+        }
+        match (&self.source, self.daemonsets) {
+            (PolicySource::Found(_), _) => true,
+            (_, Some(present)) => present.contains(Operand::Dcgm),
+            _ => false,
+        }
+    }
+
     /// The known ClusterPolicy runs its own driver DaemonSet (`nvidia-driver-daemonset`):
     /// `useNvidiaDriverCRD` off and the driver switched on. Without a ClusterPolicy read, the
     /// flag is not known, and NVIDIADriver changes are judged as if they were in charge.

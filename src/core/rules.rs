@@ -37,6 +37,7 @@ pub enum Rule {
     OperandWithoutValidator,
     OperandWithoutSandboxValidator,
     OperandWithoutDraDriver,
+    DcgmExporterWithoutDcgm,
     DevicePluginOnNonGpuNode,
     UnknownDeployLabel,
     ValueNotTrue,

@@ -218,7 +218,7 @@ func (w *gauges) operands(node string, expected, running int, operands ...string
 func (w *gauges) findings(counts map[string]int) *gauges {
 	for _, rule := range []string{"device-plugin-without-toolkit", "operand-without-toolkit",
 		"operand-without-validator", "operand-without-sandbox-validator", "operand-without-dra-driver",
-		"device-plugin-on-non-gpu-node", "operand-not-running", "toolkit-not-recreated",
+		"dcgm-exporter-without-dcgm", "device-plugin-on-non-gpu-node", "operand-not-running", "toolkit-not-recreated",
 		"operands-not-recreated"} {
 		w.lines = append(w.lines, fmt.Sprintf("audit_findings %s %d", rule, counts[rule]))
 	}
@@ -345,6 +345,7 @@ func reportLines(nodes map[string][]string) string {
 		"operand-without-validator":         "medium",
 		"operand-without-sandbox-validator": "medium",
 		"operand-without-dra-driver":        "medium",
+		"dcgm-exporter-without-dcgm":        "medium",
 		"device-plugin-on-non-gpu-node":     "low",
 		"operand-not-running":               "medium",
 		"toolkit-not-recreated":             "high",

@@ -2253,3 +2253,78 @@ fn a_refusal_during_a_pause_says_to_wait_for_it_never_to_set_the_paused_label_tr
         v.message
     );
 }
+
+#[test]
+fn the_dcgm_exporter_without_the_standalone_dcgm_warns_where_the_cluster_runs_it() {
+    let found = |dcgm_on: bool| {
+        let mut f = facts_for("v25.3.4", crate::core::operator::Sandbox::default());
+        if !dcgm_on {
+            f.disabled.insert(Operand::Dcgm);
+        }
+        f
+    };
+    let with_dcgm = with(&lab_node_0(), &[("dcgm", Some("true"))]);
+    let dcgm_off = with(&with_dcgm, &[("dcgm", Some("false"))]);
+    let rules = |facts: &ClusterFacts, old: &Labels, new: &Labels| -> Vec<Rule> {
+        update_with("lab-node-0", old, new, facts, &Policy::default())
+            .findings
+            .iter()
+            .map(|f| f.rule)
+            .collect()
+    };
+    // A ClusterPolicy that runs DCGM (spec.dcgm.enabled, on when absent): warned, new.
+    let v = update_with(
+        "lab-node-0",
+        &with_dcgm,
+        &dcgm_off,
+        &found(true),
+        &Policy::default(),
+    );
+    assert_eq!(v.decision, Decision::Allowed);
+    let f = v
+        .findings
+        .iter()
+        .find(|f| f.rule == Rule::DcgmExporterWithoutDcgm)
+        .expect("dcgm-exporter-without-dcgm");
+    assert_eq!((f.action, f.change), (Action::Warn, Change::New));
+    assert!(
+        f.message
+            .contains("nvidia.com/gpu.deploy.dcgm=\"false\" keeps the standalone DCGM off")
+            && f.message.contains("internalTrafficPolicy: Local"),
+        "{}",
+        f.message
+    );
+    // Turning the exporter off with it, or a ClusterPolicy without the standalone DCGM: nothing.
+    let both_off = with(&dcgm_off, &[("dcgm-exporter", Some("false"))]);
+    assert!(!rules(&found(true), &with_dcgm, &both_off).contains(&Rule::DcgmExporterWithoutDcgm));
+    assert!(!rules(&found(false), &with_dcgm, &dcgm_off).contains(&Rule::DcgmExporterWithoutDcgm));
+    // An absent label the operator adds back, a paused one its component writes back: nothing.
+    let removed = with(&with_dcgm, &[("dcgm", None)]);
+    let paused = with(&with_dcgm, &[("dcgm", Some("paused-for-mig-change"))]);
+    for new in [&removed, &paused] {
+        assert!(!rules(&found(true), &with_dcgm, new).contains(&Rule::DcgmExporterWithoutDcgm));
+    }
+    // No ClusterPolicy read: the DaemonSets decide; with neither, nothing is assumed (the Helm
+    // chart renders dcgm.enabled: false).
+    let mut seen = ClusterFacts::default();
+    assert!(!rules(&seen, &with_dcgm, &dcgm_off).contains(&Rule::DcgmExporterWithoutDcgm));
+    seen.daemonsets = Some(OperandSet::of(&[Operand::DcgmExporter]));
+    assert!(!rules(&seen, &with_dcgm, &dcgm_off).contains(&Rule::DcgmExporterWithoutDcgm));
+    seen.daemonsets = Some(OperandSet::of(&[Operand::DcgmExporter, Operand::Dcgm]));
+    assert!(rules(&seen, &with_dcgm, &dcgm_off).contains(&Rule::DcgmExporterWithoutDcgm));
+    // Already so: said as existing.
+    let v = update_with(
+        "lab-node-0",
+        &dcgm_off,
+        &dcgm_off,
+        &found(true),
+        &Policy::default(),
+    );
+    assert!(
+        v.findings
+            .iter()
+            .any(|f| f.rule == Rule::DcgmExporterWithoutDcgm && f.change == Change::Existing),
+        "{:?}",
+        v.findings
+    );
+}

@@ -115,6 +115,55 @@ impl Ctx<'_, '_> {
         });
     }
 
+    /// `dcgm-exporter-without-dcgm`: the exporter runs where the standalone DCGM the ClusterPolicy
+    /// deploys is labelled off (an absent label the operator adds back; a paused one its
+    /// component writes back).
+    pub(super) fn dcgm_exporter_without_dcgm(&self, out: &mut Vec<Found>) {
+        if !self.facts.standalone_dcgm() {
+            return;
+        }
+        let key = Operand::Dcgm.key();
+        let cut = |labels: Option<&Labels>, set: OperandSet| -> OperandSet {
+            match labels.and_then(|l| l.get(key)) {
+                Some(v)
+                    if v != "true"
+                        && paused_by(v).is_none()
+                        && set.contains(Operand::DcgmExporter)
+                        && !set.contains(Operand::Dcgm) =>
+                {
+                    OperandSet::of(&[Operand::DcgmExporter])
+                }
+                _ => OperandSet::EMPTY,
+            }
+        };
+        let after = cut(Some(self.review.labels), self.after.set);
+        let before = cut(self.review.old_labels, self.before.set);
+        let value = self.new_value(key).unwrap_or_default();
+        let exporter = Operand::DcgmExporter.key();
+        self.per_subset(out, Rule::DcgmExporterWithoutDcgm, after, before, |_, change| {
+            let node = self.node();
+            match change {
+                Change::New => (
+                    format!(
+                        "node {node}: {key}={value:?} keeps the standalone DCGM off while the DCGM exporter runs: with \
+                         spec.dcgm.enabled the exporter connects to the nvidia-dcgm Service, which answers only on the \
+                         same node (internalTrafficPolicy: Local), so it fails to start there and the node's GPU metrics \
+                         stop (and health monitors that read them, such as NVSentinel's); set {key}=true, or turn the \
+                         exporter off too ({exporter}=false)."
+                    ),
+                    format!("{node}: dcgm-exporter would run without dcgm ({key}={value:?})"),
+                ),
+                Change::Existing => (
+                    format!(
+                        "node {node} already runs the DCGM exporter without the standalone DCGM ({key}={value:?}){}.",
+                        self.unchanged()
+                    ),
+                    format!("{node}: dcgm-exporter already runs without dcgm"),
+                ),
+            }
+        });
+    }
+
     /// The operands, after and before the request, that wait for `wait` while the validator
     /// labelled `key` is kept off, and the request's value of that label. A missing validator
     /// label is added by the operator; only an explicit non-true value keeps it away for good.

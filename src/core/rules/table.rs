@@ -5,7 +5,7 @@ use super::{Action, Check, Kind, Rule, RuleSpec, Severity, fleet, pods};
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs`, `rules/change.rs`, `rules/fleet.rs` or
 /// `rules/pods.rs`).
-pub const RULES: [RuleSpec; 23] = [
+pub const RULES: [RuleSpec; 24] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -61,6 +61,16 @@ pub const RULES: [RuleSpec; 23] = [
         pass: "no DRA-stack operand waits for a DRA kubelet plugin that does not run",
         summary: "the DRA validator, DCGM or DCGM exporter of the GPUCluster (DRA) stack would run where the DRA kubelet plugin does not: their GPU claims are never allocated, so their pods stay Pending",
         checks: &[Check::Node(|ctx, out| ctx.operand_without_dra_driver(out))],
+    },
+    RuleSpec {
+        rule: Rule::DcgmExporterWithoutDcgm,
+        id: "dcgm-exporter-without-dcgm",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: Severity::Medium,
+        pass: "the DCGM exporter runs only beside the DCGM host engine the ClusterPolicy deploys",
+        summary: "the DCGM exporter would run where nvidia.com/gpu.deploy.dcgm keeps the standalone DCGM off while the ClusterPolicy runs it (spec.dcgm.enabled): the exporter connects to the node-local nvidia-dcgm Service and fails to start",
+        checks: &[Check::Node(|ctx, out| ctx.dcgm_exporter_without_dcgm(out))],
     },
     RuleSpec {
         rule: Rule::DevicePluginOnNonGpuNode,

@@ -340,3 +340,35 @@ fn the_live_daemonsets_say_what_runs_and_a_pool_still_rendered_is_updated_in_pla
         v.warnings
     );
 }
+
+#[test]
+fn switching_the_standalone_dcgm_on_warns_for_exporters_on_nodes_labelled_without_it() {
+    let mut before = policy_at("v25.3.4", false);
+    before.disabled.insert(Operand::Dcgm);
+    let after = policy_at("v25.3.4", false);
+    let groups = [
+        group(
+            gpu_labels_with("nvidia.com/gpu.deploy.dcgm", "false"),
+            &["no-dcgm"],
+        ),
+        group(gpu_labels(), &["gpu-0"]),
+    ];
+    let v = over(&cp_review(&before, &after, None), &groups);
+    let found = of_rule(&v, Rule::DcgmExporterWithoutDcgm);
+    assert_eq!(found.len(), 1, "{:?}", v.findings);
+    assert!(
+        found[0]
+            .message
+            .contains("1 node fail dcgm-exporter-without-dcgm (no-dcgm)"),
+        "{}",
+        found[0].message
+    );
+    // Switched off again: the exporter runs on its own host engine, nothing to say.
+    assert!(
+        of_rule(
+            &over(&cp_review(&after, &before, None), &groups),
+            Rule::DcgmExporterWithoutDcgm
+        )
+        .is_empty()
+    );
+}
