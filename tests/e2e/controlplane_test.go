@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -85,6 +87,33 @@ func waitDesired(t *testing.T, name, want string) {
 			return false, "status not set yet: " + stdout
 		}
 		return f[0] == want && f[1] == f[2], "desired/observedGeneration/generation = " + strings.Join(f, "/")
+	})
+}
+
+// waitAllDesired is waitDesired for several DaemonSets at once (name ->
+// desiredNumberScheduled), with one kubectl per poll.
+func waitAllDesired(t *testing.T, want map[string]string) {
+	t.Helper()
+	names := slices.Sorted(maps.Keys(want))
+	framework.WaitFor(t, 60*time.Second, "desiredNumberScheduled of "+strings.Join(names, ", "), func() (bool, string) {
+		stdout, stderr, code := cp.Kubectl("get", "daemonsets", "-n", operatorNS, "-o", `jsonpath={range .items[*]}{.metadata.name} `+
+			`{.status.desiredNumberScheduled} {.status.observedGeneration} {.metadata.generation}{"\n"}{end}`)
+		if code != 0 {
+			return false, strings.TrimSpace(stderr)
+		}
+		got := map[string][]string{}
+		for _, line := range strings.Split(stdout, "\n") {
+			if f := strings.Fields(line); len(f) > 0 {
+				got[f[0]] = f[1:]
+			}
+		}
+		var off []string
+		for _, name := range names {
+			if f := got[name]; len(f) != 3 || f[0] != want[name] || f[1] != f[2] {
+				off = append(off, fmt.Sprintf("%s desired/observedGeneration/generation = %s, want %s", name, strings.Join(f, "/"), want[name]))
+			}
+		}
+		return len(off) == 0, strings.Join(off, "; ")
 	})
 }
 

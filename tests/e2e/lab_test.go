@@ -102,11 +102,13 @@ func setUpLab(t *testing.T) *framework.Guard {
 }
 
 // resetLab is setUpLab without registering the shared webhook, for tests
-// that register their own (the Helm chart's).
+// that register their own (the Helm chart's). It runs one kubectl per step
+// (every lab test begins here): one apply of both files, one look at which
+// nodes exist, one replace of those and one create of the others, one poll
+// of the five DaemonSets.
 func resetLab(t *testing.T) {
 	t.Helper()
-	cp.MustKubectl(t, "apply", "-f", operandDaemonSet)
-	cp.MustKubectl(t, "apply", "-f", operatorRBAC)
+	applyLabObjects(t)
 	data, err := os.ReadFile(labNodes)
 	if err != nil {
 		t.Fatal(err)
@@ -115,24 +117,88 @@ func resetLab(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	existing := strings.Fields(cp.MustKubectl(t, "get", "nodes", "-o", "name"))
+	var replace, create []string
 	for _, n := range nodes {
-		verb := "replace"
-		if _, _, code := cp.Kubectl("get", "node", n.Name); code != 0 {
-			verb = "create"
-		}
-		if stdout, stderr, code := cp.KubectlWithInput(string(n.YAML), verb, "-f", "-"); code != 0 {
-			t.Fatalf("kubectl %s node %s: exit %d\nstdout: %s\nstderr: %s", verb, n.Name, code, stdout, stderr)
+		if slices.Contains(existing, "node/"+n.Name) {
+			replace = append(replace, string(n.YAML))
+		} else {
+			create = append(create, string(n.YAML))
 		}
 	}
-	for _, ds := range []struct{ name, desired string }{
-		{"nvidia-driver-daemonset", "1"},
-		{"nvidia-container-toolkit-daemonset", "2"},
-		{"nvidia-device-plugin-daemonset", "2"},
-		{"gpu-feature-discovery", "2"},
-		{"nvidia-dcgm-exporter", "2"},
-	} {
-		waitDesired(t, ds.name, ds.desired)
+	for _, step := range []struct {
+		verb  string
+		nodes []string
+	}{{"replace", replace}, {"create", create}} {
+		if len(step.nodes) == 0 {
+			continue
+		}
+		if stdout, stderr, code := cp.KubectlWithInput(strings.Join(step.nodes, "\n---\n"), step.verb, "-f", "-"); code != 0 {
+			t.Fatalf("kubectl %s of the lab nodes: exit %d\nstdout: %s\nstderr: %s", step.verb, code, stdout, stderr)
+		}
 	}
+	waitAllDesired(t, map[string]string{
+		"nvidia-driver-daemonset":            "1",
+		"nvidia-container-toolkit-daemonset": "2",
+		"nvidia-device-plugin-daemonset":     "2",
+		"gpu-feature-discovery":              "2",
+		"nvidia-dcgm-exporter":               "2",
+	})
+}
+
+// labApplied is labObjects() as the last apply of the lab's DaemonSets and
+// RBAC left them.
+var labApplied string
+
+// applyLabObjects applies the operand DaemonSets and the operator's RBAC,
+// unless every one of them is as the last apply left it: the same object
+// (uid), spec (generation; resourceVersion for kinds without one), labels
+// and annotations (among them the applied configuration). An apply would
+// change nothing then, and it is the dearest kubectl call of resetLab.
+func applyLabObjects(t *testing.T) {
+	t.Helper()
+	if labApplied != "" && labObjects() == labApplied {
+		return
+	}
+	cp.MustKubectl(t, "apply", "-f", operandDaemonSet, "-f", operatorRBAC)
+	labApplied = labObjects()
+}
+
+// labObjects describes the objects of operandDaemonSet and operatorRBAC as
+// stored, one line each, or is "" when one of them cannot be read.
+func labObjects() string {
+	stdout, _, code := cp.Kubectl("get", "-f", operandDaemonSet, "-f", operatorRBAC, "-o", "json")
+	if code != 0 {
+		return ""
+	}
+	var list struct {
+		Items []struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Namespace       string            `json:"namespace"`
+				Name            string            `json:"name"`
+				UID             string            `json:"uid"`
+				Generation      int64             `json:"generation"`
+				ResourceVersion string            `json:"resourceVersion"`
+				Labels          map[string]string `json:"labels"`
+				Annotations     map[string]string `json:"annotations"`
+			} `json:"metadata"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &list); err != nil || len(list.Items) == 0 {
+		return ""
+	}
+	var lines []string
+	for _, o := range list.Items {
+		m := o.Metadata
+		version := fmt.Sprintf("generation %d", m.Generation)
+		if m.Generation == 0 {
+			version = "resourceVersion " + m.ResourceVersion
+		}
+		lines = append(lines, fmt.Sprintf("%s %s/%s uid %s %s labels %v annotations %v",
+			o.Kind, m.Namespace, m.Name, m.UID, version, m.Labels, m.Annotations))
+	}
+	return strings.Join(lines, "\n")
 }
 
 // result is what one kubectl invocation did.

@@ -119,6 +119,8 @@ type ControlPlane struct {
 	cleanups []func()
 	kcmPort  int
 	certsDir string
+	// registered is RegisterGuard's last apply (see there).
+	registered registration
 }
 
 // Pids are the process ids of the running components, by name (etcd,
