@@ -85,19 +85,39 @@ func (cp *ControlPlane) WaitForKubectlOutput(t testing.TB, timeout time.Duration
 }
 
 // WaitCRDsServed waits until each CRD (`clusterpolicies.nvidia.com`) is
-// Established and kubectl can list its objects. The API server publishes a new
-// resource in discovery a little after Established, and kubectl may hold an
-// older discovery cache, so the first use right after the wait can fail with
-// "the server doesn't have a resource type".
+// Established (WaitCRDsEstablished) and kubectl can list its objects. The API
+// server publishes a new resource in discovery a little after Established,
+// and kubectl may hold an older discovery cache, so the first use right after
+// the wait can fail with "the server doesn't have a resource type".
 func (cp *ControlPlane) WaitCRDsServed(t testing.TB, crds ...string) {
 	t.Helper()
+	if err := cp.WaitCRDsEstablished(60*time.Second, crds...); err != nil {
+		t.Fatal(err)
+	}
 	for _, crd := range crds {
-		cp.MustKubectl(t, "wait", "--for=condition=Established", "--timeout=60s", "crd/"+crd)
 		WaitFor(t, 30*time.Second, "kubectl to list "+crd, func() (bool, string) {
 			_, stderr, code := cp.Kubectl("get", crd, "-A", "-o", "name")
 			return code == 0, fmt.Sprintf("exit %d: %s", code, strings.TrimSpace(stderr))
 		})
 	}
+}
+
+// WaitCRDsEstablished polls each CRD until its Established condition is
+// True, for at most timeout each. Not `kubectl wait --for=condition`: that
+// fails at once (".status.conditions accessor error: <nil> is of the type
+// <nil>") when a CRD just created has no conditions yet, which a busy machine
+// makes last long enough to be met.
+func (cp *ControlPlane) WaitCRDsEstablished(timeout time.Duration, crds ...string) error {
+	for _, crd := range crds {
+		err := Poll(timeout, func() (bool, string) {
+			stdout, stderr, code := cp.Kubectl("get", "crd", crd, "-o", `jsonpath={.status.conditions[?(@.type=="Established")].status}`)
+			return code == 0 && stdout == "True", fmt.Sprintf("exit %d, Established %q: %s", code, stdout, strings.TrimSpace(stderr))
+		})
+		if err != nil {
+			return fmt.Errorf("CRD %s not Established: %w", crd, err)
+		}
+	}
+	return nil
 }
 
 // ServiceAccountKubeconfig writes a kubeconfig named name that authenticates

@@ -311,9 +311,8 @@ func setUp(ctx context.Context, cp *framework.ControlPlane, cs *kubernetes.Clien
 			return nil, fmt.Errorf("kubectl apply -f %s: exit %d: %s", f, code, stderr)
 		}
 	}
-	if _, stderr, code := cp.Kubectl("wait", "--for=condition=Established", "--timeout=60s",
-		"crd/clusterpolicies.nvidia.com", "crd/clusterpolicyreports.wgpolicyk8s.io"); code != 0 {
-		return nil, fmt.Errorf("CRDs not established: %s", stderr)
+	if err := cp.WaitCRDsEstablished(60*time.Second, "clusterpolicies.nvidia.com", "clusterpolicyreports.wgpolicyk8s.io"); err != nil {
+		return nil, err
 	}
 	// No serviceaccount-controller: the pods' "default" service account,
 	// which the ServiceAccount admission plugin insists on, is made here.

@@ -82,10 +82,9 @@ func run(dir, bin string) error {
 	if _, stderr, code := cp.Kubectl("apply", "-f", filepath.Join(testdata, "watched-crds.yaml")); code != 0 {
 		return fmt.Errorf("kubectl apply -f watched-crds.yaml: exit %d: %s", code, stderr)
 	}
-	if _, stderr, code := cp.Kubectl("wait", "--for=condition=Established", "--timeout=60s",
-		"crd/clusterpolicies.nvidia.com", "crd/nvidiadrivers.nvidia.com", "crd/gpuclusters.nvidia.com",
-		"crd/clusterpolicyreports.wgpolicyk8s.io"); code != 0 {
-		return fmt.Errorf("the watched CRDs are not established: %s", stderr)
+	if err := cp.WaitCRDsEstablished(60*time.Second, "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com",
+		"gpuclusters.nvidia.com", "clusterpolicyreports.wgpolicyk8s.io"); err != nil {
+		return fmt.Errorf("the watched CRDs are not established: %w", err)
 	}
 	// deploy/base's Role for the operand DaemonSets lives in the operator's namespace.
 	if _, stderr, code := cp.Kubectl("create", "namespace", "gpu-operator"); code != 0 {
