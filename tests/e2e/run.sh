@@ -69,7 +69,7 @@ fi
 # -run of the caller's would override a part's, so the lab runs whole).
 # Alone, a job mostly waits (Lease expiry, a watch's debounce, the operator's
 # reconciles); side by side, four keep both cores of a 2-core machine busy
-# and end in about 6 minutes, against 14 one after another. Within a job the
+# and end in 5 to 6 minutes, against 14 one after another. Within a job the
 # tests run one after another, in source order, as before: they share their
 # cluster's nodes, webhook configuration and guard; jobs share nothing but
 # the machine (each has its own work dir, ports and processes).
@@ -77,7 +77,8 @@ fi
 # Each line of lab_parts is a part, the tests of those files; the tests of
 # every other file are one more part. A test added to a listed file runs in
 # its part, any other in the last. The parts are about even in wall time
-# (each about 300 s beside the others, the oracle 290-350 s).
+# (240-290 s each beside the others; the oracle's job, 290-310 s, is the
+# longest).
 lab_parts=(
   "blind_test.go watch_test.go scheduler_test.go"
   "lease_test.go helm_test.go helm_policy_test.go helm_cel_test.go audit_test.go"
