@@ -36,8 +36,11 @@ impl Ctx<'_, '_> {
                     .blocked
                     .get(&Operand::ContainerToolkit)
                     .and_then(|p| p.taint());
+                // Paused before the request and left so: the pausing component's; a pause value
+                // the request writes itself is a person's, and gets the usual advice.
                 let paused = self
                     .new_value(toolkit)
+                    .filter(|v| self.old_value(toolkit) == Some(*v))
                     .and_then(|v| paused_by(v).map(|p| (p, v)));
                 let fix = if let Some((pauser, value)) = paused {
                     format!(
@@ -193,7 +196,7 @@ impl Ctx<'_, '_> {
                 format!(
                     "node {node}: {key}={value:?} keeps the operator validator off, so {names} {already}wait forever \
                      for its toolkit-ready check; {}.",
-                    fix_for_validator(key, value)
+                    fix_for_validator(key, value, self.old_value(key) == Some(value))
                 ),
                 format!(
                     "{node}: {} {already}hang: operator-validator={value:?}",
@@ -219,7 +222,7 @@ impl Ctx<'_, '_> {
                         "node {node}: {key}={value:?} keeps the sandbox validator off, so {names} {already}wait \
                          forever for its files (workload-type, vfio-pci-ready, vgpu-devices-ready, \
                          vgpu-manager-ready); {}.",
-                        fix_for_validator(key, value)
+                        fix_for_validator(key, value, self.old_value(key) == Some(value))
                     ),
                     format!(
                         "{node}: {} {already}hang: sandbox-validator={value:?}",
@@ -493,10 +496,10 @@ fn short_list(names: &str) -> String {
     }
 }
 
-/// How to bring a validator labelled off back: `true`, unless its label is a pause, which the
-/// pausing component writes back itself.
-fn fix_for_validator(key: &str, value: &str) -> String {
-    match paused_by(value) {
+/// How to bring a validator labelled off back: `true`, unless its label is a pause the request
+/// left as it was (`kept`), which the pausing component writes back itself.
+fn fix_for_validator(key: &str, value: &str, kept: bool) -> String {
+    match paused_by(value).filter(|_| kept) {
         Some(pauser) => wait_for_pause(pauser, key, value),
         None => format!("set {key}=true"),
     }
