@@ -2,7 +2,9 @@
 //! nodes it claims, and where its driver DaemonSets run under each operator version.
 
 use crate::core::era::OperatorVersion;
-use crate::core::operands::{GPU_PRESENT_KEY, Labels, NFD_KERNEL_KEY, NFD_OS_KEYS};
+use crate::core::operands::{
+    GPU_PRESENT_KEY, Labels, NFD_KERNEL_KEY, NFD_OS_KEYS, selector_matches,
+};
 use crate::core::placement::{Effect, GPU_TAINT_KEY, PodPlacement, Toleration};
 
 /// The node label every `gpu` and `vgpu` driver DaemonSet selects besides its pool.
@@ -56,20 +58,14 @@ impl NvidiaDriver {
         let picked = self
             .node_selector
             .as_ref()
-            .is_none_or(|selector| Self::matches(selector, labels));
+            .is_none_or(|selector| selector_matches(selector, labels));
         (gpu && picked).then(|| self.pool_key(labels)).flatten()
-    }
-
-    fn matches(selector: &Labels, labels: &Labels) -> bool {
-        selector
-            .iter()
-            .all(|(k, v)| labels.get(k).is_some_and(|have| have == v))
     }
 
     /// The nodes it claims, as the operator's overlap check reads them.
     pub fn claims(&self, labels: &Labels) -> bool {
         match &self.node_selector {
-            Some(selector) => Self::matches(selector, labels),
+            Some(selector) => selector_matches(selector, labels),
             None => labels.get(GPU_PRESENT_KEY).is_some_and(|v| v == "true"),
         }
     }
@@ -103,6 +99,6 @@ impl NvidiaDriver {
             && self
                 .node_selector
                 .as_ref()
-                .is_none_or(|selector| Self::matches(selector, labels))
+                .is_none_or(|selector| selector_matches(selector, labels))
     }
 }

@@ -33,6 +33,13 @@ pub use value::{DRIVER_PAUSE, MIG_PAUSE, VGPU_PAUSE, Value};
 /// Node labels, as the API server stores them.
 pub type Labels = BTreeMap<String, String>;
 
+/// A nodeSelector picks a node with these labels: every key of it, with exactly its value.
+pub fn selector_matches(selector: &Labels, labels: &Labels) -> bool {
+    selector
+        .iter()
+        .all(|(k, v)| labels.get(k).is_some_and(|have| have == v))
+}
+
 /// Prefix of every deploy label.
 pub const DEPLOY_PREFIX: &str = "nvidia.com/gpu.deploy.";
 

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{
     DEPLOY_PREFIX, Labels, OPERANDS_KEY, Operand, OperandSet, changed_deploy_labels,
+    selector_matches,
 };
 use crate::core::operator::{LabelAction, labelling_pass};
 use crate::core::pauses::{Build, after_pauses, resumes};
@@ -192,9 +193,7 @@ pub fn simulate(labels: &Labels, facts: &ClusterFacts) -> OperandSet {
 
 fn selects(labels: &Labels, op: Operand, facts: &ClusterFacts) -> bool {
     match facts.selectors.get(&op) {
-        Some(selector) => selector
-            .iter()
-            .all(|(k, v)| labels.get(k).is_some_and(|have| have == v)),
+        Some(selector) => selector_matches(selector, labels),
         None => op
             .info()
             .shipped_selector_matches(labels, facts.operator.era()),

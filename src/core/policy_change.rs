@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::facts::{ClusterFacts, DriversReconciled};
 use super::nvidia_driver::{NvidiaDriver, PoolKey};
-use super::operands::{Labels, Operand, OperandSet};
+use super::operands::{Labels, Operand, OperandSet, selector_matches};
 use super::operator::labelling_pass;
 use super::policy::{self, Policy, PolicyNote, Verdict};
 use super::review::Operation;
@@ -435,12 +435,6 @@ fn serves_now(facts: &ClusterFacts, d: &NvidiaDriver, labels: &Labels) -> bool {
     d.selects(labels, &facts.operator.version)
         || live_selectors(facts, d)
             .is_some_and(|live| live.iter().any(|sel| selector_matches(sel, labels)))
-}
-
-fn selector_matches(selector: &Labels, labels: &Labels) -> bool {
-    selector
-        .iter()
-        .all(|(k, v)| labels.get(k).is_some_and(|have| have == v))
 }
 
 /// Every state rule, before and after, on every group: a finding only the new state has is

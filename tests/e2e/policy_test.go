@@ -365,14 +365,14 @@ const (
 	nfdOSVersion = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
 )
 
-// TestNVIDIADriverOverlapIsRefusedAndARemovedDriverWarned: NVIDIADriver
-// pool-a selects lab-node-0 by a pool label of the suite's. A second one
-// with an empty nodeSelector (every node) is refused, naming both and
-// lab-node-0; one for another pool (lab-node-1) is created. Deleting pool-a
-// leaves lab-node-0 (driver=true, a GPU) without a driver DaemonSet: allowed,
-// with a warning naming it.
-func TestNVIDIADriverOverlapIsRefusedAndARemovedDriverWarned(t *testing.T) {
-	g := setUpPolicyLab(t)
+// setUpDriverPools gives the policy lab a ClusterPolicy with
+// driver.useNvidiaDriverCRD, lab-node-0 and lab-node-1 in driver pools a and b
+// (with NFD's OS labels: the operator runs an NVIDIADriver's DaemonSets per
+// OS pool, and a node without them gets no driver pod), and NVIDIADriver
+// pool-a for pool a; every NVIDIADriver and the ClusterPolicy are deleted
+// when the test ends.
+func setUpDriverPools(t *testing.T) {
+	t.Helper()
 	t.Cleanup(func() {
 		for _, args := range [][]string{
 			{"delete", "nvidiadrivers", "--all", "--ignore-not-found"},
@@ -383,19 +383,27 @@ func TestNVIDIADriverOverlapIsRefusedAndARemovedDriverWarned(t *testing.T) {
 			}
 		}
 	})
-	manifest := clusterPolicyManifest(t, nil)
-	manifest = strings.Replace(manifest, "  driver:\n    enabled: true\n", "  driver:\n    enabled: true\n    useNvidiaDriverCRD: true\n", 1)
+	manifest := strings.Replace(clusterPolicyManifest(t, nil), "  driver:\n    enabled: true\n",
+		"  driver:\n    enabled: true\n    useNvidiaDriverCRD: true\n", 1)
 	expectResult(t, "kubectl apply -f "+policyClusterPolicy+" (driver.useNvidiaDriverCRD: true)", kubectlWithInput(manifest, "apply", "-f", "-"),
 		0, "clusterpolicy.nvidia.com/cluster-policy created\n", "")
-	// NFD's OS labels too: the operator runs an NVIDIADriver's DaemonSets per OS pool, and a
-	// node without them gets no driver pod.
 	for node, pool := range map[string]string{"lab-node-0": "a", "lab-node-1": "b"} {
 		expectResult(t, "kubectl label node "+node+" "+driverPoolKey+"="+pool+" (and NFD's OS labels)",
 			kubectl("label", "node", node, driverPoolKey+"="+pool, nfdOSID+"=ubuntu", nfdOSVersion+"=22.04"), 0, "node/"+node+" labeled\n", "")
 	}
-
 	expectResult(t, "kubectl create NVIDIADriver pool-a", kubectlWithInput(nvidiaDriver("pool-a", `{"`+driverPoolKey+`":"a"}`), "create", "-f", "-"),
 		0, "nvidiadriver.nvidia.com/pool-a created\n", "")
+}
+
+// TestNVIDIADriverOverlapIsRefusedAndARemovedDriverWarned: NVIDIADriver
+// pool-a selects lab-node-0 by a pool label of the suite's. A second one
+// with an empty nodeSelector (every node) is refused, naming both and
+// lab-node-0; one for another pool (lab-node-1) is created. Deleting pool-a
+// leaves lab-node-0 (driver=true, a GPU) without a driver DaemonSet: allowed,
+// with a warning naming it.
+func TestNVIDIADriverOverlapIsRefusedAndARemovedDriverWarned(t *testing.T) {
+	g := setUpPolicyLab(t)
+	setUpDriverPools(t)
 	overlap := "NVIDIADriver everywhere: its nodeSelector selects 1 node that NVIDIADriver pool-a selects too (lab-node-0); " +
 		"the GPU Operator runs one driver per node and reports the conflict only when it reconciles: make the two nodeSelectors select different nodes."
 	everywhere := nvidiaDriver("everywhere", `{}`)

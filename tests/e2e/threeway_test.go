@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -138,7 +137,7 @@ func checkPolicy(t *testing.T, c policyChange) result {
 	args := []string{"check-policy", "-o", "json",
 		"--nodes", writeFile(t, dir, "nodes.json", cp.MustKubectl(t, "get", "nodes", "-o", "json")),
 		"--cluster-policy", writeFile(t, dir, "cp.json", cp.MustKubectl(t, "get", "clusterpolicy", clusterPolicyName, "-o", "json")),
-		"--nvidia-drivers", writeFile(t, dir, "drivers.json", otherDrivers(t, c.old+c.nameOfNew(t))),
+		"--nvidia-drivers", writeFile(t, dir, "drivers.json", otherDrivers(t, c.changedDriver(t))),
 		"--daemonsets", writeFile(t, dir, "ds.json", cp.MustKubectl(t, "get", "daemonsets", "-n", "gpu-operator", "-o", "json")),
 	}
 	if c.old != "" {
@@ -147,24 +146,14 @@ func checkPolicy(t *testing.T, c policyChange) result {
 	if c.new != "" {
 		args = append(args, "--new", writeFile(t, dir, "new.json", c.new))
 	}
-	cmd := exec.Command(framework.RequireProductBinary(t), args...)
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	code := 0
-	if err := cmd.Run(); err != nil {
-		code = -1
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		}
-	}
-	return result{stdout.String(), stderr.String(), code}
+	return product(t, nil, args...)
 }
 
-// nameOfNew is the new object's name for an NVIDIADriver created ("" otherwise): the other
-// NVIDIADrivers are every one but the changed one.
-func (c policyChange) nameOfNew(t *testing.T) string {
-	if c.old != "" || c.kind != "nvidiadriver" {
-		return ""
+// changedDriver is the name of the NVIDIADriver the change makes ("" for a
+// ClusterPolicy): the other NVIDIADrivers are every one but it.
+func (c policyChange) changedDriver(t *testing.T) string {
+	if c.kind != "nvidiadriver" || c.old != "" {
+		return c.old
 	}
 	var obj struct {
 		Metadata struct{ Name string } `json:"metadata"`
@@ -248,26 +237,7 @@ func deleteDriver(what, name string) policyChange {
 // there for, so that three empty answers cannot agree by accident.
 func TestCheckPolicyThePluginAndTheWebhookGiveTheSameAnswer(t *testing.T) {
 	setUpPolicyLab(t)
-	t.Cleanup(func() {
-		for _, args := range [][]string{
-			{"delete", "nvidiadrivers", "--all", "--ignore-not-found"},
-			{"delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"},
-		} {
-			if got := kubectl(args...); got.code != 0 {
-				t.Errorf("cleanup: kubectl %s: %s", strings.Join(args, " "), got)
-			}
-		}
-	})
-	manifest := strings.Replace(clusterPolicyManifest(t, nil), "  driver:\n    enabled: true\n",
-		"  driver:\n    enabled: true\n    useNvidiaDriverCRD: true\n", 1)
-	expectResult(t, "kubectl apply -f "+policyClusterPolicy+" (useNvidiaDriverCRD: true)", kubectlWithInput(manifest, "apply", "-f", "-"),
-		0, "clusterpolicy.nvidia.com/cluster-policy created\n", "")
-	for node, pool := range map[string]string{"lab-node-0": "a", "lab-node-1": "b"} {
-		expectResult(t, "kubectl label node "+node+" "+driverPoolKey+"="+pool+" (and NFD's OS labels)",
-			kubectl("label", "node", node, driverPoolKey+"="+pool, nfdOSID+"=ubuntu", nfdOSVersion+"=22.04"), 0, "node/"+node+" labeled\n", "")
-	}
-	expectResult(t, "kubectl create NVIDIADriver pool-a", kubectlWithInput(nvidiaDriver("pool-a", `{"`+driverPoolKey+`":"a"}`), "create", "-f", "-"),
-		0, "nvidiadriver.nvidia.com/pool-a created\n", "")
+	setUpDriverPools(t)
 	everywhere := nvidiaDriver("everywhere", `{}`)
 	// The guard has read pool-a and the pool labels once it refuses an overlap with it.
 	framework.WaitFor(t, watchFollow, "the watching guard to refuse an NVIDIADriver overlapping pool-a", func() (bool, string) {
