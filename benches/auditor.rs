@@ -138,7 +138,7 @@ fn measure(n: usize, broken: bool) -> Row {
     let at = mark();
     let started = Instant::now();
     let mut incremental = Incremental::default();
-    incremental.update(&nodes, &pods, &facts, &policy, Dirty::All);
+    incremental.update(&nodes, &pods, &facts, &policy, Dirty::All, 0);
     let pass_ms = started.elapsed().as_millis();
     let pass_peak = peak_since(at);
     let audit_kept = held() - at;

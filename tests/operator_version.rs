@@ -49,6 +49,7 @@ fn node(name: &str, labels: Value) -> Value {
 /// Two GPU nodes labelled for kata-manager; its pod runs on `a` only.
 fn nodes() -> Vec<Value> {
     let labels = json!({"nvidia.com/gpu.present": "true",
+                        "feature.node.kubernetes.io/pci-10de.present": "true",
                         "nvidia.com/gpu.deploy.kata-manager": "true"});
     vec![node("a", labels.clone()), node("b", labels)]
 }

@@ -7,6 +7,7 @@
 
 use super::{Context, FleetAudit, NodeAudit, NodeSummary};
 use crate::core::facts::ClusterFacts;
+use crate::core::lasting::History;
 use crate::core::policy::Policy;
 pub use crate::k8s::fleet::Dirty;
 use crate::k8s::fleet::{NodeIndex, PodIndex};
@@ -16,6 +17,8 @@ use crate::k8s::fleet::{NodeIndex, PodIndex};
 pub struct Incremental {
     audit: Option<FleetAudit>,
     context: Option<Context>,
+    /// The last pass's time (Unix seconds), which the history rules judged ages at.
+    now: u64,
 }
 
 /// What one [`Incremental::update`] did.
@@ -32,6 +35,11 @@ impl Incremental {
         self.audit.as_ref()
     }
 
+    /// When the last pass judged the fleet (Unix seconds; 0 before the first).
+    pub fn judged_at(&self) -> u64 {
+        self.now
+    }
+
     /// One node's whole audit, messages included, made again from the same records and
     /// context as its summary (when `nodes` and `pods` are those of the last
     /// [`Incremental::update`]).
@@ -42,25 +50,34 @@ impl Incremental {
         pods: &PodIndex,
         policy: &Policy,
     ) -> Option<NodeAudit> {
-        node_audit(self.context.as_ref()?, name, nodes, pods, policy)
+        node_audit(self.context.as_ref()?, name, nodes, pods, policy, self.now)
     }
 
-    /// Brings the audit up to date with `nodes` and `pods`, re-auditing the `dirty` nodes, or
-    /// every node when the shared context changed. Each node's whole audit is made and reduced
-    /// to its summary at once: a pass holds one node's messages at a time.
+    /// Brings the audit up to date with `nodes` and `pods` at `now` (Unix seconds),
+    /// re-auditing the `dirty` nodes, or every node when the shared context changed. A node
+    /// whose timed label passed its limit since the last pass ([`NodeIndex::crossed`]) is dirty
+    /// too. Each node's whole audit is made and reduced to its summary at once: a pass holds
+    /// one node's messages at a time.
     pub fn update(
         &mut self,
         nodes: &NodeIndex,
         pods: &PodIndex,
         facts: &ClusterFacts,
         policy: &Policy,
-        dirty: Dirty,
+        mut dirty: Dirty,
+        now: u64,
     ) -> Pass {
         let context = Context::new(facts, pods.seen(), policy);
         let whole =
             dirty == Dirty::All || self.audit.is_none() || self.context.as_ref() != Some(&context);
+        if !whole {
+            for name in nodes.crossed(self.now, now, &policy.stuck_after) {
+                dirty.add(&name);
+            }
+        }
+        self.now = now;
         let audit_one = |name: &str| -> Option<NodeSummary> {
-            node_audit(&context, name, nodes, pods, policy).map(|a| a.summary())
+            node_audit(&context, name, nodes, pods, policy, now).map(|a| a.summary())
         };
         let mut audited = 0;
         let summaries = if whole {
@@ -109,12 +126,19 @@ fn node_audit(
     nodes: &NodeIndex,
     pods: &PodIndex,
     policy: &Policy,
+    now: u64,
 ) -> Option<NodeAudit> {
     let record = nodes.get(name)?;
+    let lasting = nodes.lasting(name);
     let node = super::NodeIn {
         name,
         labels: &record.labels(),
         placement: &record.placement(),
+        history: History {
+            lasting: &lasting,
+            now,
+            stuck_after: policy.stuck_after,
+        },
     };
     Some(context.node(node, &pods.on_node(name), policy))
 }
@@ -125,6 +149,7 @@ mod tests {
     use crate::audit::audit;
     use crate::audit::tests::node;
     use crate::core::facts::operator_defaults;
+    use crate::core::rules::Rule;
     use crate::k8s::fleet::LabelFilter;
     use crate::k8s::node::NodeView;
     use crate::k8s::pod::{PodPhase, PodView};
@@ -152,7 +177,12 @@ mod tests {
         let facts = operator_defaults();
         let policy = Policy::default();
         let batch = audit(nodes, pods, &facts, &policy);
-        assert_eq!(inc.audit(), Some(&batch.summary()));
+        // The batch has watched nothing, so it leaves out the rules on how long a state
+        // lasted; the incremental audit evaluates them too.
+        let mut want = batch.summary();
+        want.rules = Rule::state_rules().collect();
+        assert!(want.rules.contains(&Rule::PauseStuck));
+        assert_eq!(inc.audit(), Some(&want));
         for node in &batch.nodes {
             let made = inc.detail(&node.name, index, pod_index, &policy);
             assert_eq!(made.as_ref(), Some(node));
@@ -212,7 +242,7 @@ mod tests {
         let policy = Policy::default();
         let (mut nodes, mut pods, mut index, mut pod_index) = three_nodes(&facts);
         let mut inc = Incremental::default();
-        let pass = inc.update(&index, &pod_index, &facts, &policy, Dirty::All);
+        let pass = inc.update(&index, &pod_index, &facts, &policy, Dirty::All, 0);
         assert_eq!(
             pass,
             Pass {
@@ -236,7 +266,7 @@ mod tests {
         for n in pod_index.apply(&pods[2]) {
             dirty.add(&n);
         }
-        let pass = inc.update(&index, &pod_index, &facts, &policy, dirty);
+        let pass = inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
         assert_eq!(
             pass,
             Pass {
@@ -261,7 +291,7 @@ mod tests {
         assert!(index.apply(&d));
         dirty.add("d");
         nodes.push(d);
-        let pass = inc.update(&index, &pod_index, &facts, &policy, dirty);
+        let pass = inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
         assert_eq!(
             pass,
             Pass {
@@ -284,7 +314,7 @@ mod tests {
             dirty.add(&n);
         }
         pods.push(gfd);
-        let pass = inc.update(&index, &pod_index, &facts, &policy, dirty);
+        let pass = inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
         assert!(pass.whole);
         same_as_batch(&inc, (&index, &pod_index), &nodes, &pods);
 
@@ -295,8 +325,93 @@ mod tests {
             dirty.add(&n);
         }
         pods.retain(|p| p.name() != "dp-b");
-        inc.update(&index, &pod_index, &facts, &policy, dirty);
+        inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
         same_as_batch(&inc, (&index, &pod_index), &nodes, &pods);
+    }
+
+    /// A pause past `stuckAfter.pause` is found by a pass that comes after its limit, with no
+    /// change of the node's record: time alone makes the node dirty.
+    #[test]
+    fn a_pause_becomes_stuck_with_time_alone() {
+        use crate::audit::Basis;
+        let facts = operator_defaults();
+        let policy = Policy::default();
+        let mut index = NodeIndex::new(LabelFilter::new(&facts));
+        let stuck = node(
+            "m",
+            &[
+                ("device-plugin", "paused-for-mig-change"),
+                ("gpu-feature-discovery", "paused-for-mig-change"),
+                ("container-toolkit", "true"),
+                ("nvidia.com/mig.config.state", "failed"),
+            ],
+        );
+        index.apply_at(&stuck, 1_000);
+        index.apply_at(
+            &node("n", &[("device-plugin", "paused-for-mig-change")]),
+            4_000,
+        );
+        let pods = PodIndex::default();
+        let mut inc = Incremental::default();
+        inc.update(&index, &pods, &facts, &policy, Dirty::All, 1_000);
+        let found = |inc: &Incremental, name: &str| {
+            let audit = inc.audit().unwrap();
+            let n = audit.nodes.iter().find(|n| &*n.name == name).unwrap();
+            (n.has(Rule::PauseStuck), n.is_ok())
+        };
+        // m's toolkit is expected and has no pod: not OK from the start.
+        assert_eq!(found(&inc, "m"), (false, false));
+        // 59 minutes later nothing changed; at one hour m's pause is stuck, n's is not yet.
+        let pass = inc.update(&index, &pods, &facts, &policy, Dirty::default(), 4_599);
+        assert_eq!(pass.audited, 0);
+        let pass = inc.update(&index, &pods, &facts, &policy, Dirty::default(), 4_600);
+        assert_eq!((pass.audited, pass.whole), (1, false));
+        assert!(found(&inc, "m").0);
+        assert_eq!(found(&inc, "n"), (false, true));
+        let detail = inc.detail("m", &index, &pods, &policy).unwrap();
+        let f = detail
+            .findings
+            .iter()
+            .find(|f| f.rule == Rule::PauseStuck)
+            .unwrap();
+        assert_eq!(f.basis, Basis::History);
+        assert!(
+            f.message.starts_with(
+                "node m: mig-manager has held nvidia.com/gpu.deploy.device-plugin, \
+                 nvidia.com/gpu.deploy.gpu-feature-discovery at paused-for-mig-change since \
+                 1970-01-01T00:16:40Z"
+            ),
+            "{}",
+            f.message
+        );
+        assert!(
+            f.message.contains(
+                "longer than stuckAfter.pause (1h); nvidia.com/mig.config.state is failed"
+            ),
+            "{}",
+            f.message
+        );
+        assert!(!f.message.contains("=true"), "{}", f.message);
+        // The pause ends: the node's record changes and the finding goes.
+        let done = node(
+            "m",
+            &[
+                ("device-plugin", "true"),
+                ("gpu-feature-discovery", "true"),
+                ("container-toolkit", "true"),
+                ("nvidia.com/mig.config.state", "success"),
+            ],
+        );
+        index.apply_at(&done, 5_000);
+        let mut dirty = Dirty::default();
+        dirty.add("m");
+        inc.update(&index, &pods, &facts, &policy, dirty, 5_000);
+        assert!(!found(&inc, "m").0);
+        assert_eq!(found(&inc, "n"), (false, true));
+        // n's limit passes: found without a change of n.
+        let pass = inc.update(&index, &pods, &facts, &policy, Dirty::default(), 7_600);
+        assert_eq!(pass.audited, 1);
+        assert_eq!(found(&inc, "n"), (true, false));
     }
 
     #[test]

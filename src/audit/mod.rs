@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::core::facts::ClusterFacts;
+use crate::core::lasting::History;
 use crate::core::operands::{Labels, Operand, OperandSet, is_gpu_node};
 use crate::core::placement::{NodePlacement, PlacementState};
 pub use crate::core::pods::OperandState;
@@ -45,6 +46,16 @@ pub enum Basis {
     Pods,
     /// The node's labels, as the webhook judges them.
     Labels,
+    /// How long the node's pauses and upgrade states have lasted, as this guard has watched
+    /// them (`serve`'s continuous audit only).
+    History,
+}
+
+impl Basis {
+    /// Seen on the cluster (the pods, or a state that has lasted), not implied by labels.
+    pub fn is_observed(self) -> bool {
+        self != Basis::Labels
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -96,9 +107,9 @@ impl NodeAudit {
         self.findings.iter().any(|f| f.rule == rule)
     }
 
-    /// Nothing missing, and no rule broken on the pods.
+    /// Nothing missing, and no rule broken on the pods or by how long a state has lasted.
     pub fn is_ok(&self) -> bool {
-        self.missing().next().is_none() && !self.findings.iter().any(|f| f.basis == Basis::Pods)
+        self.missing().next().is_none() && !self.findings.iter().any(|f| f.basis.is_observed())
     }
 }
 
@@ -137,9 +148,10 @@ impl NodeSummary {
         self.findings.iter().find(|f| f.0 == rule).map(|f| f.1)
     }
 
-    /// Nothing missing, and no rule broken on the pods ([`NodeAudit::is_ok`]).
+    /// Nothing missing, and no rule broken on the pods or by how long a state has lasted
+    /// ([`NodeAudit::is_ok`]).
     pub fn is_ok(&self) -> bool {
-        self.missing().is_empty() && !self.findings.iter().any(|f| f.2 == Basis::Pods)
+        self.missing().is_empty() && !self.findings.iter().any(|f| f.2.is_observed())
     }
 
     /// A missing operand, or a finding that fails.
@@ -292,6 +304,8 @@ impl Context {
 }
 
 /// Audits every node against the operator's pods. O(nodes + pods): pods are indexed by node once.
+/// Nothing has been watched, so the rules on how long a state lasted
+/// ([`Rule::reads_history`]) are not evaluated.
 pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
     nodes: &[N],
     pods: &[P],
@@ -318,7 +332,10 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
             });
         }
     }
-    let ctx = Context::new(facts, seen, policy);
+    let mut ctx = Context::new(facts, seen, policy);
+    // One pass has watched nothing: no rule on how long a state lasted is evaluated (the
+    // report would call it passed).
+    ctx.rules.retain(|rule| !rule.reads_history());
     let mut out: Vec<NodeAudit> = nodes
         .iter()
         .map(|n| {
@@ -328,6 +345,7 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
                 name: n.name(),
                 labels: n.labels(),
                 placement: &n.placement,
+                history: History::NONE,
             };
             ctx.node(node, pods, policy)
         })
@@ -342,12 +360,14 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
     }
 }
 
-/// A node as the audit reads it: name, labels, taints and cordon.
+/// A node as the audit reads it: name, labels, taints and cordon, and how long its timed
+/// labels have lasted ([`History::NONE`] when nothing has been watched).
 #[derive(Clone, Copy)]
 pub struct NodeIn<'a> {
     pub name: &'a str,
     pub labels: &'a Labels,
     pub placement: &'a NodePlacement,
+    pub history: History<'a>,
 }
 
 fn audit_node(
@@ -410,6 +430,7 @@ fn findings(
         node: &audit.name,
         operands: &audit.operands,
         facts,
+        history: node.history,
     };
     pods.run(|rule| policy.action(rule) != Action::Off, &mut found);
     let mut out: Vec<AuditFinding> = found
@@ -417,7 +438,11 @@ fn findings(
         .map(|f| AuditFinding {
             rule: f.rule,
             level: level(policy.action(f.rule)),
-            basis: Basis::Pods,
+            basis: if f.rule.reads_history() {
+                Basis::History
+            } else {
+                Basis::Pods
+            },
             message: f.message,
         })
         .collect();

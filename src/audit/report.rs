@@ -148,6 +148,7 @@ fn result(
                 match basis {
                     super::Basis::Pods => "pods",
                     super::Basis::Labels => "labels",
+                    super::Basis::History => "history",
                 },
             )]),
         ),

@@ -517,11 +517,11 @@ fn at() -> Timestamp {
 fn the_report_has_one_result_per_relevant_node_and_rule() {
     let r = run("lab-device-plugin-only");
     let rep = report::build(&r, at());
-    // Three nodes take part (two GPUs, one with the plugin), ten rules each.
-    assert_eq!(rep.results.len(), 30);
+    // Three nodes take part (two GPUs, one with the plugin), eleven rules each.
+    assert_eq!(rep.results.len(), 33);
     assert_eq!(
         (rep.summary.pass, rep.summary.fail, rep.summary.warn),
-        (28, 1, 1)
+        (31, 1, 1)
     );
     let fail = rep
         .results
@@ -548,6 +548,7 @@ fn the_report_yaml_follows_the_wgpolicyk8s_schema() {
         &[
             ("device-plugin", "true"),
             ("nvidia.com/gpu.present", "true"),
+            ("feature.node.kubernetes.io/pci-10de.present", "true"),
         ],
     )];
     let pods = [pod("dp", "nvidia-device-plugin-daemonset", "n", RUNNING)];
@@ -577,7 +578,11 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
         .map(|i| {
             node(
                 &format!("gpu-{i:04}"),
-                &[("nvidia.com/gpu.present", "true"), ("driver", "true")],
+                &[
+                    ("nvidia.com/gpu.present", "true"),
+                    ("feature.node.kubernetes.io/pci-10de.present", "true"),
+                    ("driver", "true"),
+                ],
             )
         })
         .collect();
@@ -590,13 +595,13 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
     let rep = report::build(&r, at());
     assert_eq!(rep.results.len(), report::MAX_RESULTS);
     assert_eq!(rep.summary.fail, 1000);
-    assert_eq!(rep.summary.pass, 9000);
+    assert_eq!(rep.summary.pass, 10_000);
     assert_eq!(
         rep.metadata
             .annotations
             .get(report::OMITTED_ANNOTATION)
             .map(String::as_str),
-        Some("8000")
+        Some("9000")
     );
     assert!(
         rep.results[..1000]
@@ -605,7 +610,7 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
     );
 
     // Kept as summaries, the same report: each listed node's audit is made again only for its
-    // results (the 1,000 failures, then the passes of the first 112 nodes, 9 rules each), never
+    // results (the 1,000 failures, then the passes of the first 100 nodes, 10 rules each), never
     // for the nodes left out.
     let summary = r.summary();
     let mut made = Vec::new();
@@ -618,9 +623,9 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
         at(),
     );
     assert_eq!(again, rep);
-    assert_eq!(made.len(), 1000 + 112);
+    assert_eq!(made.len(), 1000 + 100);
     assert_eq!(made[1000], "gpu-0000");
-    assert_eq!(made.last().map(String::as_str), Some("gpu-0111"));
+    assert_eq!(made.last().map(String::as_str), Some("gpu-0099"));
 
     // A node whose audit cannot be made again keeps its outcome, and says so.
     let blind = report::build_from(&summary, |_| None, at());

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::core::era::OperatorVersion;
+use crate::core::lasting::StuckAfter;
 use crate::core::policy::{DEFAULT_OPERATOR_NAMESPACE, Exemptions, Mode, Policy};
 use crate::core::rules::{Action, RULES, Rule};
 
@@ -44,6 +45,39 @@ struct File {
     rules: BTreeMap<String, Action>,
     #[serde(default)]
     exemptions: ExemptionsFile,
+    #[serde(default)]
+    stuck_after: StuckAfterFile,
+}
+
+/// `stuckAfter`: how long a pause or a driver upgrade state may last before the audit reports
+/// it (`pause-stuck`, `driver-upgrade-stuck`), as `90m`, `1h`, `2d`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct StuckAfterFile {
+    pause: Option<String>,
+    driver_upgrade: Option<String>,
+}
+
+impl StuckAfterFile {
+    fn parse(self) -> Result<StuckAfter, String> {
+        let read = |name: &str, text: Option<String>, default| -> Result<_, String> {
+            let Some(text) = text else {
+                return Ok(default);
+            };
+            match humantime::parse_duration(text.trim()) {
+                Ok(d) if d.is_zero() => Err(format!("stuckAfter.{name}: must be longer than 0")),
+                Ok(d) => Ok(d),
+                Err(e) => Err(format!(
+                    "stuckAfter.{name}: {text:?} is not a duration like 90m, 1h or 2d ({e})"
+                )),
+            }
+        };
+        let default = StuckAfter::default();
+        Ok(StuckAfter {
+            pause: read("pause", self.pause, default.pause)?,
+            driver_upgrade: read("driverUpgrade", self.driver_upgrade, default.driver_upgrade)?,
+        })
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -93,9 +127,17 @@ impl Config {
                 message: e.to_string(),
             })?
         };
+        let stuck_after = file
+            .stuck_after
+            .parse()
+            .map_err(|message| ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            })?;
         let mut policy = Policy {
             mode: file.mode,
             enforce_on_create: file.enforce_on_create,
+            stuck_after,
             ..Policy::default()
         };
         for (id, action) in file.rules {
@@ -290,6 +332,34 @@ mod tests {
     fn service_account_namespaces_can_be_emptied() {
         let cfg = parse("exemptions:\n  serviceAccountNamespaces: []\n").unwrap();
         assert!(cfg.policy.exemptions.service_account_namespaces.is_empty());
+    }
+
+    #[test]
+    fn stuck_after_is_read_and_a_bad_duration_named() {
+        use std::time::Duration;
+        let cfg = parse("stuckAfter:\n  pause: 90m\n  driverUpgrade: 2d\n").unwrap();
+        assert_eq!(cfg.policy.stuck_after.pause, Duration::from_secs(90 * 60));
+        assert_eq!(
+            cfg.policy.stuck_after.driver_upgrade,
+            Duration::from_secs(2 * 86_400)
+        );
+        // One given, the other at its default.
+        let cfg = parse("stuckAfter:\n  pause: 10m\n").unwrap();
+        assert_eq!(
+            cfg.policy.stuck_after.driver_upgrade,
+            StuckAfter::default().driver_upgrade
+        );
+        for (text, named) in [
+            ("stuckAfter:\n  pause: soon\n", "stuckAfter.pause: \"soon\""),
+            (
+                "stuckAfter:\n  driverUpgrade: 0s\n",
+                "stuckAfter.driverUpgrade: must be longer than 0",
+            ),
+            ("stuckAfter:\n  paws: 1h\n", "paws"),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(named), "{text}: {err}");
+        }
     }
 
     #[test]

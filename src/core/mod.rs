@@ -8,6 +8,7 @@ pub mod echo;
 pub mod era;
 pub mod facts;
 pub mod labels;
+pub mod lasting;
 pub mod nvidia_driver;
 pub mod operands;
 pub mod operator;

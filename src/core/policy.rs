@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::core::facts::ClusterFacts;
+use crate::core::lasting::StuckAfter;
 use crate::core::operands::{
     DEPLOY_PREFIX, Labels, OPERANDS_KEY, Operand, OperandSet, changed_deploy_labels,
     selector_matches,
@@ -50,6 +51,8 @@ pub struct Policy {
     pub enforce_on_create: bool,
     pub actions: [Action; RULES.len()],
     pub exemptions: Exemptions,
+    /// How long a pause or a driver upgrade state may last before the audit reports it.
+    pub stuck_after: StuckAfter,
 }
 
 /// The operator's namespace: its service accounts (operator, driver manager, MIG manager) are exempt.
@@ -65,6 +68,7 @@ impl Default for Policy {
                 service_account_namespaces: vec![DEFAULT_OPERATOR_NAMESPACE.to_owned()],
                 ..Exemptions::default()
             },
+            stuck_after: StuckAfter::default(),
         }
     }
 }

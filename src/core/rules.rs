@@ -1,13 +1,15 @@
 //! The rules: [`RULES`] is the one table of everything about each rule (id, kind, default
 //! action, severity and pass text for the report, and the functions that find it). The
 //! functions live in [`state`] (rules on what a node's labels make it run), [`change`] (rules on
-//! what a request writes), [`fleet`] (rules on a GPU-policy change over the fleet) and [`pods`]
-//! (rules on what a node's pods show); each reads its context ([`Ctx`], [`FleetCtx`],
+//! what a request writes), [`fleet`] (rules on a GPU-policy change over the fleet), [`pods`]
+//! (rules on what a node's pods show) and `history` (rules on how long a node's pauses and
+//! upgrade states have lasted); each reads its context ([`Ctx`], [`FleetCtx`],
 //! [`PodCtx`]) and pushes [`Found`]s. Every caller runs the rows' functions of one kind in
 //! table order, so a new rule is a row, a variant of [`Rule`] and a function.
 
 mod change;
 pub mod fleet;
+mod history;
 mod placement;
 pub mod pods;
 mod state;
@@ -39,6 +41,7 @@ pub enum Rule {
     OperandWithoutDraDriver,
     DcgmExporterWithoutDcgm,
     DevicePluginOnNonGpuNode,
+    NfdLabelsLost,
     UnknownDeployLabel,
     ValueNotTrue,
     OperatorWillRestore,
@@ -56,6 +59,8 @@ pub enum Rule {
     OperandNotRunning,
     ToolkitNotRecreated,
     OperandsNotRecreated,
+    PauseStuck,
+    DriverUpgradeStuck,
 }
 
 /// What happens when a rule finds something.
@@ -97,8 +102,9 @@ pub enum Check {
     Node(fn(&Ctx<'_, '_>, &mut Vec<Found>)),
     /// Over the fleet, by the policy-change decision (`core/policy_change.rs`).
     Fleet(fn(&FleetCtx<'_>, &mut Vec<Found>)),
-    /// On the pods running on one node, by the audit (`audit/mod.rs`), before the label rules:
-    /// what runs says more than what the labels imply.
+    /// On what the audit alone sees of one node ([`PodCtx`]): the pods running there, and how
+    /// long its timed labels have lasted (`audit/mod.rs`), before the label rules: what runs
+    /// says more than what the labels imply.
     Pods(fn(&PodCtx<'_>, &mut Vec<Found>)),
 }
 
@@ -151,6 +157,14 @@ impl Rule {
     /// audit reports.
     ///
     /// [`assess`]: crate::core::policy::assess
+    /// Judged on how long a node's timed labels have lasted ([`History`]): only an audit that
+    /// has watched the nodes evaluates it.
+    ///
+    /// [`History`]: crate::core::lasting::History
+    pub fn reads_history(self) -> bool {
+        matches!(self, Rule::PauseStuck | Rule::DriverUpgradeStuck)
+    }
+
     pub fn state_rules() -> impl Iterator<Item = Rule> {
         RULES
             .iter()

@@ -13,7 +13,7 @@
 //! holder's report, not even with a write it had started before the pause.
 
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use futures::StreamExt;
 use kube::runtime::watcher::{self};
@@ -85,6 +85,9 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
     set_health(auditor.status, Kind::Pods, Health::Starting);
     let mut passes = Passes::default();
     let mut due: Option<Instant> = None;
+    // Time alone changes an audit: a pause or an upgrade state passes its limit. Set after
+    // each pass to the next limit's end; a node change that starts a clock brings a pass.
+    let mut limit_ends: Option<Instant> = None;
     loop {
         let mut schedule = false;
         tokio::select! {
@@ -109,9 +112,14 @@ async fn lead(auditor: &mut Auditor<'_>) -> bool {
                 }
                 schedule = true;
             }
+            () = sleep_until(limit_ends.unwrap_or_else(Instant::now)), if limit_ends.is_some() => {
+                limit_ends = None;
+                schedule = true;
+            }
             () = sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
                 due = None;
                 schedule = pass(auditor, &mut pods, &mut passes).await;
+                limit_ends = next_limit_end(auditor, &passes.incremental);
             }
         }
         if schedule && due.is_none() {
@@ -172,6 +180,25 @@ impl Index<PodView> for PodsIndex {
     }
 }
 
+/// When the next timed label passes its limit after the last pass
+/// ([`NodeIndex::next_limit_end`](crate::k8s::fleet::NodeIndex::next_limit_end)): a pass then
+/// finds it (`pause-stuck`, `driver-upgrade-stuck`) with no change of the node.
+fn next_limit_end(auditor: &Auditor<'_>, incremental: &Incremental) -> Option<Instant> {
+    let judged = incremental.judged_at();
+    let end = auditor
+        .fleet
+        .lock()
+        .nodes
+        .next_limit_end(judged, &auditor.config.policy.stuck_after)?;
+    // Whole seconds: a second more, so the pass's clock reads at least `end`.
+    let wait = end.saturating_sub(unix_now()).saturating_add(1);
+    Some(Instant::now() + std::time::Duration::from_secs(wait))
+}
+
+fn unix_now() -> u64 {
+    crate::core::lasting::unix_seconds(SystemTime::now())
+}
+
 /// What one term keeps from pass to pass.
 #[derive(Default)]
 struct Passes {
@@ -211,10 +238,8 @@ async fn pass(auditor: &mut Auditor<'_>, pods: &mut PodsIndex, passes: &mut Pass
     }
     passes.paused_logged = false;
     let current = facts.borrow_and_update().clone();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let seconds = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+    let now = unix_now();
+    let seconds = i64::try_from(now).unwrap_or(i64::MAX);
     let incremental = &mut passes.incremental;
     // A pass over a broken fleet is CPU for a while: the runtime moves the other tasks (the
     // reviews) off this worker thread meanwhile. The report's messages are made from the same
@@ -223,7 +248,14 @@ async fn pass(auditor: &mut Auditor<'_>, pods: &mut PodsIndex, passes: &mut Pass
         let mut state = fleet.lock();
         let mut todo = std::mem::take(&mut state.dirty);
         todo.merge(std::mem::take(&mut pods.dirty));
-        let pass = incremental.update(&state.nodes, &pods.pods, &current, &config.policy, todo);
+        let pass = incremental.update(
+            &state.nodes,
+            &pods.pods,
+            &current,
+            &config.policy,
+            todo,
+            now,
+        );
         let audit = incremental.audit()?;
         metrics.record(audit, seconds);
         tracing::debug!(

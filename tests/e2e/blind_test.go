@@ -255,9 +255,6 @@ func TestRecreatedClusterPolicyCRDIsFollowedAtOnce(t *testing.T) {
 func TestColdStartIsReadyOnlyOnceTheNodesAreListed(t *testing.T) {
 	setUpLab(t)
 	t.Cleanup(func() { restoreLab(t) })
-	for _, node := range []string{"lab-node-0", "lab-node-1"} {
-		cp.MustKubectl(t, "label", "node", node, nfdNvidiaPCI+"=true")
-	}
 	installOperatorCRDs(t)
 	t.Cleanup(func() {
 		if got := kubectl("delete", "clusterpolicy", clusterPolicyName, "--ignore-not-found"); got.code != 0 {

@@ -86,20 +86,15 @@ const operandsLoseTheRuntime = "ClusterPolicy cluster-policy: operand-without-to
 
 // setUpPolicyLab resets the lab, serves the operator's CRDs and points the
 // webhook configuration at a watching serve, which it returns. lab-node-0
-// and lab-node-1 get the label NFD gives a node with an NVIDIA GPU: the GPU
-// Operator's labelling pass (which the policy decision runs before judging)
-// sweeps every deploy label off a node with gpu.present=true but no NFD GPU
-// label, so without it the lab's nodes would run nothing once the operator
-// reconciles, whatever the policy. Everything is undone when the test ends
-// (the labels by restoreLab); the shared webhook is registered again first.
+// and lab-node-1 carry the label NFD gives a node with an NVIDIA GPU
+// (testdata/lab-nodes.yaml): the GPU Operator's labelling pass (which the
+// policy decision runs before judging) sweeps every deploy label off a node
+// with gpu.present=true but no NFD GPU label. Everything is undone when the
+// test ends; the shared webhook is registered again first.
 func setUpPolicyLab(t *testing.T) *framework.Guard {
 	t.Helper()
 	setUpLab(t)
 	t.Cleanup(func() { restoreLab(t) })
-	for _, node := range []string{"lab-node-0", "lab-node-1"} {
-		expectResult(t, "kubectl label node "+node+" "+nfdNvidiaPCI+"=true",
-			kubectl("label", "node", node, nfdNvidiaPCI+"=true"), 0, "node/"+node+" labeled\n", "")
-	}
 	installOperatorCRDs(t)
 	return registerWatchingGuard(t)
 }

@@ -32,10 +32,12 @@ pub(crate) fn labels(pairs: &[(&str, &str)]) -> Labels {
         .collect()
 }
 
-/// `lab-node-0`: GPU, no host driver, the five lab operands on.
+/// `lab-node-0`: GPU (NFD's PCI label, the operator's `gpu.present`), no host driver, the five
+/// lab operands on.
 pub(crate) fn lab_node_0() -> Labels {
     labels(&[
         ("nvidia.com/gpu.present", "true"),
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
         ("driver", "true"),
         ("container-toolkit", "true"),
         ("device-plugin", "true"),
@@ -623,7 +625,10 @@ fn host_provided_toolkit_allows_device_plugin_alone() {
         toolkit_managed: false,
         ..ClusterFacts::default()
     };
-    let old = labels(&[("nvidia.com/gpu.present", "true")]);
+    let old = labels(&[
+        ("nvidia.com/gpu.present", "true"),
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
+    ]);
     let new = with(
         &old,
         &[
@@ -2341,5 +2346,63 @@ fn the_dcgm_exporter_without_the_standalone_dcgm_warns_where_the_cluster_runs_it
             .any(|f| f.rule == Rule::DcgmExporterWithoutDcgm && f.change == Change::Existing),
         "{:?}",
         v.findings
+    );
+}
+
+#[test]
+fn nfd_labels_lost_says_what_the_operator_will_do_and_what_it_did() {
+    let pci = "feature.node.kubernetes.io/pci-10de.present";
+    let lost = with(&lab_node_0(), &[(pci, None)]);
+    let rules = |v: &Verdict| -> Vec<(Rule, Change)> {
+        v.findings.iter().map(|f| (f.rule, f.change)).collect()
+    };
+    // NFD's label goes in the request (as `check` judges it): new, a warning.
+    let v = update("lab-node-0", &lab_node_0(), &lost);
+    assert_eq!(v.decision, Decision::Allowed);
+    assert_eq!(rules(&v), [(Rule::NfdLabelsLost, Change::New)]);
+    let m = &v.findings[0].message;
+    assert!(
+        m.contains("while nvidia.com/gpu.present=true: the GPU Operator's next labelling pass sets nvidia.com/gpu.present=false and deletes every nvidia.com/gpu.deploy.* label")
+            && m.contains("gpu-operator#1469"),
+        "{m}"
+    );
+    // Any later edit of such a node: existing.
+    let edited = with(&lost, &[("dcgm-exporter", Some("false"))]);
+    let v = update("lab-node-0", &lost, &edited);
+    assert_eq!(rules(&v), [(Rule::NfdLabelsLost, Change::Existing)]);
+    // The operator has done it: gpu.present=false, no deploy label; still found, in the past.
+    let swept = labels(&[("nvidia.com/gpu.present", "false")]);
+    let found = assess(
+        "lab-node-0",
+        &swept,
+        &NodePlacement::default(),
+        &crate::core::facts::operator_defaults(),
+        &Policy::default(),
+    );
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].message.starts_with(
+            "node lab-node-0: nvidia.com/gpu.present=false and no NFD NVIDIA PCI label"
+        ),
+        "{}",
+        found[0].message
+    );
+    // Any of NFD's three PCI labels counts; a node the operator never counted is no loss.
+    for key in [
+        "feature.node.kubernetes.io/pci-0302_10de.present",
+        "feature.node.kubernetes.io/pci-0300_10de.present",
+    ] {
+        let back = with(&lost, &[(key, Some("true"))]);
+        assert!(update("lab-node-0", &lost, &back).findings.is_empty());
+    }
+    assert!(
+        assess(
+            "lab-node-2",
+            &lab_node_2(),
+            &NodePlacement::default(),
+            &crate::core::facts::operator_defaults(),
+            &Policy::default()
+        )
+        .is_empty()
     );
 }

@@ -1,18 +1,22 @@
 //! The pod rules: each judges what actually runs on one node (its operands' pods), which says
 //! more than what its labels imply. Each is the function of its row of [`RULES`](super::RULES)
-//! (`Check::Pods`); the audit runs them before the label rules.
+//! (`Check::Pods`); the audit runs them before the label rules, with the history rules, which
+//! read the same context ([`PodCtx`]).
 
 use super::{Change, Check, Found, RULES, Rule};
 use crate::core::facts::ClusterFacts;
+use crate::core::lasting::History;
 use crate::core::operands::Operand;
 use crate::core::pods::OperandState;
 
-/// Everything a pod rule reads.
+/// Everything a rule on what the audit alone sees reads.
 pub struct PodCtx<'r> {
     pub node: &'r str,
     /// Every operand expected on the node or with a pod there.
     pub operands: &'r [OperandState],
     pub facts: &'r ClusterFacts,
+    /// How long the node's timed labels have lasted ([`History::NONE`] offline).
+    pub history: History<'r>,
 }
 
 impl PodCtx<'_> {

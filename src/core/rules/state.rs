@@ -3,9 +3,10 @@
 use super::{Change, Ctx, Found, Rule};
 use crate::core::facts::ClusterFacts;
 use crate::core::operands::{
-    CC_CAPABLE_KEY, GPU_PRESENT_KEY, Labels, Operand, OperandSet, Wait, Workload, is_gpu_node,
+    CC_CAPABLE_KEY, GPU_PRESENT_KEY, Labels, NFD_NVIDIA_PCI_KEYS, Operand, OperandSet, Wait,
+    Workload, is_gpu_node,
 };
-use crate::core::operator::workload;
+use crate::core::operator::{has_nfd_gpu, workload};
 use crate::core::pauses::{paused_by, wait_for_pause};
 
 impl Ctx<'_, '_> {
@@ -341,6 +342,65 @@ impl Ctx<'_, '_> {
                  or an NFD NVIDIA PCI label; is this the right node?"
             ),
             warning: format!("{node}: device-plugin {already}runs on a node with no NVIDIA GPU label"),
+        });
+    }
+
+    /// `nfd-labels-lost`: NFD labels no NVIDIA PCI device on a node the operator counted as a
+    /// GPU node (`nvidia.com/gpu.present` is set). `true`: its next labelling pass flips it to
+    /// `false` and deletes every deploy label; `false`: it has done so (it writes `false` only
+    /// then). gpu-operator#1469: a change of NFD's configuration tore down every operand.
+    pub(super) fn nfd_labels_lost(&self, out: &mut Vec<Found>) {
+        let lost = |labels: &Labels| -> Option<bool> {
+            if has_nfd_gpu(labels) {
+                return None;
+            }
+            match labels.get(GPU_PRESENT_KEY).map(String::as_str) {
+                Some("true") => Some(true),
+                Some("false") => Some(false),
+                _ => None,
+            }
+        };
+        let Some(present) = lost(self.review.labels) else {
+            return;
+        };
+        let change = self.change(self.review.old_labels.and_then(lost).is_some());
+        let node = self.node();
+        let keys = NFD_NVIDIA_PCI_KEYS.join(", ");
+        let fix = "If the node still has its GPUs, NFD's configuration lost them (nfd-worker's pci \
+                   source and its deviceClassWhitelist, or a NodeFeatureRule): restore it, and the \
+                   operator labels the node again.";
+        let (message, warning) = if present {
+            (
+                format!(
+                    "node {node}: NFD labels no NVIDIA PCI device on it any more (none of {keys} is true) \
+                     while {GPU_PRESENT_KEY}=true: the GPU Operator's next labelling pass sets \
+                     {GPU_PRESENT_KEY}=false and deletes every nvidia.com/gpu.deploy.* label, which stops the \
+                     driver, the container toolkit, the device plugin and every other operand there \
+                     (gpu-operator#1469){}. {fix}",
+                    self.unchanged()
+                ),
+                format!(
+                    "{node}: NFD's NVIDIA labels are gone; the operator will remove every operand"
+                ),
+            )
+        } else {
+            (
+                format!(
+                    "node {node}: {GPU_PRESENT_KEY}=false and no NFD NVIDIA PCI label ({keys}): the GPU \
+                     Operator saw NFD's NVIDIA label go and removed every operand from the node \
+                     (gpu-operator#1469){}. {fix}",
+                    self.unchanged()
+                ),
+                format!(
+                    "{node}: NFD's NVIDIA labels are gone and the operator removed every operand"
+                ),
+            )
+        };
+        out.push(Found {
+            rule: Rule::NfdLabelsLost,
+            change,
+            message,
+            warning,
         });
     }
 }

@@ -1,11 +1,11 @@
 //! [`RULES`]: the one table of every rule, a row per rule in the order every caller runs them.
 
-use super::{Action, Check, Kind, Rule, RuleSpec, Severity, fleet, pods};
+use super::{Action, Check, Kind, Rule, RuleSpec, Severity, fleet, history, pods};
 
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs`, `rules/change.rs`, `rules/fleet.rs` or
 /// `rules/pods.rs`).
-pub const RULES: [RuleSpec; 24] = [
+pub const RULES: [RuleSpec; 27] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -83,6 +83,16 @@ pub const RULES: [RuleSpec; 24] = [
         checks: &[Check::Node(|ctx, out| {
             ctx.device_plugin_on_non_gpu_node(out)
         })],
+    },
+    RuleSpec {
+        rule: Rule::NfdLabelsLost,
+        id: "nfd-labels-lost",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: Severity::Medium,
+        pass: "NFD's NVIDIA PCI label is there wherever the operator counts a GPU",
+        summary: "NFD no longer labels an NVIDIA PCI device on a node with nvidia.com/gpu.present set: the operator's next pass (true) or its last one (false) deletes every deploy label, tearing down every operand (gpu-operator#1469)",
+        checks: &[Check::Node(|ctx, out| ctx.nfd_labels_lost(out))],
     },
     RuleSpec {
         rule: Rule::UnknownDeployLabel,
@@ -253,5 +263,25 @@ pub const RULES: [RuleSpec; 24] = [
         pass: "every operand that runs would be re-created",
         summary: "operands run under a taint their DaemonSets do not tolerate: the controller keeps their pods but never creates them again",
         checks: &[Check::Node(|ctx, out| ctx.operands_not_recreated(out))],
+    },
+    RuleSpec {
+        rule: Rule::PauseStuck,
+        id: "pause-stuck",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: Severity::Medium,
+        pass: "no deploy label has stayed paused longer than stuckAfter.pause",
+        summary: "k8s-driver-manager, mig-manager or vgpu-device-manager has held deploy labels paused longer than stuckAfter.pause (default 1h): their operands stay off, a stuck MIG change leaves the node advertising no GPU (gpu-operator#2833, mig-parted#485); the audit of a running guard only, timed from when it first saw the pause",
+        checks: &[Check::Pods(history::pause_stuck)],
+    },
+    RuleSpec {
+        rule: Rule::DriverUpgradeStuck,
+        id: "driver-upgrade-stuck",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: Severity::Medium,
+        pass: "no driver upgrade state has lasted longer than stuckAfter.driverUpgrade",
+        summary: "nvidia.com/gpu-driver-upgrade-state has stayed in upgrade-required, a cordon or drain state, upgrade-failed or an unknown value longer than stuckAfter.driverUpgrade (default 24h) (gpu-operator#2509, #2549, #2820); the audit of a running guard only, timed from when it first saw the state",
+        checks: &[Check::Pods(history::driver_upgrade_stuck)],
     },
 ];

@@ -3,10 +3,11 @@
 use std::collections::BTreeSet;
 
 use crate::core::facts::ClusterFacts;
-use crate::core::policy;
+use crate::core::{lasting, policy};
 
-/// Which labels a node record keeps: those the decision reads under any facts, and the keys of
-/// the cluster's custom operand nodeSelectors.
+/// Which labels a node record keeps: those the decision reads under any facts, the keys of the
+/// cluster's custom operand nodeSelectors, and the states the audit times
+/// ([`lasting::STATE_KEYS`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LabelFilter {
     selector_keys: BTreeSet<String>,
@@ -20,7 +21,9 @@ impl LabelFilter {
     }
 
     pub fn keeps(&self, key: &str) -> bool {
-        policy::reads_label_whatever_the_facts(key) || self.selector_keys.contains(key)
+        policy::reads_label_whatever_the_facts(key)
+            || lasting::STATE_KEYS.contains(&key)
+            || self.selector_keys.contains(key)
     }
 
     /// Whether records kept under `self` hold every label `other` would keep: when they do

@@ -3,9 +3,11 @@
 
 use std::collections::{BTreeMap, HashMap, btree_map};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use super::filter::LabelFilter;
 use super::interner::{Interner, Sym};
+use crate::core::lasting::{self, Lasting, StuckAfter};
 use crate::core::operands::Labels;
 use crate::core::placement::{Effect, MAX_TAINTS, NodePlacement, Taint};
 use crate::k8s::node::NodeView;
@@ -72,14 +74,38 @@ impl RecordKey {
     }
 }
 
-/// Every node of the cluster as a [`NodeRecord`], by name.
+/// Every node of the cluster as a [`NodeRecord`], by name, and when each of its timed labels
+/// ([`lasting::timed`]) was first seen with its value.
 #[derive(Debug, Default)]
 pub struct NodeIndex {
     filter: LabelFilter,
     records: BTreeMap<Box<str>, NodeRecord>,
     /// Filled while a re-list runs; replaces `records` when it completes.
     relist: Option<BTreeMap<Box<str>, NodeRecord>>,
+    /// Only nodes with a timed label have an entry: key, value, Unix seconds first seen. A
+    /// node holds at most one per kept deploy label and [`lasting::STATE_KEYS`].
+    clocks: HashMap<Box<str>, Clock>,
+    relist_clocks: Option<HashMap<Box<str>, Clock>>,
     strings: Interner,
+}
+
+type Clock = Box<[(Sym, Sym, u64)]>;
+
+/// The record's timed labels, each with when it was first seen: kept from `before` when the
+/// value is the same, `now` when it is new. `None` when nothing is timed.
+fn clock(record: &NodeRecord, before: Option<&Clock>, now: u64) -> Option<Clock> {
+    let timed: Vec<(Sym, Sym, u64)> = record
+        .labels
+        .iter()
+        .filter(|(k, v)| lasting::timed(k, v))
+        .map(|(k, v)| {
+            let since = before
+                .and_then(|c| c.iter().find(|(bk, bv, _)| bk == k && bv == v))
+                .map_or(now, |(_, _, since)| *since);
+            (k.clone(), v.clone(), since)
+        })
+        .collect();
+    (!timed.is_empty()).then(|| timed.into_boxed_slice())
 }
 
 impl NodeIndex {
@@ -171,7 +197,21 @@ impl NodeIndex {
 
     /// A node was added or changed: true when its record changed (a heartbeat gives false).
     pub fn apply(&mut self, node: &NodeView) -> bool {
+        self.apply_at(node, lasting::unix_seconds(SystemTime::now()))
+    }
+
+    /// [`Self::apply`] at `now` (Unix seconds): a timed label with a new value is first seen
+    /// then.
+    pub fn apply_at(&mut self, node: &NodeView, now: u64) -> bool {
         let record = self.record(node);
+        match clock(&record, self.clocks.get(node.name()), now) {
+            Some(c) => {
+                self.clocks.insert(node.name().into(), c);
+            }
+            None => {
+                self.clocks.remove(node.name());
+            }
+        }
         let changed = match self.records.entry(node.name().into()) {
             btree_map::Entry::Occupied(mut e) => {
                 if *e.get() == record {
@@ -193,6 +233,7 @@ impl NodeIndex {
     /// A node was deleted: true when it was known.
     pub fn delete(&mut self, name: &str) -> bool {
         let known = self.records.remove(name).is_some();
+        self.clocks.remove(name);
         self.strings.sweep_if_grown();
         known
     }
@@ -200,11 +241,23 @@ impl NodeIndex {
     /// A re-list starts; the records stay in use until [`Self::finish_relist`].
     pub fn start_relist(&mut self) {
         self.relist = Some(BTreeMap::new());
+        self.relist_clocks = Some(HashMap::new());
     }
 
     /// One node of the re-list.
     pub fn relist_apply(&mut self, node: &NodeView) {
+        self.relist_apply_at(node, lasting::unix_seconds(SystemTime::now()));
+    }
+
+    /// [`Self::relist_apply`] at `now` (Unix seconds): a timed label whose value the records
+    /// already had keeps when it was first seen.
+    pub fn relist_apply_at(&mut self, node: &NodeView, now: u64) {
         let record = self.record(node);
+        if let Some(c) = clock(&record, self.clocks.get(node.name()), now) {
+            self.relist_clocks
+                .get_or_insert_with(HashMap::new)
+                .insert(node.name().into(), c);
+        }
         self.relist
             .get_or_insert_with(BTreeMap::new)
             .insert(node.name().into(), record);
@@ -226,8 +279,60 @@ impl NodeIndex {
                 .cloned(),
         );
         self.records = new;
+        self.clocks = self.relist_clocks.take().unwrap_or_default();
         self.strings.sweep_if_grown();
         changed
+    }
+
+    /// `name`'s timed labels and when each was first seen.
+    pub fn lasting(&self, name: &str) -> Vec<Lasting<'_>> {
+        self.clocks.get(name).map_or_else(Vec::new, |c| {
+            c.iter()
+                .map(|(k, v, since)| Lasting {
+                    key: k,
+                    value: v,
+                    since: *since,
+                })
+                .collect()
+        })
+    }
+
+    /// Nodes with a timed label whose limit under `limits` ends in `(from, to]` (Unix seconds):
+    /// their audit changes with no change of their record.
+    pub fn crossed(&self, from: u64, to: u64, limits: &StuckAfter) -> Vec<Box<str>> {
+        let mut out: Vec<Box<str>> = self
+            .clocks
+            .iter()
+            .filter(|(_, c)| {
+                c.iter().any(|(k, v, since)| {
+                    limits.limit(k, v).is_some_and(|limit| {
+                        let ends = since.saturating_add(limit.as_secs());
+                        from < ends && ends <= to
+                    })
+                })
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// The first end of a timed label's limit under `limits` after `after` (Unix seconds).
+    pub fn next_limit_end(&self, after: u64, limits: &StuckAfter) -> Option<u64> {
+        self.clocks
+            .values()
+            .flat_map(|c| c.iter())
+            .filter_map(|(k, v, since)| {
+                let limit = limits.limit(k, v)?;
+                Some(since.saturating_add(limit.as_secs()))
+            })
+            .filter(|end| *end > after)
+            .min()
+    }
+
+    /// Nodes with a timed label (for the tests and the benchmark's accounting).
+    pub fn timed_nodes(&self) -> usize {
+        self.clocks.len()
     }
 }
 
@@ -440,5 +545,90 @@ mod tests {
         );
         assert!(copied.keeps("nvidia.com/gpu.deploy.driver"));
         assert!(!copied.keeps("kubernetes.io/hostname"));
+    }
+
+    #[test]
+    fn timed_labels_keep_when_they_were_first_seen() {
+        use crate::core::lasting::{DRIVER_UPGRADE_STATE_KEY, MIG_CONFIG_STATE_KEY};
+        let mut index = NodeIndex::new(LabelFilter::new(&operator_defaults()));
+        let mk = |pairs: &[(&str, &str)]| {
+            let mut n = NodeView::default();
+            n.metadata.name = Some("a".to_owned());
+            n.metadata.labels = Some(crate::core::policy::tests::labels(pairs));
+            n
+        };
+        let paused = [
+            ("device-plugin", "paused-for-mig-change"),
+            ("dcgm", "paused-for-mig-change"),
+            ("container-toolkit", "true"),
+            (MIG_CONFIG_STATE_KEY, "pending"),
+        ];
+        let since = |index: &NodeIndex| -> Vec<(String, String, u64)> {
+            index
+                .lasting("a")
+                .iter()
+                .map(|l| (l.key.to_owned(), l.value.to_owned(), l.since))
+                .collect()
+        };
+        assert!(index.apply_at(&mk(&paused), 100));
+        let dp = "nvidia.com/gpu.deploy.device-plugin";
+        let dcgm = "nvidia.com/gpu.deploy.dcgm";
+        let mig = MIG_CONFIG_STATE_KEY;
+        let at = |k: &str, v: &str, t| (k.to_owned(), v.to_owned(), t);
+        assert_eq!(
+            since(&index),
+            [
+                at(dcgm, "paused-for-mig-change", 100),
+                at(dp, "paused-for-mig-change", 100),
+                at(mig, "pending", 100)
+            ]
+        );
+        // The MIG state moves on; the pause stays: only the state's clock starts again. An
+        // unchanged record (a heartbeat) changes no clock.
+        let mut failed = paused;
+        failed[3].1 = "failed";
+        assert!(index.apply_at(&mk(&failed), 200));
+        assert!(!index.apply_at(&mk(&failed), 300));
+        assert_eq!(
+            since(&index),
+            [
+                at(dcgm, "paused-for-mig-change", 100),
+                at(dp, "paused-for-mig-change", 100),
+                at(mig, "failed", 200)
+            ]
+        );
+        // A re-list keeps the clocks of values it finds again.
+        index.start_relist();
+        index.relist_apply_at(&mk(&failed), 400);
+        index.finish_relist();
+        assert_eq!(since(&index)[1], at(dp, "paused-for-mig-change", 100));
+        // Limits end: the pause (1h) at 3,700, the MIG state has none of its own.
+        let limits = StuckAfter::default();
+        assert!(index.crossed(0, 3_699, &limits).is_empty());
+        assert_eq!(index.next_limit_end(0, &limits), Some(3_700));
+        assert_eq!(index.next_limit_end(3_700, &limits), None);
+        assert_eq!(index.crossed(3_699, 3_700, &limits), [Box::from("a")]);
+        assert!(index.crossed(3_700, 90_000, &limits).is_empty());
+        // An upgrade state: its limit is its own (24h).
+        let mut upgrading = failed.to_vec();
+        upgrading.push((DRIVER_UPGRADE_STATE_KEY, "upgrade-failed"));
+        index.apply_at(&mk(&upgrading), 1_000);
+        assert!(index.crossed(3_700, 87_399, &limits).is_empty());
+        assert_eq!(index.next_limit_end(3_700, &limits), Some(87_400));
+        assert_eq!(index.crossed(87_399, 87_400, &limits), [Box::from("a")]);
+        // Settled: nothing timed, no entry.
+        index.apply_at(
+            &mk(&[
+                ("device-plugin", "true"),
+                (MIG_CONFIG_STATE_KEY, "success"),
+                (DRIVER_UPGRADE_STATE_KEY, "upgrade-done"),
+            ]),
+            2_000,
+        );
+        assert!(index.lasting("a").is_empty());
+        assert_eq!(index.timed_nodes(), 0);
+        index.apply_at(&mk(&paused), 3_000);
+        assert!(index.delete("a"));
+        assert_eq!(index.timed_nodes(), 0, "a deleted node leaves no clock");
     }
 }

@@ -68,6 +68,9 @@ rules:
 {{- range $id, $action := .Values.config.rules }}
   {{ $id }}: {{ $action }}
 {{- end }}
+stuckAfter:
+  pause: {{ .Values.config.stuckAfter.pause | quote }}
+  driverUpgrade: {{ .Values.config.stuckAfter.driverUpgrade | quote }}
 exemptions:
   usernames: {{ toJson .Values.config.exemptions.usernames }}
   groups: {{ toJson .Values.config.exemptions.groups }}
