@@ -78,7 +78,7 @@ playground: build
 	@if [ -f $(PLAYGROUND_PID) ] && kill -0 "$$(cat $(PLAYGROUND_PID))" 2>/dev/null; then \
 	  echo "playground already running (pid $$(cat $(PLAYGROUND_PID))); make playground-down first" >&2; exit 1; fi
 	@echo "playground: building the control plane (kube-apiserver, kube-controller-manager, etcd) from the Go module proxy;"
-	@echo "playground: the first time this takes 12-20 minutes on 2 cores, then it is cached in ~/.cache/gpu-deploy-guard."
+	@echo "playground: the first time this takes about 6 minutes on 2 cores (10 when other builds share them), then it is cached in ~/.cache/gpu-deploy-guard."
 	bash tests/e2e/build-control-plane.sh >/dev/null
 	cd tests/e2e && GOFLAGS="-mod=readonly -buildvcs=false" go build -o $(CURDIR)/$(PLAYGROUND_DIR)/playground ./cmd/playground
 	@GDG_BIN=$(CURDIR)/$(BIN) setsid $(PLAYGROUND_DIR)/playground -dir $(CURDIR)/$(PLAYGROUND_DIR) \

@@ -184,14 +184,18 @@ impl Index<PodView> for PodsIndex {
 /// ([`NodeIndex::next_limit_end`](crate::k8s::fleet::NodeIndex::next_limit_end)): a pass then
 /// finds it (`pause-stuck`, `driver-upgrade-stuck`) with no change of the node.
 fn next_limit_end(auditor: &Auditor<'_>, incremental: &Incremental) -> Option<Instant> {
-    let judged = incremental.judged_at();
+    // From now, not from the last pass: a pass that could not run (the nodes not listed) must
+    // not make this fire again at once. A limit passed meanwhile is found by the next pass
+    // that runs ([`Incremental::update`] looks from its last pass).
+    let now = unix_now();
+    let after = incremental.judged_at().max(now);
     let end = auditor
         .fleet
         .lock()
         .nodes
-        .next_limit_end(judged, &auditor.config.policy.stuck_after)?;
+        .next_limit_end(after, &auditor.config.policy.stuck_after)?;
     // Whole seconds: a second more, so the pass's clock reads at least `end`.
-    let wait = end.saturating_sub(unix_now()).saturating_add(1);
+    let wait = end.saturating_sub(now).saturating_add(1);
     Some(Instant::now() + std::time::Duration::from_secs(wait))
 }
 
