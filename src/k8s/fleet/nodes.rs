@@ -330,7 +330,7 @@ impl NodeIndex {
             .min()
     }
 
-    /// Nodes with a timed label (for the tests and the benchmark's accounting).
+    /// Nodes with a timed label (for the tests).
     pub fn timed_nodes(&self) -> usize {
         self.clocks.len()
     }
