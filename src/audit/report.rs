@@ -1,5 +1,7 @@
 //! The audit as a `ClusterPolicyReport` (`wgpolicyk8s.io/v1alpha2`), the format
-//! Kyverno and Policy Reporter read: one result per node and rule.
+//! Kyverno and Policy Reporter read: one result per node and rule; or, as an option
+//! ([`Format::OpenReports`]), as the same report in `openreports.io/v1alpha1` (`ClusterReport`),
+//! the API Kyverno and Kubewarden moved to: its results and summary have the same fields.
 //!
 //! Pure: the caller passes the time. Nodes that have nothing to do with GPUs
 //! (no GPU, nothing expected, no operand pod) get no results. A report must fit
@@ -18,6 +20,55 @@ use crate::core::rules::{Rule, Severity};
 
 pub const API_VERSION: &str = "wgpolicyk8s.io/v1alpha2";
 pub const KIND: &str = "ClusterPolicyReport";
+
+/// Which report API the audit is written in.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// `wgpolicyk8s.io/v1alpha2` ClusterPolicyReport.
+    #[default]
+    #[value(name = "wgpolicyk8s")]
+    PolicyReport,
+    /// `openreports.io/v1alpha1` ClusterReport (openreports/reports-api v0.2.1).
+    #[value(name = "openreports")]
+    OpenReports,
+}
+
+impl Format {
+    pub fn group(self) -> &'static str {
+        match self {
+            Format::PolicyReport => "wgpolicyk8s.io",
+            Format::OpenReports => "openreports.io",
+        }
+    }
+
+    pub fn version(self) -> &'static str {
+        match self {
+            Format::PolicyReport => "v1alpha2",
+            Format::OpenReports => "v1alpha1",
+        }
+    }
+
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Format::PolicyReport => API_VERSION,
+            Format::OpenReports => "openreports.io/v1alpha1",
+        }
+    }
+
+    pub fn kind(self) -> &'static str {
+        match self {
+            Format::PolicyReport => KIND,
+            Format::OpenReports => "ClusterReport",
+        }
+    }
+
+    pub fn plural(self) -> &'static str {
+        match self {
+            Format::PolicyReport => "clusterpolicyreports",
+            Format::OpenReports => "clusterreports",
+        }
+    }
+}
 /// Name of the report object, of the policy and of the source in every result.
 pub const NAME: &str = "gpu-deploy-guard";
 /// Results listed at most; a result is ~400 bytes, so this stays well under etcd's limit.
@@ -296,6 +347,13 @@ pub fn build_from(
 }
 
 impl PolicyReport {
+    /// The same report in `format`'s API.
+    pub fn in_format(mut self, format: Format) -> PolicyReport {
+        self.api_version = format.api_version();
+        self.kind = format.kind();
+        self
+    }
+
     /// YAML, for `audit -o report`.
     pub fn to_yaml(&self) -> String {
         // Plain data with string keys: serialization cannot fail.

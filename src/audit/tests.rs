@@ -570,6 +570,21 @@ fn the_report_yaml_follows_the_wgpolicyk8s_schema() {
     let r = audit(&nodes, &pods, &cluster, &policy);
     let expected = include_str!("../../tests/fixtures/audit/report-one-node.yaml");
     assert_eq!(report::build(&r, at()).to_yaml(), expected);
+    // The same report as an openreports.io ClusterReport: only the API and kind differ
+    // (tests/helm validates both files against their projects' CRDs).
+    let open = report::build(&r, at())
+        .in_format(report::Format::OpenReports)
+        .to_yaml();
+    let expected = include_str!("../../tests/fixtures/audit/report-one-node.openreports.yaml");
+    assert_eq!(open, expected);
+    assert_eq!(
+        open.replacen(
+            "apiVersion: openreports.io/v1alpha1\nkind: ClusterReport\n",
+            "apiVersion: wgpolicyk8s.io/v1alpha2\nkind: ClusterPolicyReport\n",
+            1
+        ),
+        report::build(&r, at()).to_yaml()
+    );
 }
 
 #[test]

@@ -91,10 +91,20 @@ pub struct AuditArgs {
     pub namespace: Option<String>,
     #[command(flatten)]
     pub operator_version: OperatorVersionArg,
-    /// Also write the audit to the cluster as ClusterPolicyReport gpu-deploy-guard
-    /// (server-side apply; needs create and patch on clusterpolicyreports.wgpolicyk8s.io).
+    /// Also write the audit to the cluster as report gpu-deploy-guard (server-side apply;
+    /// needs create and patch on clusterpolicyreports.wgpolicyk8s.io, or on
+    /// clusterreports.openreports.io with `--report-format openreports`).
     #[arg(long, env = "GDG_AUDIT_REPORT", conflicts_with = "nodes")]
     pub report: bool,
+    /// The report's API, for `--report` and `-o report`: wgpolicyk8s (ClusterPolicyReport) or
+    /// openreports (ClusterReport).
+    #[arg(
+        long,
+        env = "GDG_REPORT_FORMAT",
+        value_enum,
+        default_value = "wgpolicyk8s"
+    )]
+    pub report_format: report::Format,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -189,7 +199,9 @@ async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         version::resolve(args.operator_version.given(&config), snap.facts.operator);
     let result = audit(&snap.nodes, &snap.pods, &snap.facts, &config.policy);
     if args.report {
-        apply_report(&client, &mut report::build(&result, now()), &Fence::Any).await?;
+        let format = args.report_format;
+        let mut built = report::build(&result, now()).in_format(format);
+        apply_report(&client, &mut built, format, &Fence::Any).await?;
     }
     Ok(result)
 }
@@ -224,7 +236,9 @@ pub fn render(args: &AuditArgs, mut result: AuditReport) -> Result<(String, u8),
         Format::Lines => output::lines(&result),
         Format::Matrix => output::matrix(&result),
         Format::Json => output::json(&result),
-        Format::Report => report::build(&result, now()).to_yaml(),
+        Format::Report => report::build(&result, now())
+            .in_format(args.report_format)
+            .to_yaml(),
     };
     Ok((text, result.exit_code()))
 }

@@ -275,10 +275,11 @@ async fn pass(auditor: &mut Auditor<'_>, pods: &mut PodsIndex, passes: &mut Pass
                 |name| incremental.detail(name, &state.nodes, &pods.pods, &config.policy),
                 report::Timestamp { seconds, nanos: 0 },
             )
+            .in_format(config.report_format)
         })
     });
     match built {
-        Some(built) => report_pass(client, term, passes, built).await,
+        Some(built) => report_pass(client, term, passes, config.report_format, built).await,
         None => false,
     }
 }
@@ -289,6 +290,7 @@ async fn report_pass(
     client: &Client,
     term: &Term,
     passes: &mut Passes,
+    format: report::Format,
     mut built: PolicyReport,
 ) -> bool {
     if passes
@@ -298,10 +300,10 @@ async fn report_pass(
     {
         return false;
     }
-    match write_report(client, term, &mut passes.fence, &mut built).await {
+    match write_report(client, term, format, &mut passes.fence, &mut built).await {
         Ok(true) => {
             if passes.report_failing {
-                tracing::info!("ClusterPolicyReport written again");
+                tracing::info!(kind = built.kind, "the report is written again");
             }
             passes.report_failing = false;
             passes.last_report = Some(built);
@@ -312,9 +314,9 @@ async fn report_pass(
         Err(e) => {
             let again = fence_broken(&e);
             if again {
-                tracing::warn!(error = %e, "the ClusterPolicyReport changed since this auditor last wrote it: reading it again before the next write");
+                tracing::warn!(error = %e, "the report changed since this auditor last wrote it: reading it again before the next write");
             } else if !passes.report_failing {
-                tracing::warn!(error = %e, "cannot write the ClusterPolicyReport; retrying on the next change");
+                tracing::warn!(error = %e, "cannot write the report; retrying on the next change");
             }
             passes.report_failing = true;
             again
@@ -328,6 +330,7 @@ async fn report_pass(
 async fn write_report(
     client: &Client,
     term: &Term,
+    format: report::Format,
     fence: &mut Option<Fence>,
     report: &mut PolicyReport,
 ) -> Result<bool, crate::k8s::api::ClusterError> {
@@ -336,13 +339,13 @@ async fn write_report(
     }
     let current = match fence.take() {
         Some(known) => known,
-        None => read_fence(client).await?,
+        None => read_fence(client, format).await?,
     };
     // Reading took time: the term may have ended meanwhile.
     if !term.holds() {
         return Ok(false);
     }
-    let written = apply_report(client, report, &current).await?;
+    let written = apply_report(client, report, format, &current).await?;
     *fence = written.map(Fence::At);
     Ok(true)
 }

@@ -210,6 +210,7 @@ async fn start_cluster_watch(
     let gate = readiness.gate("cluster-sync");
     let mut watch = WatchConfig::new(config.operator_namespace.clone(), config.policy.clone());
     watch.report = cluster.report;
+    watch.report_format = cluster.report_format;
     watch.operator_version = operator_version;
     watch.page_size = cluster.list_page_size;
     watch.max_node_series = cluster.max_node_series;

@@ -22,7 +22,9 @@ pub struct ClusterArgs {
     /// config or KUBECONFIG).
     #[arg(long, env = "GDG_NO_CLUSTER_WATCH", display_order = 24)]
     pub no_cluster_watch: bool,
-    /// Write the continuous audit as ClusterPolicyReport `gpu-deploy-guard` (wgpolicyk8s.io/v1alpha2).
+    /// Write the continuous audit as report `gpu-deploy-guard`: a ClusterPolicyReport
+    /// (wgpolicyk8s.io/v1alpha2), or a ClusterReport (openreports.io/v1alpha1) with
+    /// `--report-format openreports`.
     #[arg(
         long,
         env = "GDG_REPORT",
@@ -30,6 +32,15 @@ pub struct ClusterArgs {
         display_order = 25
     )]
     pub report: bool,
+    /// The report's API: wgpolicyk8s (ClusterPolicyReport) or openreports (ClusterReport).
+    #[arg(
+        long,
+        env = "GDG_REPORT_FORMAT",
+        value_enum,
+        default_value = "wgpolicyk8s",
+        display_order = 25
+    )]
+    pub report_format: crate::audit::report::Format,
     #[command(flatten)]
     pub lease: LeaseArgs,
     /// Nodes with per-node audit series (operand_expected, operand_running) at most: failures
@@ -57,8 +68,10 @@ pub struct WatchConfig {
     /// Longest wait for the first sync of the ClusterPolicy and DaemonSets before the
     /// readiness gate opens anyway (with the facts known by then, and a warning).
     pub sync_timeout: Duration,
-    /// Write the audit as ClusterPolicyReport `gpu-deploy-guard` whenever its findings change.
+    /// Write the audit as report `gpu-deploy-guard` whenever its findings change.
     pub report: bool,
+    /// In which API.
+    pub report_format: crate::audit::report::Format,
     /// The operator version given (flag or config file), and how; `None`: read it from the
     /// operator's Deployment.
     pub operator_version: Option<Followed>,
@@ -79,6 +92,7 @@ impl WatchConfig {
             debounce: Duration::from_secs(1),
             sync_timeout: Duration::from_secs(30),
             report: false,
+            report_format: crate::audit::report::Format::PolicyReport,
             operator_version: None,
             page_size: DEFAULT_PAGE_SIZE,
             lease: None,

@@ -286,7 +286,7 @@ type policyReport struct {
 }
 
 func readPolicyReport() (policyReport, error) {
-	stdout, stderr, code := cp.Kubectl("get", "clusterpolicyreport", "gpu-deploy-guard", "-o", "json")
+	stdout, stderr, code := cp.Kubectl("get", "clusterpolicyreport", "gpu-deploy-guard", "-o", "json", "--show-managed-fields")
 	if code != 0 {
 		return policyReport{}, fmt.Errorf("kubectl get clusterpolicyreport gpu-deploy-guard: exit %d: %s", code, strings.TrimSpace(stderr))
 	}

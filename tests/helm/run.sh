@@ -36,6 +36,7 @@ CRD_MODULES=(
   github.com/cert-manager/cert-manager@v1.21.2
   github.com/prometheus-operator/prometheus-operator@v0.85.0
   github.com/kyverno/kyverno@v1.19.1
+  github.com/openreports/reports-api@v0.2.1
 )
 
 HELM="$("$here/build-helm.sh" | sed -n 's/^HELM=//p')"
@@ -67,6 +68,7 @@ for mod in "${CRD_MODULES[@]}"; do
     github.com/cert-manager/*) crds+=("$dir"/deploy/crds/cert-manager.io_{issuers,clusterissuers,certificates}.yaml) ;;
     github.com/prometheus-operator/*) crds+=("$dir"/example/prometheus-operator-crd/monitoring.coreos.com_{servicemonitors,prometheusrules}.yaml) ;;
     github.com/kyverno/*) crds+=("$dir"/config/crds/policyreport/wgpolicyk8s.io_clusterpolicyreports.yaml) ;;
+    github.com/openreports/*) crds+=("$dir"/config/crd/openreports.io_clusterreports.yaml) ;;
   esac
 done
 for f in "${crds[@]}"; do [[ -f "$f" ]] || die "missing CRD file $f"; done
@@ -88,6 +90,7 @@ declare -A sets=(
   [everything]="--set namespace.create=true --set monitoring.gpuTelemetry.enabled=true --set monitoring.gpuTelemetry.serviceMonitor.enabled=true --set monitoring.alertmanagerConfig.enabled=true --set monitoring.serviceMonitor.enabled=true --set monitoring.serviceMonitor.labels.release=kube-prometheus-stack --set monitoring.prometheusRule.enabled=true --set monitoring.prometheusRule.labels.release=kube-prometheus-stack --set monitoring.dashboard.enabled=true --set monitoring.dashboard.namespace=grafana --set monitoring.dashboard.annotations.grafana_folder=GPU --set celPolicy.enabled=true --set celPolicy.clusterPolicyParam=true --set report=true --set networkPolicy.apiServerCIDRs={10.0.0.0/16} --set networkPolicy.metricsPodSelector.app=prometheus --set image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef --set priorityClass.create=false --set priorityClass.name=system-cluster-critical --set tolerations[0].operator=Exists --set config.exemptions.usernames={alice} --set operatorNamespace=nvidia-gpu-operator --set operatorVersion=v25.3.4"
   [host-network]="--set namespace.create=true --set webhook.hostNetwork=true --set webhook.port=9443 --set admin.port=9444 --set admin.bindAddress=0.0.0.0 --set webhook.servicePort=443 --set networkPolicy.enabled=false --set clusterWatch=false --set podDisruptionBudget.enabled=false --set webhook.statusSubresource=false"
   [gke-private]="--set webhook.port=10250"
+  [openreports]="--set report=true --set reportFormat=openreports"
   [client-ca]="--set clientCA.secretName=apiserver-client-ca --set clientCA.allowedNames={kube-apiserver,apiserver.example}"
   [gpu-telemetry]="--set monitoring.gpuTelemetry.enabled=true --set monitoring.gpuTelemetry.serviceMonitor.enabled=true --set monitoring.alertmanagerConfig.enabled=true"
   [gpu-telemetry-tuned]="--set monitoring.gpuTelemetry.enabled=true --set monitoring.gpuTelemetry.dcgmExporterJob=dcgm --set monitoring.gpuTelemetry.team=gpu-infra --set monitoring.gpuTelemetry.scrape.enabled=false --set monitoring.gpuTelemetry.health.xidCritical=48|79 --set monitoring.gpuTelemetry.health.xidIgnored=13 --set monitoring.gpuTelemetry.health.eccDoubleBitErrors=2 --set monitoring.gpuTelemetry.health.retiredPagesPending=3 --set-json monitoring.gpuTelemetry.health.thermalViolationRatio=0.25 --set-json monitoring.gpuTelemetry.health.powerViolationRatio=0.75 --set-json monitoring.gpuTelemetry.health.violationCounterUnitSeconds=1e-6 --set monitoring.gpuTelemetry.health.nvlinkCrcErrors=1000 --set monitoring.gpuTelemetry.serviceMonitor.enabled=true --set monitoring.gpuTelemetry.serviceMonitor.namespace=monitoring --set monitoring.alertmanagerConfig.enabled=true --set monitoring.alertmanagerConfig.secretName=alertmanager-main --set monitoring.alertmanagerConfig.namespace=monitoring"
@@ -152,10 +155,14 @@ check "kustomize overlays/cert-manager = deploy/release/cert-manager.yaml, objec
 check "kustomize base = deploy/release/existing-secret.yaml, object for object" \
   "$py" "$here/same_objects.py" "$work/kustomize-base.yaml" deploy/release/existing-secret.yaml
 
-check "every rendered object is valid (Kubernetes $K8S_SCHEMA_VERSION schemas, cert-manager/prometheus-operator/wgpolicyk8s CRDs)" \
+# The reports `audit -o report` prints in each format (the unit tests hold the
+# binary's output to these files) are valid objects of their projects' CRDs.
+check "every rendered object and the audit's reports are valid (Kubernetes $K8S_SCHEMA_VERSION schemas, cert-manager/prometheus-operator/wgpolicyk8s/openreports CRDs)" \
   "$py" "$here/validate.py" --k8s "$K8S_SCHEMA_VERSION" \
   --require-crd-group cert-manager.io --require-crd-group monitoring.coreos.com --require-crd-group wgpolicyk8s.io \
-  $(printf -- '--crd %s ' "${crds[@]}") "${manifests[@]}" deploy/release/*.yaml deploy/monitoring/servicemonitor-dcgm-exporter.yaml
+  --require-crd-group openreports.io \
+  $(printf -- '--crd %s ' "${crds[@]}") "${manifests[@]}" deploy/release/*.yaml deploy/monitoring/servicemonitor-dcgm-exporter.yaml \
+  tests/fixtures/audit/report-one-node.yaml tests/fixtures/audit/report-one-node.openreports.yaml
 
 check "operatorNamespace=nvidia-gpu-operator reaches every operator-namespace reference" \
   "$py" "$here/same_objects.py" --operator-namespace nvidia-gpu-operator "$work/everything.yaml"
