@@ -125,6 +125,41 @@ fn json_has_the_facts_per_node_and_operand() {
 }
 
 #[test]
+fn report_format_openreports_prints_the_same_report_as_a_cluster_report() {
+    let policy = audit_case("lab-device-plugin-only", &["-o", "report"]);
+    let open = audit_case(
+        "lab-device-plugin-only",
+        &["-o", "report", "--report-format", "openreports"],
+    );
+    assert_eq!(open.status.code(), Some(1));
+    let mut v: Value = serde_norway::from_slice(&open.stdout).unwrap();
+    assert_eq!(v["apiVersion"], "openreports.io/v1alpha1");
+    assert_eq!(v["kind"], "ClusterReport");
+    // Everything else is the ClusterPolicyReport's (their timestamps are the same second or
+    // the next: compared without them).
+    let mut w: Value = serde_norway::from_slice(&policy.stdout).unwrap();
+    for doc in [&mut v, &mut w] {
+        let obj = doc.as_object_mut().unwrap();
+        obj.remove("apiVersion");
+        obj.remove("kind");
+        for r in obj["results"].as_array_mut().unwrap() {
+            r.as_object_mut().unwrap().remove("timestamp");
+        }
+    }
+    assert_eq!(v, w);
+    let bad = audit_case(
+        "lab-device-plugin-only",
+        &["-o", "report", "--report-format", "osv"],
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("'osv'") && err.contains("openreports"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_report_is_a_cluster_policy_report() {
     let o = audit_case("lab-device-plugin-only", &["-o", "report"]);
     assert_eq!(o.status.code(), Some(1));

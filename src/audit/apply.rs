@@ -22,20 +22,16 @@ fn what(format: Format) -> String {
     format!("{} {}", format.kind(), report::NAME)
 }
 
-/// Writes the report, built in `format` ([`PolicyReport::in_format`]), with server-side apply: the report's fields belong to gpu-deploy-guard. With a `fence` other than
+/// Writes the report, in the API it was built in ([`PolicyReport::in_format`]), with
+/// server-side apply: the report's fields belong to gpu-deploy-guard. With a `fence` other than
 /// [`Fence::Any`], only if the report is still as the writer last knew it (see
 /// [`api::fence_broken`]). Returns the resourceVersion written.
 pub async fn apply_report(
     client: &Client,
     report: &mut PolicyReport,
-    format: Format,
     fence: &Fence,
 ) -> Result<Option<String>, ClusterError> {
-    debug_assert_eq!(
-        report.api_version,
-        format.api_version(),
-        "built in another format"
-    );
+    let format = report.format();
     report.metadata.resource_version = fence.version().map(str::to_owned);
     api::apply(
         client,

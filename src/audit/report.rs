@@ -347,6 +347,15 @@ pub fn build_from(
 }
 
 impl PolicyReport {
+    /// The API the report is in ([`Self::in_format`]).
+    pub fn format(&self) -> Format {
+        if self.api_version == Format::OpenReports.api_version() {
+            Format::OpenReports
+        } else {
+            Format::PolicyReport
+        }
+    }
+
     /// The same report in `format`'s API.
     pub fn in_format(mut self, format: Format) -> PolicyReport {
         self.api_version = format.api_version();

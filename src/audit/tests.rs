@@ -577,6 +577,10 @@ fn the_report_yaml_follows_the_wgpolicyk8s_schema() {
         .to_yaml();
     let expected = include_str!("../../tests/fixtures/audit/report-one-node.openreports.yaml");
     assert_eq!(open, expected);
+    let built = report::build(&r, at());
+    assert_eq!(built.format(), report::Format::PolicyReport);
+    let built = built.in_format(report::Format::OpenReports);
+    assert_eq!(built.format(), report::Format::OpenReports);
     assert_eq!(
         open.replacen(
             "apiVersion: openreports.io/v1alpha1\nkind: ClusterReport\n",

@@ -199,9 +199,8 @@ async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         version::resolve(args.operator_version.given(&config), snap.facts.operator);
     let result = audit(&snap.nodes, &snap.pods, &snap.facts, &config.policy);
     if args.report {
-        let format = args.report_format;
-        let mut built = report::build(&result, now()).in_format(format);
-        apply_report(&client, &mut built, format, &Fence::Any).await?;
+        let mut built = report::build(&result, now()).in_format(args.report_format);
+        apply_report(&client, &mut built, &Fence::Any).await?;
     }
     Ok(result)
 }

@@ -42,34 +42,37 @@ pub enum UpgradeState {
     Unknown,
 }
 
-/// Every state of the upgrade controller, in the order it moves a node through them
+/// Every value the upgrade controller writes, in the order it moves a node through them
 /// (NVIDIA/k8s-operator-libs `pkg/upgrade/consts.go`, the maintenance-operator and reboot
-/// states of later releases included).
-const UNDER_WAY: [&str; 13] = [
-    "cordon-required",
-    "wait-for-jobs-required",
-    "pod-deletion-required",
-    "drain-required",
-    "node-maintenance-required",
-    "post-maintenance-required",
-    "pod-restart-required",
-    "reboot-required",
-    "reboot-validation-required",
-    "reboot-post-required",
-    "validation-required",
-    "uncordon-required",
-    "upgrade-required",
+/// states of later releases included); the empty value (no upgrade seen) is settled too.
+pub const UPGRADE_STATES: [(&str, UpgradeState); 16] = [
+    ("upgrade-required", UpgradeState::Queued),
+    ("cordon-required", UpgradeState::UnderWay),
+    ("wait-for-jobs-required", UpgradeState::UnderWay),
+    ("pod-deletion-required", UpgradeState::UnderWay),
+    ("drain-required", UpgradeState::UnderWay),
+    ("node-maintenance-required", UpgradeState::UnderWay),
+    ("post-maintenance-required", UpgradeState::UnderWay),
+    ("pod-restart-required", UpgradeState::UnderWay),
+    ("reboot-required", UpgradeState::UnderWay),
+    ("reboot-validation-required", UpgradeState::UnderWay),
+    ("reboot-post-required", UpgradeState::UnderWay),
+    ("validation-required", UpgradeState::UnderWay),
+    ("uncordon-required", UpgradeState::UnderWay),
+    ("upgrade-failed", UpgradeState::Failed),
+    ("upgrade-done", UpgradeState::Settled),
+    ("upgrade-skipped", UpgradeState::Settled),
 ];
 
 impl UpgradeState {
     pub fn of(value: &str) -> UpgradeState {
-        match value {
-            "" | "upgrade-done" | "upgrade-skipped" => UpgradeState::Settled,
-            "upgrade-required" => UpgradeState::Queued,
-            "upgrade-failed" => UpgradeState::Failed,
-            v if UNDER_WAY.contains(&v) => UpgradeState::UnderWay,
-            _ => UpgradeState::Unknown,
+        if value.is_empty() {
+            return UpgradeState::Settled;
         }
+        UPGRADE_STATES
+            .iter()
+            .find(|(known, _)| *known == value)
+            .map_or(UpgradeState::Unknown, |(_, state)| *state)
     }
 }
 

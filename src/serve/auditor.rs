@@ -279,7 +279,7 @@ async fn pass(auditor: &mut Auditor<'_>, pods: &mut PodsIndex, passes: &mut Pass
         })
     });
     match built {
-        Some(built) => report_pass(client, term, passes, config.report_format, built).await,
+        Some(built) => report_pass(client, term, passes, built).await,
         None => false,
     }
 }
@@ -290,7 +290,6 @@ async fn report_pass(
     client: &Client,
     term: &Term,
     passes: &mut Passes,
-    format: report::Format,
     mut built: PolicyReport,
 ) -> bool {
     if passes
@@ -300,7 +299,7 @@ async fn report_pass(
     {
         return false;
     }
-    match write_report(client, term, format, &mut passes.fence, &mut built).await {
+    match write_report(client, term, &mut passes.fence, &mut built).await {
         Ok(true) => {
             if passes.report_failing {
                 tracing::info!(kind = built.kind, "the report is written again");
@@ -330,7 +329,6 @@ async fn report_pass(
 async fn write_report(
     client: &Client,
     term: &Term,
-    format: report::Format,
     fence: &mut Option<Fence>,
     report: &mut PolicyReport,
 ) -> Result<bool, crate::k8s::api::ClusterError> {
@@ -339,13 +337,13 @@ async fn write_report(
     }
     let current = match fence.take() {
         Some(known) => known,
-        None => read_fence(client, format).await?,
+        None => read_fence(client, report.format()).await?,
     };
     // Reading took time: the term may have ended meanwhile.
     if !term.holds() {
         return Ok(false);
     }
-    let written = apply_report(client, report, format, &current).await?;
+    let written = apply_report(client, report, &current).await?;
     *fence = written.map(Fence::At);
     Ok(true)
 }

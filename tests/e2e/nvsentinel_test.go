@@ -1,60 +1,9 @@
 package e2e
 
 import (
-	"fmt"
 	"strings"
 	"testing"
-
-	"gpu-deploy-guard/tests/e2e/framework"
 )
-
-// grantNodeLabels gives each service account ("system:serviceaccount:<ns>:
-// <name>") what its component needs to label nodes (get and patch), as
-// their charts do, until the test ends; the suite impersonates them.
-func grantNodeLabels(t *testing.T, name string, users ...string) {
-	t.Helper()
-	var subjects strings.Builder
-	for _, u := range users {
-		parts := strings.Split(u, ":")
-		if len(parts) != 4 || parts[0] != "system" || parts[1] != "serviceaccount" {
-			t.Fatalf("grantNodeLabels: %q is no service account user name", u)
-		}
-		fmt.Fprintf(&subjects, "  - kind: ServiceAccount\n    name: %s\n    namespace: %s\n", parts[3], parts[2])
-	}
-	manifest := fmt.Sprintf(`apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata:
-  name: %[1]s
-rules:
-  - apiGroups: [""]
-    resources: [nodes]
-    verbs: [get, list, patch, update]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: %[1]s
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: %[1]s
-subjects:
-%[2]s`, name, subjects.String())
-	t.Cleanup(func() {
-		if got := kubectlWithInput(manifest, "delete", "-f", "-", "--ignore-not-found", "--wait=true", "--timeout=60s"); got.code != 0 {
-			t.Errorf("cleanup: deleting %s: %s", name, got)
-		}
-	})
-	if got := kubectlWithInput(manifest, "apply", "-f", "-"); got.code != 0 {
-		t.Fatalf("applying %s: %s", name, got)
-	}
-	for _, u := range users {
-		framework.WaitFor(t, watchFollow, u+" may patch nodes", func() (bool, string) {
-			got := kubectl("auth", "can-i", "patch", "nodes", "--as="+u)
-			return got.code == 0, got.String()
-		})
-	}
-}
 
 // janitorRBAC is what NVSentinel's janitor needs of nodes for a GPU reset
 // (its labels), as a service account outside the operator's namespace.

@@ -43,16 +43,6 @@ func stuckConfig(t *testing.T) string {
 	return path
 }
 
-// findingsOf reads audit_findings{rule} of g.
-func findingsOf(t *testing.T, g *framework.Guard, rule string) float64 {
-	t.Helper()
-	v, err := g.Counter(metricPrefix+"audit_findings", map[string]string{"rule": rule})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
 // TestStuckMigPauseAndDriverUpgradeAreReported: mig-manager pauses
 // lab-node-1's operands for a MIG change that then fails (gpu-operator#2833:
 // the labels stay paused-for-mig-change), and lab-node-0's driver upgrade

@@ -206,6 +206,16 @@ func auditGauges(g *framework.Guard) (string, error) {
 	return strings.Join(lines, "\n"), nil
 }
 
+// findingsOf reads audit_findings{rule} of g.
+func findingsOf(t *testing.T, g *framework.Guard, rule string) float64 {
+	t.Helper()
+	v, err := g.Counter(metricPrefix+"audit_findings", map[string]string{"rule": rule})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // gauges builds the expected auditGauges text.
 type gauges struct {
 	lines []string

@@ -46,7 +46,7 @@ d = sys.argv[1]
 sets = {n: load(f"{d}/{n}.yaml") for n in [
     "defaults", "audit", "warn", "cert-manager", "cert-manager-clusterissuer", "existing-secret",
     "everything", "host-network", "gke-private", "gpu-telemetry", "gpu-telemetry-tuned",
-    "gpu-telemetry-health-only", "gpu-telemetry-no-groups"]}
+    "gpu-telemetry-health-only", "gpu-telemetry-no-groups", "openreports"]}
 
 # enforcement -> failurePolicy of the enforce webhook and mode in the config.
 for name, policy, mode in [("defaults", "Fail", "enforce"), ("warn", "Ignore", "warn"), ("audit", "Ignore", "audit")]:
@@ -216,6 +216,18 @@ objs = sets["everything"]
 sm = one(objs, "ServiceMonitor", "-dcgm-exporter")
 expect("everything: dcgm-exporter ServiceMonitor in operatorNamespace", (sm["metadata"]["namespace"], sm["spec"]["namespaceSelector"]["matchNames"]),
        ("nvidia-gpu-operator", ["nvidia-gpu-operator"]))
+
+# reportFormat: the flag, and RBAC for exactly that report's resource.
+def report_rules(objs):
+    return [(r["apiGroups"], r["resources"]) for r in one(objs, "ClusterRole")["rules"]
+            if r["apiGroups"] != [""] and r["apiGroups"] != ["nvidia.com"]]
+
+
+objs = sets["openreports"]
+expect("openreports: args", [a for a in container(objs)["args"] if a.startswith("--report")],
+       ["--report", "--report-format=openreports"])
+expect("openreports: ClusterRole", report_rules(objs), [(["openreports.io"], ["clusterreports"])])
+expect("defaults: ClusterRole", report_rules(sets["defaults"]), [(["wgpolicyk8s.io"], ["clusterpolicyreports"])])
 
 for p in problems:
     print(p)

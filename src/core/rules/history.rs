@@ -11,8 +11,8 @@
 use super::pods::PodCtx;
 use super::{Change, Found, Rule};
 use crate::core::lasting::{
-    DRIVER_UPGRADE_STATE_KEY, History, MIG_CONFIG_STATE_KEY, UpgradeState, duration_words,
-    timestamp_words,
+    DRIVER_UPGRADE_STATE_KEY, History, MIG_CONFIG_STATE_KEY, UPGRADE_STATES, UpgradeState,
+    duration_words, timestamp_words,
 };
 use crate::core::pauses::Pauser;
 
@@ -115,12 +115,8 @@ pub(super) fn driver_upgrade_stuck(ctx: &PodCtx<'_>, out: &mut Vec<Found>) {
         }
         UpgradeState::Unknown => format!(
             "{value:?} is no state of the GPU Operator's upgrade controller this guard knows \
-             (upgrade-required, cordon-required, wait-for-jobs-required, pod-deletion-required, \
-             drain-required, node-maintenance-required, post-maintenance-required, \
-             pod-restart-required, reboot-required, reboot-validation-required, \
-             reboot-post-required, validation-required, uncordon-required, upgrade-failed, \
-             upgrade-done, upgrade-skipped): another tool writes the label, or the operator is \
-             newer than this guard"
+             ({}): another tool writes the label, or the operator is newer than this guard",
+            UPGRADE_STATES.map(|(known, _)| known).join(", ")
         ),
         UpgradeState::Settled => return,
     };
