@@ -169,7 +169,7 @@ fn the_report_is_a_cluster_policy_report() {
     assert_eq!(v["metadata"]["name"], "gpu-deploy-guard");
     assert_eq!(
         v["summary"],
-        serde_json::json!({"pass": 31, "fail": 1, "warn": 1, "error": 0, "skip": 0})
+        serde_json::json!({"pass": 34, "fail": 1, "warn": 1, "error": 0, "skip": 0})
     );
     let fail: Vec<&Value> = v["results"]
         .as_array()

@@ -139,6 +139,7 @@ fn node_audit(
             now,
             stuck_after: policy.stuck_after,
         },
+        advertised: record.advertised(),
     };
     Some(context.node(node, &pods.on_node(name), policy))
 }

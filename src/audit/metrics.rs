@@ -389,6 +389,7 @@ mod tests {
             "gpu_deploy_guard_audit_findings{rule=\"nfd-labels-lost\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"pause-stuck\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"driver-upgrade-stuck\"} 0",
+            "gpu_deploy_guard_audit_findings{rule=\"gpus-not-advertised\"} 0",
             "gpu_deploy_guard_audit_last_run_timestamp_seconds 1796032800",
             "gpu_deploy_guard_audit_nodes 3",
             "gpu_deploy_guard_audit_nodes_not_itemized 0",

@@ -19,6 +19,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use crate::core::advertised::{Advertised, GFD_COUNT_KEY};
 use crate::core::facts::ClusterFacts;
 use crate::core::lasting::History;
 use crate::core::operands::{Labels, Operand, OperandSet, is_gpu_node};
@@ -49,6 +50,8 @@ pub enum Basis {
     /// How long the node's pauses and upgrade states have lasted, as this guard has watched
     /// them (`serve`'s continuous audit only).
     History,
+    /// What the node's status advertises (its allocatable GPUs), beside the pods that run.
+    Status,
 }
 
 impl Basis {
@@ -346,6 +349,7 @@ pub fn audit<N: Borrow<NodeView>, P: Borrow<PodView>>(
                 labels: n.labels(),
                 placement: &n.placement,
                 history: History::NONE,
+                advertised: n.advertised,
             };
             ctx.node(node, pods, policy)
         })
@@ -368,6 +372,8 @@ pub struct NodeIn<'a> {
     pub labels: &'a Labels,
     pub placement: &'a NodePlacement,
     pub history: History<'a>,
+    /// What its status advertises of NVIDIA GPUs (`None`: no status read).
+    pub advertised: Option<Advertised>,
 }
 
 fn audit_node(
@@ -431,6 +437,11 @@ fn findings(
         operands: &audit.operands,
         facts,
         history: node.history,
+        advertised: node.advertised,
+        gfd_count: node
+            .labels
+            .get(GFD_COUNT_KEY)
+            .and_then(|v| v.trim().parse().ok()),
     };
     pods.run(|rule| policy.action(rule) != Action::Off, &mut found);
     let mut out: Vec<AuditFinding> = found
@@ -440,6 +451,8 @@ fn findings(
             level: level(policy.action(f.rule)),
             basis: if f.rule.reads_history() {
                 Basis::History
+            } else if f.rule.reads_status() {
+                Basis::Status
             } else {
                 Basis::Pods
             },

@@ -200,6 +200,7 @@ fn result(
                     super::Basis::Pods => "pods",
                     super::Basis::Labels => "labels",
                     super::Basis::History => "history",
+                    super::Basis::Status => "status",
                 },
             )]),
         ),

@@ -517,11 +517,11 @@ fn at() -> Timestamp {
 fn the_report_has_one_result_per_relevant_node_and_rule() {
     let r = run("lab-device-plugin-only");
     let rep = report::build(&r, at());
-    // Three nodes take part (two GPUs, one with the plugin), eleven rules each.
-    assert_eq!(rep.results.len(), 33);
+    // Three nodes take part (two GPUs, one with the plugin), twelve rules each.
+    assert_eq!(rep.results.len(), 36);
     assert_eq!(
         (rep.summary.pass, rep.summary.fail, rep.summary.warn),
-        (31, 1, 1)
+        (34, 1, 1)
     );
     let fail = rep
         .results
@@ -614,13 +614,13 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
     let rep = report::build(&r, at());
     assert_eq!(rep.results.len(), report::MAX_RESULTS);
     assert_eq!(rep.summary.fail, 1000);
-    assert_eq!(rep.summary.pass, 10_000);
+    assert_eq!(rep.summary.pass, 11_000);
     assert_eq!(
         rep.metadata
             .annotations
             .get(report::OMITTED_ANNOTATION)
             .map(String::as_str),
-        Some("9000")
+        Some("10000")
     );
     assert!(
         rep.results[..1000]
@@ -629,7 +629,7 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
     );
 
     // Kept as summaries, the same report: each listed node's audit is made again only for its
-    // results (the 1,000 failures, then the passes of the first 100 nodes, 10 rules each), never
+    // results (the 1,000 failures, then the passes of the first 91 nodes, 11 rules each), never
     // for the nodes left out.
     let summary = r.summary();
     let mut made = Vec::new();
@@ -642,9 +642,9 @@ fn a_huge_report_keeps_failures_and_counts_what_it_leaves_out() {
         at(),
     );
     assert_eq!(again, rep);
-    assert_eq!(made.len(), 1000 + 100);
+    assert_eq!(made.len(), 1000 + 91);
     assert_eq!(made[1000], "gpu-0000");
-    assert_eq!(made.last().map(String::as_str), Some("gpu-0099"));
+    assert_eq!(made.last().map(String::as_str), Some("gpu-0090"));
 
     // A node whose audit cannot be made again keeps its outcome, and says so.
     let blind = report::build_from(&summary, |_| None, at());
@@ -740,4 +740,127 @@ fn both_custom_resources_fail_the_report_once() {
         serde_json::from_str::<serde_json::Value>(&output::json(&r)).unwrap()["stack"],
         "cluster-policy"
     );
+}
+
+#[test]
+fn a_running_device_plugin_on_a_node_advertising_no_gpu_is_found_from_its_status() {
+    use crate::core::advertised::Advertised;
+    let labels = [
+        ("device-plugin", "true"),
+        ("container-toolkit", "true"),
+        ("nvidia.com/gpu.present", "true"),
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
+    ];
+    let pods = |plugin: PodPhase| {
+        [
+            pod("tk", "nvidia-container-toolkit-daemonset", "n", RUNNING),
+            pod("dp", "nvidia-device-plugin-daemonset", "n", plugin),
+        ]
+    };
+    let judge = |advertised: Option<Advertised>, count: Option<&str>, plugin: PodPhase| {
+        let mut n = node("n", &labels);
+        if let Some(c) = count {
+            n.metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .insert("nvidia.com/gpu.count".into(), c.into());
+        }
+        n.advertised = advertised;
+        audit(
+            &[n],
+            &pods(plugin),
+            &operator_defaults(),
+            &Policy::default(),
+        )
+    };
+    let zero = |listed, capacity| {
+        Some(Advertised {
+            listed,
+            capacity,
+            allocatable: 0,
+        })
+    };
+    // The kubelet lists 8 GPUs, none allocatable: the plugin's devices turned unhealthy.
+    let r = judge(zero(true, 8), None, RUNNING);
+    let n = &r.nodes[0];
+    let f = n
+        .findings
+        .iter()
+        .find(|f| f.rule == Rule::GpusNotAdvertised)
+        .unwrap();
+    assert_eq!((f.level, f.basis), (Level::Warn, Basis::Status));
+    assert!(
+        f.message.starts_with(
+            "node n runs the NVIDIA device plugin (pod dp) but its status advertises 0 \
+             allocatable NVIDIA GPUs (capacity 8), so the scheduler places no GPU pod there"
+        ),
+        "{}",
+        f.message
+    );
+    assert!(!n.is_ok(), "an observed failure");
+    assert_eq!(r.exit_code(), 1);
+    // Never registered, GFD counts 8: found, in its own words.
+    let r = judge(zero(false, 0), Some("8"), RUNNING);
+    assert_eq!(r.nodes[0].findings.len(), 1, "{:?}", r.nodes[0].findings);
+    let f = &r.nodes[0].findings[0];
+    assert_eq!(f.rule, Rule::GpusNotAdvertised);
+    assert!(
+        f.message.contains(
+            "GPU feature discovery counts 8 GPU(s) (nvidia.com/gpu.count=8) and its status \
+             lists no NVIDIA GPU resource"
+        ),
+        "{}",
+        f.message
+    );
+    // Not judged: nothing says there is a GPU, no status read, GPUs allocatable, the plugin
+    // not running (operand-not-running says that), a count of 0 or garbage.
+    for (advertised, count, plugin) in [
+        (zero(false, 0), None, RUNNING),
+        (None, Some("8"), RUNNING),
+        (
+            Some(Advertised {
+                listed: true,
+                capacity: 8,
+                allocatable: 7,
+            }),
+            Some("8"),
+            RUNNING,
+        ),
+        (zero(true, 8), Some("8"), PodPhase::Pending),
+        (zero(false, 0), Some("0"), RUNNING),
+        (zero(false, 0), Some("eight"), RUNNING),
+    ] {
+        let r = judge(advertised, count, plugin);
+        assert!(
+            !r.nodes[0].has(Rule::GpusNotAdvertised),
+            "{advertised:?} {count:?} {plugin:?}"
+        );
+    }
+}
+
+#[test]
+fn gpus_not_advertised_switched_off_is_not_evaluated() {
+    use crate::core::advertised::Advertised;
+    let labels = [
+        ("device-plugin", "true"),
+        ("container-toolkit", "true"),
+        ("nvidia.com/gpu.present", "true"),
+        ("feature.node.kubernetes.io/pci-10de.present", "true"),
+    ];
+    let pods = [
+        pod("tk", "nvidia-container-toolkit-daemonset", "n", RUNNING),
+        pod("dp", "nvidia-device-plugin-daemonset", "n", RUNNING),
+    ];
+    let mut policy = Policy::default();
+    policy.actions[Rule::GpusNotAdvertised as usize] = crate::core::rules::Action::Off;
+    let mut n = node("n", &labels);
+    n.advertised = Some(Advertised {
+        listed: true,
+        capacity: 8,
+        allocatable: 0,
+    });
+    let r = audit(&[n], &pods, &operator_defaults(), &policy);
+    assert!(!r.nodes[0].has(Rule::GpusNotAdvertised));
+    assert!(!r.rules.contains(&Rule::GpusNotAdvertised));
 }

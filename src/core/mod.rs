@@ -3,6 +3,7 @@
 //! tracing) and no file or network access. The webhook, `check` and `audit` all call the same
 //! functions, so they can never disagree.
 
+pub mod advertised;
 pub mod config;
 pub mod echo;
 pub mod era;

@@ -61,6 +61,7 @@ pub enum Rule {
     OperandsNotRecreated,
     PauseStuck,
     DriverUpgradeStuck,
+    GpusNotAdvertised,
 }
 
 /// What happens when a rule finds something.
@@ -163,6 +164,13 @@ impl Rule {
     /// [`History`]: crate::core::lasting::History
     pub fn reads_history(self) -> bool {
         matches!(self, Rule::PauseStuck | Rule::DriverUpgradeStuck)
+    }
+
+    /// Judged on what the node's status advertises ([`Advertised`]).
+    ///
+    /// [`Advertised`]: crate::core::advertised::Advertised
+    pub fn reads_status(self) -> bool {
+        matches!(self, Rule::GpusNotAdvertised)
     }
 
     pub fn state_rules() -> impl Iterator<Item = Rule> {

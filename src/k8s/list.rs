@@ -184,6 +184,7 @@ fn nodes_from(source: impl Read, path: &Path) -> Result<Vec<NodeView>, FileError
         .map(|i| NodeView {
             metadata: i.metadata,
             placement: i.spec,
+            advertised: i.status,
         })
         .collect())
 }

@@ -1,4 +1,5 @@
-//! The part of a Node object the decision reads: its name, labels, taints and cordon.
+//! The part of a Node object the decision reads: its name, labels, taints and cordon, and the
+//! NVIDIA GPUs its status advertises.
 //!
 //! A real Node carries kilobytes of status (images, conditions) and
 //! managedFields. Deserializing into [`NodeView`] skips all of it without
@@ -12,6 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use super::document;
 use super::meta::PartialMeta;
 use super::placement::RawNodeSpec;
+use crate::core::advertised::{Advertised, gpu_count, is_gpu_resource};
 use crate::core::operands::Labels;
 use crate::core::placement::NodePlacement;
 
@@ -28,6 +30,94 @@ pub struct NodeView {
         skip_serializing
     )]
     pub placement: NodePlacement,
+    /// What `status.capacity` and `status.allocatable` advertise of NVIDIA GPUs; `None` when
+    /// the object carries no `status.allocatable` (a file without status).
+    #[serde(
+        default,
+        rename = "status",
+        deserialize_with = "node_status",
+        skip_serializing
+    )]
+    pub advertised: Option<Advertised>,
+}
+
+/// A Node's `status`, reduced to its NVIDIA GPU resources; the rest (images, conditions) is
+/// skipped without being built.
+#[derive(Default, Deserialize)]
+struct RawNodeStatus {
+    #[serde(default)]
+    capacity: Option<GpuResources>,
+    #[serde(default)]
+    allocatable: Option<GpuResources>,
+}
+
+/// A resource list's NVIDIA GPU resources: whether there were any, and their summed count.
+#[derive(Default)]
+struct GpuResources {
+    listed: bool,
+    count: u32,
+}
+
+impl<'de> Deserialize<'de> for GpuResources {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<GpuResources, D::Error> {
+        struct Resources;
+        impl<'de> serde::de::Visitor<'de> for Resources {
+            type Value = GpuResources;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of resource names to quantities")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<GpuResources, A::Error> {
+                let mut out = GpuResources::default();
+                while let Some(gpu) = map.next_key::<IsGpu>()? {
+                    if gpu.0 {
+                        let quantity: String = map.next_value()?;
+                        out.listed = true;
+                        out.count = out.count.saturating_add(gpu_count(&quantity));
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Resources)
+    }
+}
+
+/// A resource name, read only for whether it is an NVIDIA GPU resource (no copy of the others).
+struct IsGpu(bool);
+
+impl<'de> Deserialize<'de> for IsGpu {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<IsGpu, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = IsGpu;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a resource name")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<IsGpu, E> {
+                Ok(IsGpu(is_gpu_resource(name)))
+            }
+        }
+        d.deserialize_str(Name)
+    }
+}
+
+fn node_status<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Advertised>, D::Error> {
+    let raw = Option::<RawNodeStatus>::deserialize(d)?.unwrap_or_default();
+    // What is allocatable decides; a status without it (a hand-written file) says nothing.
+    let Some(allocatable) = raw.allocatable else {
+        return Ok(None);
+    };
+    let capacity = raw.capacity.unwrap_or_default();
+    Ok(Some(Advertised {
+        listed: capacity.listed || allocatable.listed,
+        capacity: capacity.count,
+        allocatable: allocatable.count,
+    }))
 }
 
 fn node_spec<'de, D: Deserializer<'de>>(d: D) -> Result<NodePlacement, D::Error> {
@@ -99,6 +189,8 @@ pub(crate) struct NodeFile {
     pub(crate) metadata: ObjectMeta,
     #[serde(default, deserialize_with = "node_spec")]
     pub(crate) spec: NodePlacement,
+    #[serde(default, deserialize_with = "node_status")]
+    pub(crate) status: Option<Advertised>,
 }
 
 /// Reads a Node from JSON or YAML text; `source_name` names the file in errors.
@@ -131,6 +223,7 @@ pub fn parse_node(text: &str, source_name: &str) -> Result<NodeView, NodeFileErr
     Ok(NodeView {
         metadata: file.metadata,
         placement: file.spec,
+        advertised: file.status,
     })
 }
 
@@ -173,6 +266,46 @@ mod tests {
             node.placement.taints[0].to_string(),
             "nvidia.com/gpu-xid-error=79:NoExecute"
         );
+    }
+
+    #[test]
+    fn the_status_gives_the_nvidia_gpus_advertised_and_nothing_else() {
+        let json = r#"{"kind":"Node","apiVersion":"v1","metadata":{"name":"n"},
+            "status":{"images":[{"names":["x"],"sizeBytes":1}],
+              "capacity":{"cpu":"64","nvidia.com/gpu":"8","nvidia.com/mig-1g.10gb":"7","nvidia.com/mlnxnics":"8"},
+              "allocatable":{"cpu":"63","nvidia.com/gpu":"0","nvidia.com/mig-1g.10gb":"0"}}}"#;
+        let node: NodeView = serde_json::from_str(json).unwrap();
+        assert_eq!(
+            node.advertised,
+            Some(Advertised {
+                listed: true,
+                capacity: 15,
+                allocatable: 0
+            })
+        );
+        // A status without GPU resources is read (none listed); one without allocatable, or
+        // no status, is not.
+        let capacity_only =
+            r#"{"metadata":{"name":"n"},"status":{"capacity":{"nvidia.com/gpu":"8"}}}"#;
+        let node: NodeView = serde_json::from_str(capacity_only).unwrap();
+        assert_eq!(node.advertised, None);
+        let plain =
+            r#"{"kind":"Node","metadata":{"name":"n"},"status":{"allocatable":{"cpu":"1"}}}"#;
+        let node: NodeView = serde_json::from_str(plain).unwrap();
+        assert_eq!(node.advertised, Some(Advertised::default()));
+        let bare: NodeView = serde_json::from_str(r#"{"metadata":{"name":"n"}}"#).unwrap();
+        assert_eq!(bare.advertised, None);
+        // A file reads it too; a quantity that is not a string is named.
+        let file = parse_node(
+            json.replace(r#""kind""#, r#""apiVersion":"v1","kind""#)
+                .as_str(),
+            "n.json",
+        );
+        assert!(file.is_err() || file.unwrap().advertised.is_some());
+        let bad = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n"},
+            "status":{"allocatable":{"nvidia.com/gpu":8}}}"#;
+        let msg = parse_node(bad, "n.json").unwrap_err().to_string();
+        assert!(msg.starts_with("n.json: status.allocatable"), "{msg}");
     }
 
     #[test]

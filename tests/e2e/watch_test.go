@@ -236,7 +236,7 @@ func (w *gauges) findings(counts map[string]int) *gauges {
 	for _, rule := range []string{"device-plugin-without-toolkit", "operand-without-toolkit",
 		"operand-without-validator", "operand-without-sandbox-validator", "operand-without-dra-driver",
 		"dcgm-exporter-without-dcgm", "device-plugin-on-non-gpu-node", "nfd-labels-lost", "operand-not-running", "toolkit-not-recreated",
-		"operands-not-recreated", "pause-stuck", "driver-upgrade-stuck"} {
+		"operands-not-recreated", "pause-stuck", "driver-upgrade-stuck", "gpus-not-advertised"} {
 		w.lines = append(w.lines, fmt.Sprintf("audit_findings %s %d", rule, counts[rule]))
 	}
 	return w
@@ -371,6 +371,7 @@ func reportLines(nodes map[string][]string) string {
 		"operands-not-recreated":            "medium",
 		"pause-stuck":                       "medium",
 		"driver-upgrade-stuck":              "medium",
+		"gpus-not-advertised":               "medium",
 	}
 	count := map[string]int{}
 	var lines []string

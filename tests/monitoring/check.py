@@ -77,6 +77,9 @@ KNOWN_METRICS = {
     "gpu_deploy_guard_operand_nodes",
     "up",
     "ALERTS",
+    # kube-state-metrics' reading of node status.allocatable (resource
+    # nvidia.com/gpu becomes nvidia_com_gpu), joined with the guard's series.
+    "kube_node_status_allocatable",
 }
 
 # dcgm-exporter's series: the DCGM fields of its etc/default-counters.csv

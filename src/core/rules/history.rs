@@ -157,6 +157,8 @@ mod tests {
                 now,
                 stuck_after: StuckAfter::default(),
             },
+            advertised: None,
+            gfd_count: None,
         };
         let mut out = Vec::new();
         pause_stuck(&ctx, &mut out);

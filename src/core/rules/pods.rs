@@ -4,6 +4,7 @@
 //! read the same context ([`PodCtx`]).
 
 use super::{Change, Check, Found, RULES, Rule};
+use crate::core::advertised::{Advertised, GFD_COUNT_KEY};
 use crate::core::facts::ClusterFacts;
 use crate::core::lasting::History;
 use crate::core::operands::Operand;
@@ -17,6 +18,10 @@ pub struct PodCtx<'r> {
     pub facts: &'r ClusterFacts,
     /// How long the node's timed labels have lasted ([`History::NONE`] offline).
     pub history: History<'r>,
+    /// What the node's status advertises of NVIDIA GPUs (`None`: no status was read).
+    pub advertised: Option<Advertised>,
+    /// How many GPUs GPU feature discovery counts there (`nvidia.com/gpu.count`).
+    pub gfd_count: Option<u32>,
 }
 
 impl PodCtx<'_> {
@@ -112,4 +117,57 @@ pub(super) fn operand_not_running(ctx: &PodCtx<'_>, out: &mut Vec<Found>) {
             parts.join(", ")
         ),
     ));
+}
+
+/// `gpus-not-advertised`: the device plugin runs and the node offers the scheduler no NVIDIA
+/// GPU, although the kubelet lists a GPU resource (the plugin registered it once) or GPU feature
+/// discovery counts GPUs there. A node whose status was not read, or that nothing says has a
+/// GPU, is not judged.
+pub(super) fn gpus_not_advertised(ctx: &PodCtx<'_>, out: &mut Vec<Found>) {
+    let Some(advertised) = ctx.advertised else {
+        return;
+    };
+    if !ctx.running(Operand::DevicePlugin) || !advertised.none_allocatable() {
+        return;
+    }
+    let counted = ctx.gfd_count.filter(|n| *n > 0);
+    let node = ctx.node;
+    let plugin = ctx
+        .operand(Operand::DevicePlugin)
+        .and_then(|s| s.pod.as_deref())
+        .unwrap_or_default();
+    let (what, why) = if advertised.listed {
+        (
+            format!(
+                "its status advertises 0 allocatable NVIDIA GPUs (capacity {})",
+                advertised.capacity
+            ),
+            "The kubelet sets a GPU resource to 0 when the plugin reports its devices unhealthy \
+             or its socket goes away (NVIDIA/k8s-device-plugin#1698), and after a MIG change \
+             until the restarted plugin registers again (NVIDIA/gpu-operator#2833)",
+        )
+    } else if let Some(n) = counted {
+        (
+            format!(
+                "GPU feature discovery counts {n} GPU(s) ({GFD_COUNT_KEY}={n}) and its status \
+                 lists no NVIDIA GPU resource"
+            ),
+            "The plugin never registered its GPUs with the kubelet: it found no device it could \
+             open (NVML failing, the driver not loaded, a wrong MIG strategy) and waits",
+        )
+    } else {
+        return;
+    };
+    let message = format!(
+        "node {node} runs the NVIDIA device plugin (pod {plugin}) but {what}, so the scheduler \
+         places no GPU pod there while every operand looks healthy. {why}. Read the device plugin \
+         pod's log and the node's GPUs (nvidia-smi); deleting the plugin pod makes it register \
+         again once the cause is fixed."
+    );
+    out.push(Found {
+        rule: Rule::GpusNotAdvertised,
+        change: Change::Existing,
+        warning: format!("node {node} runs the device plugin but advertises no allocatable GPU"),
+        message,
+    });
 }

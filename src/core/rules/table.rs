@@ -5,7 +5,7 @@ use super::{Action, Check, Kind, Rule, RuleSpec, Severity, fleet, history, pods}
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs`, `rules/change.rs`, `rules/fleet.rs` or
 /// `rules/pods.rs`).
-pub const RULES: [RuleSpec; 27] = [
+pub const RULES: [RuleSpec; 28] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -283,5 +283,15 @@ pub const RULES: [RuleSpec; 27] = [
         pass: "no driver upgrade state has lasted longer than stuckAfter.driverUpgrade",
         summary: "nvidia.com/gpu-driver-upgrade-state has stayed in upgrade-required, a cordon or drain state, upgrade-failed or an unknown value longer than stuckAfter.driverUpgrade (default 24h) (gpu-operator#2509, #2549, #2820); the audit of a running guard only, timed from when it first saw the state",
         checks: &[Check::Pods(history::driver_upgrade_stuck)],
+    },
+    RuleSpec {
+        rule: Rule::GpusNotAdvertised,
+        id: "gpus-not-advertised",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: Severity::Medium,
+        pass: "where the device plugin runs, the node advertises an allocatable NVIDIA GPU",
+        summary: "the device plugin's pod runs on a node whose status advertises no allocatable NVIDIA GPU (nvidia.com/gpu, .shared or a MIG profile) although a GPU resource is listed or GPU feature discovery counts GPUs: the scheduler places no GPU pod there (k8s-device-plugin#1698, gpu-operator#2833); the audit only, from the node's status",
+        checks: &[Check::Pods(pods::gpus_not_advertised)],
     },
 ];

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use crate::core::facts::ClusterFacts;
-use crate::core::{lasting, policy};
+use crate::core::{advertised, lasting, policy};
 
 /// Which labels a node record keeps: those the decision reads under any facts, the keys of the
 /// cluster's custom operand nodeSelectors, and the states the audit times
@@ -23,6 +23,7 @@ impl LabelFilter {
     pub fn keeps(&self, key: &str) -> bool {
         policy::reads_label_whatever_the_facts(key)
             || lasting::STATE_KEYS.contains(&key)
+            || key == advertised::GFD_COUNT_KEY
             || self.selector_keys.contains(key)
     }
 

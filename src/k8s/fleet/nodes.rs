@@ -7,6 +7,7 @@ use std::time::SystemTime;
 
 use super::filter::LabelFilter;
 use super::interner::{Interner, Sym};
+use crate::core::advertised::Advertised;
 use crate::core::lasting::{self, Lasting, StuckAfter};
 use crate::core::operands::Labels;
 use crate::core::placement::{Effect, MAX_TAINTS, NodePlacement, Taint};
@@ -15,12 +16,14 @@ use crate::k8s::node::NodeView;
 /// A node's labels that the decision reads, sorted by key, and what placement reads of it:
 /// its taints and its cordon. All taints are kept, those of a passing condition too: the audit
 /// says what the controller does now, and a decision reads what lasts
-/// ([`NodePlacement::lasting`]). A status heartbeat changes neither.
+/// ([`NodePlacement::lasting`]). And the NVIDIA GPUs its status advertises, which change when a
+/// device plugin registers or its devices' health changes, never with a status heartbeat.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRecord {
     labels: Box<[(Sym, Sym)]>,
     taints: Box<[(Sym, Sym, Effect)]>,
     unschedulable: bool,
+    advertised: Option<Advertised>,
 }
 
 impl NodeRecord {
@@ -43,16 +46,22 @@ impl NodeRecord {
             unschedulable: self.unschedulable,
         }
     }
+
+    /// What the node's status advertises of NVIDIA GPUs (`None`: no status read).
+    pub fn advertised(&self) -> Option<Advertised> {
+        self.advertised
+    }
 }
 
 /// A record's identity: the addresses of its interned strings (labels, then taints), the
-/// taints' effects and its cordon. Records of one index share the strings of equal text, so
+/// taints' effects, its cordon and its advertised GPUs. Records of one index share the strings of equal text, so
 /// equal records have equal keys.
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct RecordKey {
     labels: Vec<(usize, usize)>,
     taints: Vec<(usize, usize, Effect)>,
     unschedulable: bool,
+    advertised: Option<Advertised>,
 }
 
 impl RecordKey {
@@ -70,6 +79,7 @@ impl RecordKey {
                 .map(|(k, v, e)| (addr(k), addr(v), *e))
                 .collect(),
             unschedulable: record.unschedulable,
+            advertised: record.advertised,
         }
     }
 }
@@ -192,6 +202,7 @@ impl NodeIndex {
             labels: labels.into_boxed_slice(),
             taints: taints.into_boxed_slice(),
             unschedulable: placement.unschedulable,
+            advertised: node.advertised,
         }
     }
 
@@ -476,6 +487,40 @@ mod tests {
         index.relist_apply(&mk("b", "1"));
         assert_eq!(index.finish_relist(), vec![Box::from("a")]);
         assert!(index.get("a").is_none());
+    }
+
+    #[test]
+    fn records_keep_the_advertised_gpus_and_the_gfd_count() {
+        let mut index = NodeIndex::new(LabelFilter::new(&operator_defaults()));
+        let mk = |allocatable: &str| -> NodeView {
+            serde_json::from_str(&format!(
+                r#"{{"metadata":{{"name":"a","labels":{{"nvidia.com/gpu.count":"8"}}}},
+                "status":{{"conditions":[{{"type":"Ready","lastHeartbeatTime":"{allocatable}"}}],
+                "capacity":{{"nvidia.com/gpu":"8"}},"allocatable":{{"nvidia.com/gpu":"{allocatable}"}}}}}}"#
+            ))
+            .unwrap()
+        };
+        assert!(index.apply(&mk("8")));
+        let record = index.get("a").unwrap();
+        assert_eq!(record.advertised().map(|a| a.allocatable), Some(8));
+        assert_eq!(
+            record
+                .labels()
+                .get("nvidia.com/gpu.count")
+                .map(String::as_str),
+            Some("8")
+        );
+        assert!(!index.apply(&mk("8")), "a heartbeat");
+        // Devices turned unhealthy: the record changes, and so does its group.
+        assert!(index.apply(&mk("0")));
+        assert!(
+            index
+                .get("a")
+                .unwrap()
+                .advertised()
+                .unwrap()
+                .none_allocatable()
+        );
     }
 
     #[test]
