@@ -381,3 +381,41 @@ fn a_gpu_cluster_file_sets_the_stack() {
     assert_eq!(conflict.len(), 1, "{}", stdout(&o));
     assert_eq!(conflict[0]["result"], "fail");
 }
+
+#[test]
+fn the_slices_file_finds_the_device_plugin_beside_the_dra_driver() {
+    let slices = format!(
+        "{}/tests/fixtures/dra/resource-slices.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let o = audit_case("lab", &["--resource-slices", &slices, "-o", "json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let findings: Vec<(String, String, String)> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| {
+            let name = n["name"].as_str().unwrap().to_owned();
+            n["findings"].as_array().unwrap().iter().map(move |f| {
+                (
+                    name.clone(),
+                    f["rule"].as_str().unwrap().to_owned(),
+                    f["basis"].as_str().unwrap().to_owned(),
+                )
+            })
+        })
+        .collect();
+    assert_eq!(
+        findings,
+        [(
+            "lab-node-1".to_owned(),
+            "device-plugin-beside-dra-driver".to_owned(),
+            "labels".to_owned()
+        )]
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("1 of driver compute-domain.nvidia.com"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

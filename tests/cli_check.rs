@@ -558,3 +558,109 @@ fn a_tainted_node_is_judged_with_the_daemonsets_tolerations() {
         stderr(&o)
     );
 }
+
+fn slices() -> String {
+    format!(
+        "{}/tests/fixtures/dra/resource-slices.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn the_device_plugin_beside_nvidias_dra_driver_is_found_from_the_slices() {
+    // lab-node-1 runs the device plugin; NVIDIA's GPU DRA driver publishes a slice for it.
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-1.yaml"),
+        "--resource-slices",
+        &slices(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(
+            "warn  device-plugin-beside-dra-driver existing node lab-node-1: the NVIDIA device \
+             plugin already runs beside NVIDIA's DRA driver, which publishes ResourceSlices of \
+             driver gpu.nvidia.com for this node: both advertise the same GPUs"
+        ),
+        "{}",
+        stdout(&o)
+    );
+    // What the file holds that is not read is said: another driver's slice, one of no node.
+    let err = stderr(&o);
+    assert!(
+        err.contains("ResourceSlices of other drivers are not read (only gpu.nvidia.com advertises the GPUs the device plugin does): 1 of driver compute-domain.nvidia.com"),
+        "{err}"
+    );
+    assert!(
+        err.contains("1 ResourceSlice(s) of gpu.nvidia.com name no node (spec.nodeName)"),
+        "{err}"
+    );
+    // lab-node-0's slice is of another driver: nothing found there.
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-0.yaml"),
+        "--resource-slices",
+        &slices(),
+    ]);
+    assert!(
+        !stdout(&o).contains("device-plugin-beside-dra-driver"),
+        "{}",
+        stdout(&o)
+    );
+    // Without the slices the rule is not evaluated.
+    let o = check(&["--node", &nodes("lab-node-1.yaml")]);
+    assert!(
+        !stdout(&o).contains("device-plugin-beside-dra-driver"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn starting_the_device_plugin_beside_the_dra_driver_is_refused_when_configured() {
+    let off = std::fs::read_to_string(nodes("lab-node-1.yaml"))
+        .unwrap()
+        .replace(
+            "nvidia.com/gpu.deploy.device-plugin: \"true\"",
+            "nvidia.com/gpu.deploy.device-plugin: \"false\"",
+        );
+    let (_n, node) = temp_file("lab-node-1.yaml", &off);
+    let (_c, cfg) = temp_file(
+        "config.yaml",
+        "rules:\n  device-plugin-beside-dra-driver: deny\n",
+    );
+    let o = check(&[
+        "--config",
+        &cfg,
+        "--node",
+        &node,
+        "--resource-slices",
+        &slices(),
+        "nvidia.com/gpu.deploy.device-plugin=true",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("Error from server (Forbidden): node lab-node-1: the NVIDIA device plugin runs beside NVIDIA's DRA driver")
+            && stdout(&o).contains("deny  device-plugin-beside-dra-driver new"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn a_slices_file_of_something_else_is_refused_naming_it() {
+    let pods = r#"{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"}}]}"#;
+    let (_d, path) = temp_file("slices.json", pods);
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-1.yaml"),
+        "--resource-slices",
+        &path,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("a List of ResourceSlices") && err.contains("a Pod at items[0]"),
+        "{err}"
+    );
+}

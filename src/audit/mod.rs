@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::core::advertised::{Advertised, GFD_COUNT_KEY};
+use crate::core::dra::DraNodes;
 use crate::core::facts::ClusterFacts;
 use crate::core::lasting::History;
 use crate::core::operands::{Labels, Operand, OperandSet, is_gpu_node};
@@ -290,8 +291,12 @@ impl Context {
         let columns = Operand::always_shown()
             .chain(Operand::all().filter(|op| present.contains(*op) && !op.info().always_shown))
             .collect();
+        // A rule on the ResourceSlices is evaluated only where they were read: the report
+        // would call it passed.
+        let slices_read = matches!(facts.dra_nodes, DraNodes::Known(_));
         let rules = Rule::state_rules()
             .filter(|rule| policy.action(*rule) != Action::Off)
+            .filter(|rule| slices_read || !rule.reads_slices())
             .collect();
         Context {
             facts,

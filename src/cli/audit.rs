@@ -68,6 +68,17 @@ pub struct AuditArgs {
     /// reconciles neither.
     #[arg(long, env = "GDG_GPU_CLUSTER", value_name = "FILE", requires = "nodes")]
     pub gpu_cluster: Option<PathBuf>,
+    /// With --nodes: the JSON of `kubectl get resourceslices -o json`. Nodes NVIDIA's GPU DRA
+    /// driver (gpu.nvidia.com) publishes slices for are judged for the device plugin beside
+    /// it; slices of other drivers are named and not read. Without it that rule is not
+    /// evaluated.
+    #[arg(
+        long,
+        env = "GDG_RESOURCE_SLICES",
+        value_name = "FILE",
+        requires = "nodes"
+    )]
+    pub resource_slices: Option<PathBuf>,
     /// Output format.
     #[arg(short, long, env = "GDG_AUDIT_OUTPUT", value_enum, default_value_t = Format::Lines)]
     pub output: Format,
@@ -177,6 +188,9 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
         let ds = files::read_daemonsets(path)?;
         learn_daemonsets(&mut facts, &ds);
     }
+    if let Some(path) = &args.resource_slices {
+        facts.dra_nodes = read_slices(path)?;
+    }
     facts.operator = version::resolve(
         args.operator_version.given(&config),
         Followed::assumed(NOT_GIVEN),
@@ -194,6 +208,9 @@ async fn audit_cluster(args: &AuditArgs) -> Result<AuditReport, AuditError> {
     let mut snap = cluster::snapshot(&client, &namespace).await?;
     if snap.facts.source.is_unavailable() {
         eprintln!("warning: {}", snap.facts.source.describe());
+    }
+    for note in &snap.notes {
+        eprintln!("note: {note}");
     }
     snap.facts.operator =
         version::resolve(args.operator_version.given(&config), snap.facts.operator);
@@ -256,4 +273,20 @@ fn finish(outcome: Result<(String, u8), AuditError>) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The nodes of a ResourceSlice list file; what it holds that is not read is said on stderr.
+pub(crate) fn read_slices(
+    path: &std::path::Path,
+) -> Result<crate::core::dra::DraNodes, files::FileError> {
+    let slices = files::read_resource_slices(path)?;
+    let (nodes, notes) = crate::core::dra::read_all(
+        slices
+            .iter()
+            .map(crate::k8s::resource_slice::ResourceSliceView::as_ref),
+    );
+    for note in notes {
+        eprintln!("note: {}: {note}", crate::k8s::read::display(path));
+    }
+    Ok(nodes)
 }

@@ -368,6 +368,11 @@ pub struct CheckArgs {
     /// is placed. Without it, the tolerations the operator renders from --cluster-policy.
     #[arg(long, value_name = "FILE")]
     pub daemonsets: Option<PathBuf>,
+    /// The ResourceSlices (`kubectl get resourceslices -o json`): a node NVIDIA's GPU DRA
+    /// driver (gpu.nvidia.com) publishes slices for is judged for the device plugin beside it.
+    /// Without it that rule is not evaluated.
+    #[arg(long, value_name = "FILE")]
+    pub resource_slices: Option<PathBuf>,
     #[command(flatten)]
     pub operator_version: OperatorVersionArg,
     /// Output format.
@@ -421,6 +426,15 @@ pub fn run(args: CheckArgs) -> ExitCode {
     if let Some(path) = &args.daemonsets {
         match crate::k8s::list::read_daemonsets(path) {
             Ok(ds) => learn_daemonsets(&mut facts, &ds),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if let Some(path) = &args.resource_slices {
+        match super::audit::read_slices(path) {
+            Ok(nodes) => facts.dra_nodes = nodes,
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);

@@ -227,6 +227,9 @@ async fn label(args: &LabelArgs) -> Result<(String, u8), PluginError> {
     if snapshot.facts.operator.source.assumed().is_some() {
         let _ = writeln!(out, "note: {}", snapshot.facts.operator.describe());
     }
+    for note in &snapshot.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
     if let Some(note) = identity_note {
         let _ = writeln!(out, "note: {note}");
     }

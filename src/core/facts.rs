@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 
+use crate::core::dra::DraNodes;
 use crate::core::operands::{
     Labels, OPERANDS, OnGpuCluster, Operand, OperandSet, Stack, not_deployed,
 };
@@ -62,6 +63,8 @@ pub struct ClusterFacts {
     /// The operand pod templates' tolerations and node affinity, which decide with a node's
     /// taints where the DaemonSet controller places a pod ([`crate::core::placement`]).
     pub templates: Templates,
+    /// The nodes NVIDIA's DRA driver publishes GPU ResourceSlices for ([`DraNodes`]).
+    pub dra_nodes: DraNodes,
 }
 
 impl Default for ClusterFacts {
@@ -83,6 +86,7 @@ impl Default for ClusterFacts {
             next_policy: None,
             gpu_clusters_unknown: None,
             templates: Templates::default(),
+            dra_nodes: DraNodes::NotRead,
         }
     }
 }
@@ -202,6 +206,7 @@ impl ClusterFacts {
             stack,
             next_policy: None,
             gpu_clusters_unknown: self.gpu_clusters_unknown.clone(),
+            dra_nodes: self.dra_nodes.clone(),
             templates: Templates {
                 inputs: switches.templates.inputs.clone(),
                 ..self.templates.with_policy_tolerations(

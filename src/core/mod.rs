@@ -5,6 +5,7 @@
 
 pub mod advertised;
 pub mod config;
+pub mod dra;
 pub mod echo;
 pub mod era;
 pub mod facts;

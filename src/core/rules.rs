@@ -8,6 +8,7 @@
 //! table order, so a new rule is a row, a variant of [`Rule`] and a function.
 
 mod change;
+mod dra;
 pub mod fleet;
 mod history;
 mod placement;
@@ -41,6 +42,7 @@ pub enum Rule {
     OperandWithoutDraDriver,
     DcgmExporterWithoutDcgm,
     DevicePluginOnNonGpuNode,
+    DevicePluginBesideDraDriver,
     NfdLabelsLost,
     UnknownDeployLabel,
     ValueNotTrue,
@@ -171,6 +173,14 @@ impl Rule {
     /// [`Advertised`]: crate::core::advertised::Advertised
     pub fn reads_status(self) -> bool {
         matches!(self, Rule::GpusNotAdvertised)
+    }
+
+    /// Judged on the ResourceSlices of NVIDIA's DRA driver ([`DraNodes`]): evaluated only
+    /// where they were read.
+    ///
+    /// [`DraNodes`]: crate::core::dra::DraNodes
+    pub fn reads_slices(self) -> bool {
+        matches!(self, Rule::DevicePluginBesideDraDriver)
     }
 
     pub fn state_rules() -> impl Iterator<Item = Rule> {

@@ -16,6 +16,8 @@ use super::gpu_cluster;
 use super::node::NodeView;
 use super::nvidia_driver;
 use super::pod::PodView;
+use super::resource_slice::{self, ResourceSliceView};
+use crate::core::dra::{self, DraNodes};
 use crate::core::facts::{ClusterFacts, PolicySource, gpu_cluster_switched_off, operator_defaults};
 
 /// The field manager of every write, and so the owner of the report's fields.
@@ -159,11 +161,44 @@ async fn list_objects(client: &Client, resource: &ApiResource) -> Option<Vec<Val
     )
 }
 
+/// The nodes NVIDIA's GPU DRA driver publishes ResourceSlices for, listed in pages narrowed
+/// to its driver by a field selector, and what of the slices was not read. A cluster that
+/// serves no `resource.k8s.io/v1` has none; RBAC that forbids the list leaves them unknown.
+pub async fn dra_nodes(client: &Client) -> (DraNodes, Vec<String>) {
+    let api = Api::<ResourceSliceView>::all(client.clone());
+    let params = ListParams::default()
+        .fields(&resource_slice::field_selector())
+        .limit(SNAPSHOT_PAGE);
+    let mut slices = Vec::new();
+    match list_pages_with(&api, params, |s| slices.push(s)).await {
+        Ok(()) => dra::read_all(slices.iter().map(ResourceSliceView::as_ref)),
+        Err(e) => {
+            let why = match &e {
+                KubeError::Api(s) => match missing_or_forbidden(s) {
+                    Some(404) => return (DraNodes::Known(Default::default()), Vec::new()),
+                    Some(_) => "RBAC forbids listing resourceslices.resource.k8s.io".to_owned(),
+                    None => format!(
+                        "listing resourceslices.resource.k8s.io failed: {}",
+                        brief(&e)
+                    ),
+                },
+                _ => format!(
+                    "listing resourceslices.resource.k8s.io failed: {}",
+                    brief(&e)
+                ),
+            };
+            (DraNodes::Unknown(why.clone()), vec![why])
+        }
+    }
+}
+
 /// Everything one audit of a live cluster reads.
 pub struct Snapshot {
     pub nodes: Vec<NodeView>,
     pub pods: Vec<PodView>,
     pub facts: ClusterFacts,
+    /// What was read and not used, or could not be read, in sentences (the ResourceSlices).
+    pub notes: Vec<String>,
 }
 
 /// Connects with the kubeconfig (or the in-cluster service account).
@@ -283,6 +318,9 @@ pub async fn snapshot_keeping(
                 .collect()
         });
 
+    let (dra_nodes, notes) = dra_nodes(client).await;
+    facts.dra_nodes = dra_nodes;
+
     let filter = LabelFilter::new(&facts);
     let mut nodes = Vec::new();
     list_pages(
@@ -305,7 +343,12 @@ pub async fn snapshot_keeping(
     )
     .await
     .map_err(list(&format!("pods in namespace {namespace}")))?;
-    Ok(Snapshot { nodes, pods, facts })
+    Ok(Snapshot {
+        nodes,
+        pods,
+        facts,
+        notes,
+    })
 }
 
 /// Writes `body` with server-side apply, forcing: its fields belong to gpu-deploy-guard.

@@ -18,6 +18,7 @@ use super::daemonset::{DaemonSetView, RawDaemonSet};
 use super::node::{NodeFile, NodeView};
 use super::pod::{PodView, RawPod};
 use super::read;
+use super::resource_slice::ResourceSliceView;
 use super::split::{SplitError, read_items};
 
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +80,13 @@ const DAEMONSETS: ListKind = ListKind {
     command: "kubectl get daemonsets -n gpu-operator -o json",
 };
 
+const RESOURCE_SLICES: ListKind = ListKind {
+    what: "resourceslices",
+    item_kind: "ResourceSlice",
+    list_kind: "ResourceSliceList",
+    command: "kubectl get resourceslices -o json",
+};
+
 trait Item {
     fn kind(&self) -> Option<&str>;
 }
@@ -90,6 +98,21 @@ impl Item for NodeFile {
 }
 
 impl Item for RawPod {
+    fn kind(&self) -> Option<&str> {
+        self.kind.as_deref()
+    }
+}
+
+/// A slice with its `kind`, as a list file gives it.
+#[derive(serde::Deserialize)]
+struct RawSlice {
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(flatten)]
+    slice: ResourceSliceView,
+}
+
+impl Item for RawSlice {
     fn kind(&self) -> Option<&str> {
         self.kind.as_deref()
     }
@@ -165,6 +188,7 @@ fn wrong_kind(path: &Path, kind: &ListKind, found: String) -> FileError {
         expected: match kind.item_kind {
             "Node" => "a List of Nodes",
             "Pod" => "a List of Pods",
+            "ResourceSlice" => "a List of ResourceSlices",
             _ => "a List of DaemonSets",
         },
         command: kind.command,
@@ -244,6 +268,14 @@ pub fn read_nodes_and_pods(
 
 pub fn read_daemonsets(path: &Path) -> Result<Vec<DaemonSetView>, FileError> {
     read_with(path, &DAEMONSETS, |r| daemonsets_from(r, path))
+}
+
+/// ResourceSlices from `kubectl get resourceslices -o json`.
+pub fn read_resource_slices(path: &Path) -> Result<Vec<ResourceSliceView>, FileError> {
+    read_with(path, &RESOURCE_SLICES, |r| {
+        let items: Vec<RawSlice> = parse_list(r, path, &RESOURCE_SLICES)?;
+        Ok(items.into_iter().map(|i| i.slice).collect())
+    })
 }
 
 #[cfg(test)]

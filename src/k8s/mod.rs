@@ -58,4 +58,5 @@ pub mod pod;
 pub mod policy_object;
 pub(crate) mod pruned;
 pub mod read;
+pub mod resource_slice;
 pub mod split;

@@ -5,7 +5,7 @@ use super::{Action, Check, Kind, Rule, RuleSpec, Severity, fleet, history, pods}
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs`, `rules/change.rs`, `rules/fleet.rs` or
 /// `rules/pods.rs`).
-pub const RULES: [RuleSpec; 28] = [
+pub const RULES: [RuleSpec; 29] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -82,6 +82,18 @@ pub const RULES: [RuleSpec; 28] = [
         summary: "the device plugin would run on a node with no sign of an NVIDIA GPU",
         checks: &[Check::Node(|ctx, out| {
             ctx.device_plugin_on_non_gpu_node(out)
+        })],
+    },
+    RuleSpec {
+        rule: Rule::DevicePluginBesideDraDriver,
+        id: "device-plugin-beside-dra-driver",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: Severity::High,
+        pass: "no NVIDIA DRA driver publishes GPU ResourceSlices where the device plugin runs",
+        summary: "the device plugin runs on a node NVIDIA's DRA driver (gpu.nvidia.com) publishes ResourceSlices for: the same GPUs advertised twice, and the scheduler over-admits (the DRA driver's chart refuses this without an override; KEP-5004's DRAExtendedResource lets the DRA driver serve nvidia.com/gpu itself); a request that starts the plugin while the slices cannot be read is judged as if they were there",
+        checks: &[Check::Node(|ctx, out| {
+            ctx.device_plugin_beside_dra_driver(out)
         })],
     },
     RuleSpec {
