@@ -86,6 +86,10 @@ impl SliceIndex {
         }
     }
 
+    pub fn contains(&self, name: &str) -> bool {
+        self.nodes.contains_key(name)
+    }
+
     /// A slice was deleted.
     pub fn delete(&mut self, name: &str) -> bool {
         self.nodes.remove(name).is_some()

@@ -106,7 +106,7 @@ where
 pub(super) const POLICY_PAGE_SIZE: u32 = 4;
 
 /// How long a kind past its bounds waits before it is listed again.
-const OVER_BOUNDS_PAUSE: Duration = Duration::from_secs(30);
+pub(super) const OVER_BOUNDS_PAUSE: Duration = Duration::from_secs(30);
 
 /// One kind of GPU-policy object followed into its [`Kept`] objects.
 pub(super) struct Following<'a> {

@@ -52,6 +52,7 @@ pub(super) struct Status {
     pub(super) pods: Health,
     pub(super) nodes: Health,
     pub(super) deployments: Health,
+    pub(super) slices: Health,
 }
 
 #[derive(Copy, Clone)]
@@ -63,6 +64,7 @@ pub(super) enum Kind {
     Pods,
     Nodes,
     Deployments,
+    ResourceSlices,
 }
 
 impl Kind {
@@ -75,6 +77,7 @@ impl Kind {
             Kind::Pods => &mut status.pods,
             Kind::Nodes => &mut status.nodes,
             Kind::Deployments => &mut status.deployments,
+            Kind::ResourceSlices => &mut status.slices,
         }
     }
 
@@ -88,6 +91,7 @@ impl Kind {
             Kind::Pods => "pods",
             Kind::Nodes => "nodes",
             Kind::Deployments => "deployments",
+            Kind::ResourceSlices => "resourceslices",
         }
     }
 
@@ -100,6 +104,10 @@ impl Kind {
             Kind::Pods => format!("pods in namespace {namespace}"),
             Kind::Nodes => "nodes".to_owned(),
             Kind::Deployments => format!("deployments in namespace {namespace}"),
+            Kind::ResourceSlices => format!(
+                "resourceslices.resource.k8s.io of driver {}",
+                crate::core::dra::NVIDIA_GPU_DRIVER
+            ),
         }
     }
 }

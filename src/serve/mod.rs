@@ -18,6 +18,7 @@ mod parse;
 mod pool;
 pub mod readiness;
 pub mod server;
+mod slices;
 mod stores;
 pub mod tls;
 pub mod watch;

@@ -12,7 +12,9 @@ use tokio::sync::mpsc;
 use super::follow::{Following, POLICY_PAGE_SIZE, follow, watcher as stream};
 use super::health::{Health, Kind, Status, Unavailable};
 use super::kept::{self, Kept};
+use super::slices::follow_slices;
 use super::watch_config::WatchConfig;
+use crate::core::dra::{DraNodes, SliceIndex};
 use crate::core::facts::{ClusterFacts, PolicySource};
 use crate::core::version;
 use crate::k8s::api::{cluster_from, cluster_policy_resource, unavailable_source};
@@ -27,6 +29,8 @@ pub(super) struct Stores {
     pub(super) gpu_clusters: Kept,
     pub(super) daemonsets: Store<DaemonSetView>,
     pub(super) deployments: Store<DeploymentView>,
+    /// The ResourceSlices of NVIDIA's GPU DRA driver, by name, with their nodes.
+    pub(super) slices: Mutex<SliceIndex>,
 }
 
 /// The writers of the reflector stores.
@@ -46,6 +50,7 @@ impl Stores {
             gpu_clusters: Kept::default(),
             daemonsets,
             deployments,
+            slices: Mutex::default(),
         };
         let writers = Writers {
             daemonsets: ds_writer,
@@ -121,6 +126,7 @@ impl StoreWatches<'_> {
                 status,
                 dirty,
             ),
+            follow_slices(client, &cfg, &stores.slices, status, dirty),
             async {
                 if watch_deployments {
                     follow(
@@ -145,6 +151,7 @@ pub(super) struct Healths<'a> {
     pub(super) gpu_clusters: &'a Health,
     pub(super) daemonsets: &'a Health,
     pub(super) deployments: &'a Health,
+    pub(super) slices: &'a Health,
 }
 
 /// The facts the stores give now; the operator version is the given one, else the one the
@@ -159,6 +166,7 @@ pub(super) fn current_facts(
         gpu_clusters,
         daemonsets,
         deployments,
+        slices,
     } = *healths;
     let gpu_clusters_health = gpu_clusters;
     let objects = stores.policies.values();
@@ -204,7 +212,29 @@ pub(super) fn current_facts(
         config.operator_version.clone(),
         deployment::operator_version(&config.namespace, listed),
     );
+    facts.dra_nodes = dra_nodes(&stores.slices, slices);
     facts
+}
+
+/// The nodes with a ResourceSlice of NVIDIA's GPU DRA driver, or why that is not known. A
+/// cluster that serves no `resource.k8s.io/v1` has none.
+fn dra_nodes(kept: &Mutex<SliceIndex>, health: &Health) -> DraNodes {
+    let what = format!(
+        "resourceslices.resource.k8s.io of driver {}",
+        crate::core::dra::NVIDIA_GPU_DRIVER
+    );
+    match health {
+        Health::Synced => kept.lock().unwrap_or_else(|e| e.into_inner()).nodes(),
+        Health::Unavailable(Unavailable::NotFound) => DraNodes::Known(Default::default()),
+        Health::Starting => DraNodes::Unknown(format!("{what} are not listed yet")),
+        Health::Unavailable(Unavailable::Forbidden) => {
+            DraNodes::Unknown(format!("RBAC forbids listing {what}"))
+        }
+        Health::Unavailable(Unavailable::TooMany) => DraNodes::Unknown(format!(
+            "more {what} than the guard keeps ({})",
+            super::slices::MAX_SLICES
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -223,11 +253,13 @@ mod tests {
         deployments: &'a Health,
     ) -> Healths<'a> {
         const NO_GPU_CLUSTERS: Health = Health::Unavailable(Unavailable::NotFound);
+        const NO_SLICES: Health = Health::Unavailable(Unavailable::NotFound);
         Healths {
             policies,
             gpu_clusters: &NO_GPU_CLUSTERS,
             daemonsets,
             deployments,
+            slices: &NO_SLICES,
         }
     }
 
@@ -276,6 +308,41 @@ mod tests {
             gpu_clusters: Kept::default(),
             daemonsets: reflector::store::<DaemonSetView>().0,
             deployments: reflector::store::<DeploymentView>().0,
+            slices: Mutex::default(),
+        }
+    }
+
+    /// The slices' health decides what the rule may read: known nodes once listed, none where
+    /// the cluster serves no resource.k8s.io/v1, and why not otherwise.
+    #[test]
+    fn the_dra_nodes_follow_the_slices_health() {
+        use crate::core::dra::SliceRef;
+        let kept = Mutex::new(SliceIndex::default());
+        kept.lock().unwrap().apply(SliceRef {
+            name: "s",
+            driver: "gpu.nvidia.com",
+            node: Some("gpu-1"),
+        });
+        assert_eq!(dra_nodes(&kept, &Health::Synced).has("gpu-1"), Some(true));
+        assert_eq!(
+            dra_nodes(&kept, &Health::Unavailable(Unavailable::NotFound)).has("gpu-1"),
+            Some(false)
+        );
+        for (health, why) in [
+            (
+                Health::Starting,
+                "resourceslices.resource.k8s.io of driver gpu.nvidia.com are not listed yet",
+            ),
+            (
+                Health::Unavailable(Unavailable::Forbidden),
+                "RBAC forbids listing resourceslices.resource.k8s.io of driver gpu.nvidia.com",
+            ),
+            (
+                Health::Unavailable(Unavailable::TooMany),
+                "more resourceslices.resource.k8s.io of driver gpu.nvidia.com than the guard keeps (20000)",
+            ),
+        ] {
+            assert_eq!(dra_nodes(&kept, &health), DraNodes::Unknown(why.to_owned()));
         }
     }
 
@@ -288,9 +355,12 @@ mod tests {
             &healths(&Health::Starting, &Health::Starting, &Health::Starting),
             &config,
         );
+        // The healths give no slices (no resource.k8s.io/v1): none is known.
+        assert_eq!(c.dra_nodes, DraNodes::Known(Default::default()));
         let switches = ClusterFacts {
             source: PolicySource::NotGiven,
             operator: crate::core::facts::operator_defaults().operator,
+            dra_nodes: DraNodes::NotRead,
             ..c.clone()
         };
         assert_eq!(switches, crate::core::facts::operator_defaults());

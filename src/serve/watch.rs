@@ -165,6 +165,7 @@ impl Publisher<'_> {
             let gpu_clusters_health = health(status, Kind::GpuClusters);
             let ds_health = health(status, Kind::DaemonSets);
             let deployments_health = health(status, Kind::Deployments);
+            let slices_health = health(status, Kind::ResourceSlices);
             let mut facts = current_facts(
                 self.stores,
                 &Healths {
@@ -172,6 +173,7 @@ impl Publisher<'_> {
                     gpu_clusters: &gpu_clusters_health,
                     daemonsets: &ds_health,
                     deployments: &deployments_health,
+                    slices: &slices_health,
                 },
                 self.config,
             );
@@ -188,6 +190,7 @@ impl Publisher<'_> {
                 (Kind::GpuClusters, &gpu_clusters_health),
                 (Kind::DaemonSets, &ds_health),
                 (Kind::Deployments, &deployments_health),
+                (Kind::ResourceSlices, &slices_health),
                 (Kind::Nodes, &health(status, Kind::Nodes)),
             ]
             .map(|(kind, health)| {

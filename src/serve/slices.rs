@@ -1,0 +1,178 @@
+//! The ResourceSlices of NVIDIA's GPU DRA driver, followed cluster-wide through a watch
+//! narrowed to that driver (`spec.driver` field selector) and kept as slice name to node
+//! ([`SliceIndex`]): what `device-plugin-beside-dra-driver` reads. Their devices are skipped
+//! unbuilt ([`ResourceSliceView`]). Past [`MAX_SLICES`] nothing is kept and the kind is
+//! unavailable (the decisions say they cannot tell) until a list fits again.
+
+use std::sync::Mutex;
+
+use kube::api::Api;
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio::time::sleep;
+
+use super::follow::{Index, OVER_BOUNDS_PAUSE, Over, Watch, set_health, watcher as stream};
+use super::health::{Health, Kind, Status, Unavailable};
+use crate::core::dra::{Read, SliceIndex};
+use crate::k8s::resource_slice::{self, ResourceSliceView};
+
+/// Slices kept at most: four per node of a 5,000-node fleet (the driver publishes one per node
+/// and pool). About 150 bytes each: 3 MB at the bound.
+pub(super) const MAX_SLICES: usize = 20_000;
+
+/// Follows the slices into `kept` until the watch ends.
+pub(super) async fn follow_slices(
+    client: &kube::Client,
+    cfg: &watcher::Config,
+    kept: &Mutex<SliceIndex>,
+    status: &Mutex<Status>,
+    dirty: &mpsc::Sender<()>,
+) {
+    let api = Api::<ResourceSliceView>::all(client.clone());
+    let cfg = cfg.clone().fields(&resource_slice::field_selector());
+    let mut index = SlicesIndex {
+        kept,
+        relist: None,
+        bound: MAX_SLICES,
+        dirty,
+    };
+    loop {
+        let watch = Watch::new(Kind::ResourceSlices, "", status);
+        if watch
+            .drive(stream(api.clone(), cfg.clone()), &mut index)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        lock(kept).clear();
+        let was = set_health(
+            status,
+            Kind::ResourceSlices,
+            Health::Unavailable(Unavailable::TooMany),
+        );
+        if was != Health::Unavailable(Unavailable::TooMany) {
+            tracing::warn!(
+                bound = MAX_SLICES,
+                "more ResourceSlices of NVIDIA's GPU DRA driver than the guard keeps: a request that starts the device plugin is judged as if every node had them; listing them again in 30s"
+            );
+        }
+        let _ = dirty.try_send(());
+        sleep(OVER_BOUNDS_PAUSE).await;
+    }
+}
+
+fn lock(kept: &Mutex<SliceIndex>) -> std::sync::MutexGuard<'_, SliceIndex> {
+    kept.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The kept slices as an index: a list replaces them when complete; past `bound` it fails.
+struct SlicesIndex<'a> {
+    kept: &'a Mutex<SliceIndex>,
+    /// A list in progress, and whether it went past the bound.
+    relist: Option<(SliceIndex, bool)>,
+    bound: usize,
+    dirty: &'a mpsc::Sender<()>,
+}
+
+impl SlicesIndex<'_> {
+    /// Reads one slice into `index`; a slice the field selector should have kept out (another
+    /// driver) is not kept, and said.
+    fn read(index: &mut SliceIndex, slice: &ResourceSliceView) {
+        if let Read::OtherDriver(driver) = index.apply(slice.as_ref()) {
+            tracing::warn!(
+                slice = slice.name(),
+                %driver,
+                "a ResourceSlice of another driver came through the spec.driver field selector; not read"
+            );
+        }
+    }
+}
+
+impl Index<ResourceSliceView> for SlicesIndex<'_> {
+    fn init(&mut self) {
+        self.relist = Some((SliceIndex::default(), false));
+    }
+
+    fn init_apply(&mut self, slice: ResourceSliceView) {
+        let (index, over) = self
+            .relist
+            .get_or_insert_with(|| (SliceIndex::default(), false));
+        if index.len() >= self.bound {
+            *over = true;
+            return;
+        }
+        Self::read(index, &slice);
+    }
+
+    fn init_done(&mut self) -> Result<(), Over> {
+        let (index, over) = self.relist.take().unwrap_or_default();
+        if over {
+            return Err(Over);
+        }
+        *lock(self.kept) = index;
+        Ok(())
+    }
+
+    fn apply(&mut self, slice: ResourceSliceView) -> Result<bool, Over> {
+        let mut kept = lock(self.kept);
+        if kept.len() >= self.bound && !kept.contains(slice.name()) {
+            return Err(Over);
+        }
+        Self::read(&mut kept, &slice);
+        Ok(true)
+    }
+
+    fn delete(&mut self, slice: ResourceSliceView) -> bool {
+        lock(self.kept).delete(slice.name())
+    }
+
+    fn changed(&mut self) {
+        let _ = self.dirty.try_send(());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(name: &str, node: &str) -> ResourceSliceView {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_list_replaces_the_slices_and_past_the_bound_nothing_is_kept() {
+        let kept = Mutex::new(SliceIndex::default());
+        let (dirty, _rx) = mpsc::channel(1);
+        let mut index = SlicesIndex {
+            kept: &kept,
+            relist: None,
+            bound: 2,
+            dirty: &dirty,
+        };
+        index.init();
+        index.init_apply(slice("a-1", "a"));
+        assert_eq!(index.init_done(), Ok(()));
+        assert_eq!(lock(&kept).nodes().has("a"), Some(true));
+        assert_eq!(index.apply(slice("b-1", "b")), Ok(true));
+        assert_eq!(
+            index.apply(slice("b-1", "b")),
+            Ok(true),
+            "a change of a kept one"
+        );
+        assert_eq!(index.apply(slice("c-1", "c")), Err(Over));
+        assert!(index.delete(slice("a-1", "a")));
+        assert_eq!(lock(&kept).nodes().has("a"), Some(false));
+        // A list past the bound keeps nothing of itself (and the watch gives up).
+        index.init();
+        for i in 0..10 {
+            index.init_apply(slice(&format!("n-{i}"), &format!("n{i}")));
+        }
+        assert_eq!(index.init_done(), Err(Over));
+        assert_eq!(lock(&kept).len(), 1, "the last complete state until then");
+    }
+}
