@@ -119,14 +119,15 @@ fn cut(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
-/// `<node>.`, the node's name cut to what the server keeps of a `generateName`; it appends five
-/// random characters, so two Events of one node in one instant never collide. A cut name ends
-/// on a letter or digit, as each part of a DNS subdomain must.
+/// `<node>-`, the node's name cut to what the server keeps of a `generateName`; it appends five
+/// random characters, so two Events of one node in one instant never collide. The API checks
+/// the prefix as a DNS subdomain whose one trailing dash is allowed (not a dot: `lab-node-2.`
+/// is refused), so a cut name first loses its trailing dashes and dots.
 fn generate_name(node: &str) -> String {
     let mut name = cut(node, GENERATE_NAME_LIMIT - 1)
         .trim_end_matches(['-', '.'])
         .to_owned();
-    name.push('.');
+    name.push('-');
     name
 }
 
@@ -191,7 +192,7 @@ mod tests {
             )
         );
         assert_eq!(k.metadata.namespace.as_deref(), Some("default"));
-        assert_eq!(k.metadata.generate_name.as_deref(), Some("lab-node-2."));
+        assert_eq!(k.metadata.generate_name.as_deref(), Some("lab-node-2-"));
         assert_eq!(k.metadata.name, None);
         assert_eq!(k.type_.as_deref(), Some("Warning"));
         assert_eq!(k.reason.as_deref(), Some("DevicePluginWithoutToolkit"));
@@ -214,12 +215,16 @@ mod tests {
             .to_k8s(&"p".repeat(300), Timestamp::UNIX_EPOCH);
         let prefix = k.metadata.generate_name.unwrap();
         assert_eq!(prefix.len(), GENERATE_NAME_LIMIT);
-        assert!(prefix.ends_with('.'));
-        // Cut after a dash: the part before the dot still ends on a letter.
+        assert!(prefix.ends_with('-'));
+        // Cut after a dash or a dot: one dash, after a letter.
         let dashed = format!("{}-b", "a".repeat(56));
         let e = NodeEvent::new(&dashed, Rule::NfdLabelsLost, Source::Audit, "x");
         let prefix = e.to_k8s("i", Timestamp::UNIX_EPOCH).metadata.generate_name;
-        assert_eq!(prefix.unwrap(), format!("{}.", "a".repeat(56)));
+        assert_eq!(prefix.unwrap(), format!("{}-", "a".repeat(56)));
+        let dotted = format!("{}.b", "a".repeat(56));
+        let e = NodeEvent::new(&dotted, Rule::NfdLabelsLost, Source::Audit, "x");
+        let prefix = e.to_k8s("i", Timestamp::UNIX_EPOCH).metadata.generate_name;
+        assert_eq!(prefix.unwrap(), format!("{}-", "a".repeat(56)));
         assert_eq!(k.reporting_instance.unwrap().len(), SHORT_LIMIT);
         // The reference keeps the whole name: it is how the Node is found.
         assert_eq!(k.regarding.unwrap().name.unwrap(), node);

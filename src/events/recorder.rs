@@ -206,7 +206,7 @@ impl FailureLog {
         };
         tracing::warn!(
             reason,
-            error = %crate::core::echo::echo(error),
+            error = %crate::core::echo::bounded_display(&error, 1024),
             failures = self.since_last,
             "cannot write Kubernetes Events{hint}"
         );
