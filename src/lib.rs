@@ -20,6 +20,9 @@
 //! - [`cli`]: the offline commands `check`, `audit`, `certs`, `completion`, and the
 //!   kubectl plugin.
 //!
+//! [`events`] (Kubernetes Events on the Nodes, offered by the webhook and the audit) sits with
+//! them, below [`webhook`] and [`audit`].
+//!
 //! [`metrics`] (the Prometheus registry) and [`certs`] (CA generation) are
 //! leaves that any layer above `core` may use.
 #![forbid(unsafe_code)]
@@ -36,6 +39,7 @@ pub mod audit;
 pub mod certs;
 pub mod cli;
 pub mod core;
+pub mod events;
 pub mod flags;
 pub mod k8s;
 pub mod metrics;

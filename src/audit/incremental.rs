@@ -9,6 +9,7 @@ use super::{Context, FleetAudit, NodeAudit, NodeSummary};
 use crate::core::facts::ClusterFacts;
 use crate::core::lasting::History;
 use crate::core::policy::Policy;
+use crate::core::rules::Rule;
 pub use crate::k8s::fleet::Dirty;
 use crate::k8s::fleet::{NodeIndex, PodIndex};
 
@@ -19,6 +20,8 @@ pub struct Incremental {
     context: Option<Context>,
     /// The last pass's time (Unix seconds), which the history rules judged ages at.
     now: u64,
+    /// The findings the passes since the last [`Incremental::take_gained`] found new on a node.
+    gained: Vec<(Box<str>, Rule)>,
 }
 
 /// What one [`Incremental::update`] did.
@@ -33,6 +36,13 @@ pub struct Pass {
 impl Incremental {
     pub fn audit(&self) -> Option<&FleetAudit> {
         self.audit.as_ref()
+    }
+
+    /// Each node and rule the passes since the last call found broken on the node where the pass
+    /// before had not (a node new to the fleet counts with all its findings), in node order. The
+    /// first pass is the baseline and gains nothing.
+    pub fn take_gained(&mut self) -> Vec<(Box<str>, Rule)> {
+        std::mem::take(&mut self.gained)
     }
 
     /// When the last pass judged the fleet (Unix seconds; 0 before the first).
@@ -80,14 +90,22 @@ impl Incremental {
             node_audit(&context, name, nodes, pods, policy, now).map(|a| a.summary())
         };
         let mut audited = 0;
+        let first = self.audit.is_none();
         let summaries = if whole {
             // The old audit goes before the new one is made: a pass over the whole fleet never
-            // holds two.
+            // holds two, only the old summaries with findings, to see what each node gained.
             let mut all = self.audit.take().map(|r| r.nodes).unwrap_or_default();
-            all.clear();
+            let before: Vec<NodeSummary> =
+                all.drain(..).filter(|n| !n.findings.is_empty()).collect();
             all.extend(nodes.names().filter_map(audit_one));
             all.shrink_to_fit();
             audited = all.len();
+            if !first {
+                for node in &all {
+                    let at = before.binary_search_by(|n| n.name.cmp(&node.name));
+                    gained_by(at.ok().map(|i| &before[i]), node, &mut self.gained);
+                }
+            }
             all
         } else {
             let mut current = self.audit.take().map(|r| r.nodes).unwrap_or_default();
@@ -95,8 +113,14 @@ impl Incremental {
                 for name in names {
                     let at = current.binary_search_by(|n| (*n.name).cmp(&**name));
                     match (audit_one(name), at) {
-                        (Some(audit), Ok(i)) => current[i] = audit,
-                        (Some(audit), Err(i)) => current.insert(i, audit),
+                        (Some(audit), Ok(i)) => {
+                            gained_by(Some(&current[i]), &audit, &mut self.gained);
+                            current[i] = audit;
+                        }
+                        (Some(audit), Err(i)) => {
+                            gained_by(None, &audit, &mut self.gained);
+                            current.insert(i, audit);
+                        }
                         (None, Ok(i)) => {
                             current.remove(i);
                         }
@@ -116,6 +140,17 @@ impl Incremental {
         });
         self.context = Some(context);
         Pass { audited, whole }
+    }
+}
+
+/// Adds each rule `now` finds on its node that `before` (the node's last summary, if any) did not.
+fn gained_by(before: Option<&NodeSummary>, now: &NodeSummary, gained: &mut Vec<(Box<str>, Rule)>) {
+    let start = gained.len();
+    for &(rule, ..) in now.findings.iter() {
+        let known = before.is_some_and(|b| b.has(rule));
+        if !known && !gained[start..].iter().any(|(_, r)| *r == rule) {
+            gained.push((now.name.clone(), rule));
+        }
     }
 }
 
@@ -413,6 +448,77 @@ mod tests {
         let pass = inc.update(&index, &pods, &facts, &policy, Dirty::default(), 7_600);
         assert_eq!(pass.audited, 1);
         assert_eq!(found(&inc, "n"), (true, false));
+    }
+
+    fn rules_on(inc: &Incremental, name: &str) -> Vec<(Box<str>, Rule)> {
+        let audit = inc.audit().unwrap();
+        let n = audit.nodes.iter().find(|n| &*n.name == name).unwrap();
+        n.findings.iter().map(|f| (name.into(), f.0)).collect()
+    }
+
+    #[test]
+    fn a_node_gains_only_the_findings_it_did_not_have_and_the_first_pass_is_the_baseline() {
+        let facts = operator_defaults();
+        let policy = Policy::default();
+        let (_, _, mut index, pod_index) = three_nodes(&facts);
+        let mut inc = Incremental::default();
+        inc.update(&index, &pod_index, &facts, &policy, Dirty::All, 0);
+        // b runs the device plugin without the toolkit from the start: the baseline.
+        assert!(rules_on(&inc, "b").contains(&("b".into(), Rule::DevicePluginWithoutToolkit)));
+        assert_eq!(inc.take_gained(), []);
+        // The same findings again, by node and over the whole fleet: nothing gained.
+        let mut dirty = Dirty::default();
+        dirty.add("b");
+        inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
+        inc.update(&index, &pod_index, &facts, &policy, Dirty::All, 0);
+        assert_eq!(inc.take_gained(), []);
+
+        // c gets the device plugin alone: c gains every finding it now has, once.
+        assert!(index.apply(&node("c", &[("device-plugin", "true")])));
+        let mut dirty = Dirty::default();
+        dirty.add("c");
+        inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
+        let gained = inc.take_gained();
+        assert!(gained.contains(&("c".into(), Rule::DevicePluginWithoutToolkit)));
+        assert_eq!(gained, rules_on(&inc, "c"));
+        assert_eq!(inc.take_gained(), []);
+
+        // A new node with findings, found by a pass over the whole fleet: only it gains.
+        assert!(index.apply(&node("d", &[("device-plugin", "true")])));
+        inc.update(&index, &pod_index, &facts, &policy, Dirty::All, 0);
+        assert_eq!(inc.take_gained(), rules_on(&inc, "d"));
+
+        // c loses its findings and gets them back: gained again.
+        assert!(index.apply(&node("c", &[])));
+        let mut dirty = Dirty::default();
+        dirty.add("c");
+        inc.update(&index, &pod_index, &facts, &policy, dirty.clone(), 0);
+        assert_eq!(inc.take_gained(), []);
+        assert!(index.apply(&node("c", &[("device-plugin", "true")])));
+        inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
+        assert_eq!(inc.take_gained(), rules_on(&inc, "c"));
+    }
+
+    #[test]
+    fn a_rule_whose_action_is_off_is_never_gained() {
+        let facts = operator_defaults();
+        let mut policy = Policy::default();
+        policy.actions[Rule::DevicePluginWithoutToolkit as usize] = crate::core::rules::Action::Off;
+        let (_, _, mut index, pod_index) = three_nodes(&facts);
+        let mut inc = Incremental::default();
+        inc.update(&index, &pod_index, &facts, &policy, Dirty::All, 0);
+        assert!(index.apply(&node("c", &[("device-plugin", "true")])));
+        let mut dirty = Dirty::default();
+        dirty.add("c");
+        inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
+        let gained = inc.take_gained();
+        assert!(!gained.is_empty(), "c has other findings");
+        assert!(
+            gained
+                .iter()
+                .all(|(_, r)| *r != Rule::DevicePluginWithoutToolkit),
+            "{gained:?}"
+        );
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! pages), and after each burst of changes (debounced) brings the audit up to date through
 //! [`Incremental`]: the nodes whose records or pods changed are audited again, the fleet only
 //! when what every node shares changed. Then the gauges, and, when asked, the
-//! ClusterPolicyReport (written only when its results changed). Losing the Lease drops the pod
-//! records and the per-node series.
+//! ClusterPolicyReport (written only when its results changed), and an Event on each node for
+//! each finding it gained ([`crate::events`]). Losing the Lease drops the pod records and the
+//! per-node series.
 //!
 //! A report is written only under a term this replica still holds ([`Term::holds`], asked
 //! right before the write) and only over the report as this term last saw it (a resourceVersion
@@ -25,11 +26,14 @@ use super::follow::{Index, Over, Watch, health, set_health, watcher};
 use super::health::{Health, Kind, Status};
 use super::lease::{Leadership, Term};
 use super::watch_config::WatchConfig;
+use crate::audit::NodeAudit;
 use crate::audit::apply::{apply_report, read_fence};
 use crate::audit::incremental::{Dirty, Incremental};
 use crate::audit::metrics::AuditMetrics;
 use crate::audit::report::{self, PolicyReport};
 use crate::core::facts::ClusterFacts;
+use crate::core::rules::Rule;
+use crate::events::{Events, Source};
 use crate::k8s::api::{Fence, fence_broken};
 use crate::k8s::fleet::{PodIndex, SharedFleet};
 use crate::k8s::pod::PodView;
@@ -260,6 +264,12 @@ async fn pass(auditor: &mut Auditor<'_>, pods: &mut PodsIndex, passes: &mut Pass
             todo,
             now,
         );
+        let gained = incremental.take_gained();
+        if let Some(events) = &config.events {
+            offer_gained(events, gained, |name| {
+                incremental.detail(name, &state.nodes, &pods.pods, &config.policy)
+            });
+        }
         let audit = incremental.audit()?;
         metrics.record(audit, seconds);
         tracing::debug!(
@@ -281,6 +291,26 @@ async fn pass(auditor: &mut Auditor<'_>, pods: &mut PodsIndex, passes: &mut Pass
     match built {
         Some(built) => report_pass(client, term, passes, built).await,
         None => false,
+    }
+}
+
+/// Offers an Event for each finding a node gained in the pass, its message made again from the
+/// records the pass read ([`Incremental::detail`]), once per node, and only for an Event that
+/// will be queued: a fleet-wide change whose Events the queue drops makes no messages.
+fn offer_gained(
+    events: &Events,
+    gained: Vec<(Box<str>, Rule)>,
+    detail: impl Fn(&str) -> Option<NodeAudit>,
+) {
+    let mut made: Option<NodeAudit> = None;
+    for (node, rule) in gained {
+        events.offer(&node, rule, Source::Audit, || {
+            if made.as_ref().is_none_or(|a| *a.name != *node) {
+                made = detail(&node);
+            }
+            let finding = made.as_ref()?.findings.iter().find(|f| f.rule == rule)?;
+            Some(finding.message.clone())
+        });
     }
 }
 
@@ -354,5 +384,63 @@ fn cpu_bound<R>(work: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
         _ => work(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::{AuditFinding, Basis, Level};
+    use crate::events::EventMetrics;
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    fn audit_of(name: &str, rules: &[Rule]) -> NodeAudit {
+        NodeAudit {
+            name: name.to_owned(),
+            gpu: true,
+            operands: Vec::new(),
+            findings: rules
+                .iter()
+                .map(|&rule| AuditFinding {
+                    rule,
+                    level: Level::Warn,
+                    basis: Basis::Labels,
+                    message: format!("node {name}: {rule}"),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn each_gained_finding_is_offered_with_its_message_made_once_per_node() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = EventMetrics::register(&mut registry);
+        let (events, mut queue) = Events::with_bounds(Duration::from_secs(600), 100, 2, metrics);
+        let (a, b) = (
+            Rule::DevicePluginWithoutToolkit,
+            Rule::DevicePluginOnNonGpuNode,
+        );
+        let made = Cell::new(0);
+        let detail = |name: &str| {
+            made.set(made.get() + 1);
+            Some(audit_of(name, &[a, b]))
+        };
+        let gained = vec![("n1".into(), a), ("n1".into(), b), ("n2".into(), a)];
+        offer_gained(&events, gained, detail);
+        // n1's audit made once for its two Events; n2's never: the queue (2) was full.
+        assert_eq!(made.get(), 1);
+        let first = queue.try_recv().unwrap();
+        assert_eq!(
+            (&*first.node, first.rule, first.source, first.note.as_str()),
+            (
+                "n1",
+                a,
+                Source::Audit,
+                "node n1: device-plugin-without-toolkit"
+            )
+        );
+        assert_eq!(queue.try_recv().unwrap().rule, b);
+        assert!(queue.try_recv().is_err());
     }
 }

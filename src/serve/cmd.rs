@@ -18,6 +18,7 @@ use super::watch_config::{ClusterArgs, WatchConfig};
 use crate::core::config::Config;
 use crate::core::facts::{ClusterFacts, PolicySource, operator_defaults};
 use crate::core::version::{self, Followed};
+use crate::events::{EventMetrics, Events, recorder};
 use crate::flags::OperatorVersionArg;
 use crate::k8s::deployment::{self, Unread};
 use crate::k8s::fleet::SharedFleet;
@@ -44,6 +45,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
 }
+
+/// The shortest `--event-window`.
+const MIN_EVENT_WINDOW: Duration = Duration::from_secs(1);
 
 /// Why the version is assumed with `--no-cluster-watch` and no version given.
 const NOT_WATCHED: &str = "no --operator-version given and the cluster is not watched: the newest version the model follows";
@@ -86,6 +90,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => read::config_file(path)?,
         None => Config::default(),
     };
+    if !cluster.events.no_events && cluster.events.event_window < MIN_EVENT_WINDOW {
+        anyhow::bail!(
+            "--event-window {:?} is shorter than 1s: the window is what keeps a node's Events \
+             from repeating at every review",
+            cluster.events.event_window
+        );
+    }
     let metrics = Arc::new(Metrics::new());
     let max_connections = options.max_connections();
     let limits = requests.limits(max_connections)?;
@@ -139,6 +150,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             )
             .await
         };
+        if let Some(watch) = &watch {
+            webhook.events = watch.events.clone();
+        }
         let app = webhook::router(Arc::new(webhook));
         let served = server::run_until_signalled(options, app, metrics, readiness).await;
         if let Some(watch) = watch {
@@ -148,16 +162,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// The cluster watch and the audit's election, stopped together.
+/// The cluster watch, the audit's election and the Events' sender, stopped together.
 struct ClusterWatch {
     task: AbortOnDrop<()>,
     election: Election,
+    /// The Events the webhook offers its refusals to; `None` with `--no-events`.
+    events: Option<Arc<Events>>,
+    recorder: Option<AbortOnDrop<()>>,
 }
 
 impl ClusterWatch {
     /// Stops watching; a holder of the audit's Lease hands it over.
     async fn stop(self) {
         drop(self.task);
+        drop(self.recorder);
         self.election.stop(Duration::from_secs(2)).await;
     }
 }
@@ -215,6 +233,20 @@ async fn start_cluster_watch(
     watch.page_size = cluster.list_page_size;
     watch.max_node_series = cluster.max_node_series;
     watch.lease = cluster.lease.config(&client);
+    let mut recorder = None;
+    if !cluster.events.no_events {
+        let event_metrics = metrics.with_registry(EventMetrics::register);
+        let (events, queue) = Events::new(cluster.events.event_window, event_metrics);
+        let instance = recorder::instance(cluster.lease.audit_lease_identity.as_deref());
+        recorder = Some(AbortOnDrop(tokio::spawn(recorder::run(
+            client.clone(),
+            queue,
+            events.clone(),
+            instance,
+        ))));
+        watch.events = Some(events);
+    }
+    let events = watch.events.clone();
     let election = elect(&client, &watch);
     let leadership = election.leadership();
     let task = tokio::spawn(watch_cluster(
@@ -229,5 +261,7 @@ async fn start_cluster_watch(
     Some(ClusterWatch {
         task: AbortOnDrop(task),
         election,
+        events,
+        recorder,
     })
 }

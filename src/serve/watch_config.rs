@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::lease::{LeaseArgs, LeaseConfig};
+use super::parse::parse_duration;
 use crate::audit::metrics::DEFAULT_MAX_NODE_SERIES;
 use crate::core::policy::Policy;
 use crate::core::version::Followed;
@@ -49,11 +50,28 @@ pub struct ClusterArgs {
     #[arg(long, env = "GDG_MAX_NODE_SERIES", default_value_t = DEFAULT_MAX_NODE_SERIES,
           display_order = 32)]
     pub max_node_series: usize,
+    #[command(flatten)]
+    pub events: EventArgs,
     /// Objects per page when listing the nodes and the operator's pods; one page is held in
     /// memory at a time.
     #[arg(long, env = "GDG_LIST_PAGE_SIZE", default_value_t = DEFAULT_PAGE_SIZE,
           value_parser = clap::value_parser!(u32).range(1..=500), display_order = 31)]
     pub list_page_size: u32,
+}
+
+/// The flags of the Kubernetes Events on the Nodes.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EventArgs {
+    /// Write no Kubernetes Events. Without this, each replica writes events.k8s.io/v1 Events
+    /// (namespace default, shown by `kubectl describe node`) for the findings a node gains in
+    /// the continuous audit (the auditor only) and for the changes it refuses; needs the
+    /// cluster watch.
+    #[arg(long, env = "GDG_NO_EVENTS", display_order = 33)]
+    pub no_events: bool,
+    /// One Event per node, rule and source (audit, refusal) within this window, per replica.
+    #[arg(long, env = "GDG_EVENT_WINDOW", default_value = "10m", value_parser = parse_duration,
+          display_order = 34)]
+    pub event_window: Duration,
 }
 
 /// What the watch needs to know.
@@ -82,6 +100,8 @@ pub struct WatchConfig {
     pub lease: Option<LeaseConfig>,
     /// Nodes with per-node audit series at most.
     pub max_node_series: usize,
+    /// Where the audit offers an Event for each finding a node gains; `None`: no Events.
+    pub events: Option<std::sync::Arc<crate::events::Events>>,
 }
 
 impl WatchConfig {
@@ -97,6 +117,7 @@ impl WatchConfig {
             page_size: DEFAULT_PAGE_SIZE,
             lease: None,
             max_node_series: DEFAULT_MAX_NODE_SERIES,
+            events: None,
         }
     }
 }

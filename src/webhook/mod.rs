@@ -35,6 +35,7 @@ pub use shares::{BODY_WINDOW, MAX_WAITING_BYTES, WAITING_ROOM};
 use crate::core::echo::echo;
 use crate::core::facts::ClusterFacts;
 use crate::core::policy::Policy;
+use crate::events::Events;
 use crate::k8s::fleet::SharedFleet;
 use crate::metrics::Metrics;
 
@@ -83,6 +84,9 @@ pub struct Webhook {
     /// Every node's decision-relevant labels, kept by the cluster watch: GPU-policy changes are
     /// decided over them. `None` without a cluster watch.
     pub fleet: Option<Arc<SharedFleet>>,
+    /// Where a refusal of a Node change is offered as an Event on the Node (never waited on);
+    /// `None`: no Events.
+    pub events: Option<Arc<Events>>,
     /// Room for request bodies, taken by the transport's layer ([`body`]).
     budget: body::Budget,
     /// One slow reading at a time: a body the scanner refused or cannot read, read again with
@@ -117,6 +121,7 @@ impl Webhook {
             metrics,
             limits,
             fleet: None,
+            events: None,
             budget: body::Budget::new(&limits),
             slow_read: Arc::new(Semaphore::new(1)),
             admitted: std::sync::Mutex::default(),

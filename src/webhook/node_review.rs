@@ -24,6 +24,8 @@ use crate::core::operands::Labels;
 use crate::core::placement::NodePlacement;
 use crate::core::policy::{self, Decision, Exemptions, Policy, Verdict};
 use crate::core::review::{Operation, Review};
+use crate::core::rules::Action;
+use crate::events::Events;
 
 mod many_labels;
 
@@ -69,7 +71,32 @@ pub(super) async fn validate(
         seconds,
     );
     log_verdict(&request, &verdict);
+    if let Some(events) = &hook.events {
+        offer_refusal(events, &request, &verdict);
+    }
     json_response(StatusCode::OK, &response)
+}
+
+/// A refused change, not a dry run, as an Event on the Node per refusing rule: handed to the
+/// replica's queue, never waited on.
+fn offer_refusal(events: &Events, req: &RequestView<'_>, verdict: &Verdict) {
+    if verdict.decision != Decision::Denied || req.dry_run {
+        return;
+    }
+    let node = match (&req.object, req.name.is_empty()) {
+        (Some(object), true) => object.name(),
+        _ => req.name.as_str(),
+    };
+    if node.is_empty() {
+        return;
+    }
+    let user = echo(req.user_info.username.as_deref().unwrap_or_default());
+    let denied = verdict
+        .findings
+        .iter()
+        .filter(|f| f.action == Action::Deny)
+        .map(|f| (f.rule, f.message.as_str()));
+    events.refused(node, &user, denied);
 }
 
 /// Checks what the request is about and runs the policy on it.
@@ -218,5 +245,81 @@ fn log_verdict(req: &RequestView<'_>, verdict: &Verdict) {
             uid = %req.uid, node = %req.name, user, dry_run = req.dry_run,
             decision = verdict.decision.as_str(), "admission review"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::facts::operator_defaults;
+    use crate::core::rules::Rule;
+    use crate::events::{EventMetrics, NodeEvent, Source};
+    use crate::metrics::Metrics;
+    use crate::webhook::{Limits, router};
+    use axum::body::Body;
+    use axum::http::header;
+    use std::time::Duration;
+    use tower::ServiceExt;
+
+    const REFUSED: &[u8] =
+        include_bytes!("../../tests/fixtures/reviews/lab-node-2-device-plugin-only.json");
+
+    fn with(dry_run: bool, user: &str) -> Vec<u8> {
+        let mut review: serde_json::Value = serde_json::from_slice(REFUSED).unwrap();
+        review["request"]["dryRun"] = dry_run.into();
+        review["request"]["userInfo"]["username"] = user.into();
+        serde_json::to_vec(&review).unwrap()
+    }
+
+    async fn post(app: &axum::Router, body: Vec<u8>) {
+        let request = axum::http::Request::post("/validate")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body))
+            .unwrap();
+        let answer = app.clone().oneshot(request).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_offered_as_an_event_on_the_node_and_a_dry_run_is_not() {
+        let metrics = Arc::new(Metrics::new());
+        let event_metrics = metrics.with_registry(EventMetrics::register);
+        let (events, mut queue) = Events::new(Duration::from_secs(600), event_metrics);
+        let mut hook = Webhook::new(
+            Policy::default(),
+            operator_defaults(),
+            metrics,
+            Limits::default(),
+        );
+        hook.events = Some(events);
+        let app = router(Arc::new(hook));
+
+        post(&app, with(true, "alice")).await;
+        assert!(queue.try_recv().is_err(), "a dry run made an Event");
+
+        post(&app, with(false, "alice")).await;
+        let event = queue.try_recv().expect("the refusal's Event");
+        assert_eq!(
+            (&*event.node, event.rule, event.source),
+            (
+                "lab-node-2",
+                Rule::DevicePluginWithoutToolkit,
+                Source::Refusal
+            )
+        );
+        assert!(
+            event.note.starts_with(
+                "refused a change by alice: node lab-node-2: nvidia.com/gpu.deploy.device-plugin=true \
+                 would run the NVIDIA device plugin without the container toolkit"
+            ),
+            "{}",
+            event.note
+        );
+        // Only the refusing rule: the warnings of the same review make no Event.
+        assert!(queue.try_recv().is_err());
+
+        // The same refusal within the window, by anyone: no new Event.
+        post(&app, with(false, "bob")).await;
+        assert_eq!(queue.try_recv().ok(), None::<NodeEvent>);
     }
 }

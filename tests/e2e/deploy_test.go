@@ -36,9 +36,11 @@ const (
 var baseApplyLines = []string{
 	"namespace/gpu-deploy-guard",
 	"serviceaccount/gpu-deploy-guard",
+	"role.rbac.authorization.k8s.io/gpu-deploy-guard-events",
 	"role.rbac.authorization.k8s.io/gpu-deploy-guard-audit-lease",
 	"role.rbac.authorization.k8s.io/gpu-deploy-guard",
 	"clusterrole.rbac.authorization.k8s.io/gpu-deploy-guard",
+	"rolebinding.rbac.authorization.k8s.io/gpu-deploy-guard-events",
 	"rolebinding.rbac.authorization.k8s.io/gpu-deploy-guard-audit-lease",
 	"rolebinding.rbac.authorization.k8s.io/gpu-deploy-guard",
 	"clusterrolebinding.rbac.authorization.k8s.io/gpu-deploy-guard",
@@ -385,6 +387,14 @@ func TestShippedRBACLetsTheWebhookReadAndReportButNotWrite(t *testing.T) {
 		{"get", "leases.coordination.k8s.io/gpu-deploy-guard-audit", guardNS, true},
 		{"update", "leases.coordination.k8s.io/gpu-deploy-guard-audit", guardNS, true},
 		{"patch", "leases.coordination.k8s.io/gpu-deploy-guard-audit", guardNS, true},
+
+		// Events on the Nodes: created in default, never read, changed or deleted.
+		{"create", "events.events.k8s.io", "default", true},
+		{"patch", "events.events.k8s.io", "default", false},
+		{"list", "events.events.k8s.io", "default", false},
+		{"delete", "events.events.k8s.io", "default", false},
+		{"create", "events.events.k8s.io", guardNS, false},
+		{"create", "events", "default", false},
 
 		{"patch", "leases.coordination.k8s.io/other", guardNS, false},
 		{"get", "leases.coordination.k8s.io/other", guardNS, false},

@@ -113,8 +113,8 @@ func watchingRBAC(t *testing.T) string {
 			manifests = append(manifests, string(o.YAML))
 		}
 	}
-	if len(manifests) != 8 {
-		t.Fatalf("deploy/base has %d Namespace/ServiceAccount/RBAC objects, want 8", len(manifests))
+	if len(manifests) != 10 {
+		t.Fatalf("deploy/base has %d Namespace/ServiceAccount/RBAC objects, want 10", len(manifests))
 	}
 	t.Cleanup(func() {
 		for _, m := range slices.Backward(manifests) {
@@ -137,7 +137,8 @@ func watchingRBAC(t *testing.T) string {
 		[]string{"watch", "nodes"},
 		[]string{"watch", "clusterpolicies.nvidia.com"},
 		[]string{"patch", "clusterpolicyreports.wgpolicyk8s.io"},
-		[]string{"create", "leases.coordination.k8s.io", "-n", guardNS})
+		[]string{"create", "leases.coordination.k8s.io", "-n", guardNS},
+		[]string{"create", "events.events.k8s.io", "-n", "default"})
 	return kubeconfig
 }
 

@@ -91,6 +91,8 @@ declare -A sets=(
   [host-network]="--set namespace.create=true --set webhook.hostNetwork=true --set webhook.port=9443 --set admin.port=9444 --set admin.bindAddress=0.0.0.0 --set webhook.servicePort=443 --set networkPolicy.enabled=false --set clusterWatch=false --set podDisruptionBudget.enabled=false --set webhook.statusSubresource=false"
   [gke-private]="--set webhook.port=10250"
   [openreports]="--set report=true --set reportFormat=openreports"
+  [no-events]="--set events.enabled=false"
+  [events-window]="--set events.rateLimit=1h"
   [client-ca]="--set clientCA.secretName=apiserver-client-ca --set clientCA.allowedNames={kube-apiserver,apiserver.example}"
   [gpu-telemetry]="--set monitoring.gpuTelemetry.enabled=true --set monitoring.gpuTelemetry.serviceMonitor.enabled=true --set monitoring.alertmanagerConfig.enabled=true"
   [gpu-telemetry-tuned]="--set monitoring.gpuTelemetry.enabled=true --set monitoring.gpuTelemetry.dcgmExporterJob=dcgm --set monitoring.gpuTelemetry.team=gpu-infra --set monitoring.gpuTelemetry.scrape.enabled=false --set monitoring.gpuTelemetry.health.xidCritical=48|79 --set monitoring.gpuTelemetry.health.xidIgnored=13 --set monitoring.gpuTelemetry.health.eccDoubleBitErrors=2 --set monitoring.gpuTelemetry.health.retiredPagesPending=3 --set-json monitoring.gpuTelemetry.health.thermalViolationRatio=0.25 --set-json monitoring.gpuTelemetry.health.powerViolationRatio=0.75 --set-json monitoring.gpuTelemetry.health.violationCounterUnitSeconds=1e-6 --set monitoring.gpuTelemetry.health.nvlinkCrcErrors=1000 --set monitoring.gpuTelemetry.serviceMonitor.enabled=true --set monitoring.gpuTelemetry.serviceMonitor.namespace=monitoring --set monitoring.alertmanagerConfig.enabled=true --set monitoring.alertmanagerConfig.secretName=alertmanager-main --set monitoring.alertmanagerConfig.namespace=monitoring"
@@ -126,6 +128,8 @@ check "schema: issuerRef.kind=Vault is refused" rejects "certificates/certManage
 check "schema: webhook.port=70000 is refused" rejects "webhook/port" --set webhook.port=70000
 check "schema: webhook.hostNetwork=yes (string) is refused" rejects "webhook/hostNetwork" --set-string webhook.hostNetwork=yes
 check "schema: a rule action block is refused" rejects "config/rules/device-plugin-without-toolkit" --set config.rules.device-plugin-without-toolkit=block
+check "schema: events.rateLimit=soon is refused" rejects "events/rateLimit" --set events.rateLimit=soon
+check "schema: events.rateLimit=500ms (under 1s) is refused" rejects "events/rateLimit" --set events.rateLimit=500ms
 check "schema: an unknown rule id is refused" rejects "device-plugin-without-tookit" --set config.rules.device-plugin-without-tookit=deny
 check "schema: an unknown top-level value is refused" rejects "enforcment" --set enforcment=audit
 check "schema: validationActions Block is refused" rejects "celPolicy/validationActions" --set "celPolicy.validationActions={Deny,Block}"

@@ -46,7 +46,7 @@ d = sys.argv[1]
 sets = {n: load(f"{d}/{n}.yaml") for n in [
     "defaults", "audit", "warn", "cert-manager", "cert-manager-clusterissuer", "existing-secret",
     "everything", "host-network", "gke-private", "gpu-telemetry", "gpu-telemetry-tuned",
-    "gpu-telemetry-health-only", "gpu-telemetry-no-groups", "openreports"]}
+    "gpu-telemetry-health-only", "gpu-telemetry-no-groups", "openreports", "no-events", "events-window"]}
 
 # enforcement -> failurePolicy of the enforce webhook and mode in the config.
 for name, policy, mode in [("defaults", "Fail", "enforce"), ("warn", "Ignore", "warn"), ("audit", "Ignore", "audit")]:
@@ -228,6 +228,36 @@ expect("openreports: args", [a for a in container(objs)["args"] if a.startswith(
        ["--report", "--report-format=openreports"])
 expect("openreports: ClusterRole", report_rules(objs), [(["openreports.io"], ["clusterreports"])])
 expect("defaults: ClusterRole", report_rules(sets["defaults"]), [(["wgpolicyk8s.io"], ["clusterpolicyreports"])])
+
+
+# events: --event-window from events.rateLimit, and a Role in namespace default granting
+# exactly create on events.k8s.io events, bound to the guard's service account; with
+# events.enabled=false (or no cluster watch) --no-events and no such Role.
+def event_args(objs):
+    return [a for a in container(objs)["args"] if a.startswith("--event") or a == "--no-events"]
+
+
+def events_rbac(objs):
+    return [o for o in objs if o["kind"] in ("Role", "RoleBinding") and o["metadata"]["name"].endswith("-events")]
+
+
+objs = sets["defaults"]
+expect("defaults: event args", event_args(objs), ["--event-window=10m"])
+expect("defaults: events Role", [(o["metadata"]["namespace"], o.get("rules")) for o in events_rbac(objs) if o["kind"] == "Role"],
+       [("default", [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]}])])
+binding = [o for o in events_rbac(objs) if o["kind"] == "RoleBinding"]
+expect("defaults: events RoleBinding", [(b["metadata"]["namespace"], b["roleRef"]["name"], b["subjects"]) for b in binding],
+       [("default", "gpu-deploy-guard-events",
+         [{"kind": "ServiceAccount", "name": "gpu-deploy-guard", "namespace": "gpu-deploy-guard"}])])
+# No other rule of the chart names events.
+expect("defaults: events granted only by the events Role",
+       sorted(o["metadata"]["name"] for o in objs if o["kind"] in ("Role", "ClusterRole")
+              for r in o.get("rules", []) if "events" in r.get("resources", [])),
+       ["gpu-deploy-guard-events"])
+expect("events-window: event args", event_args(sets["events-window"]), ["--event-window=1h"])
+for name in ("no-events", "host-network"):
+    expect(f"{name}: event args", event_args(sets[name]), ["--no-events"])
+    expect(f"{name}: no events Role or RoleBinding", events_rbac(sets[name]), [])
 
 for p in problems:
     print(p)
