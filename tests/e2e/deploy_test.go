@@ -371,6 +371,8 @@ func TestShippedRBACLetsTheWebhookReadAndReportButNotWrite(t *testing.T) {
 		{"get", "gpuclusters.nvidia.com", "-A", true},
 		{"list", "gpuclusters.nvidia.com", "-A", true},
 		{"watch", "gpuclusters.nvidia.com", "-A", true},
+		{"list", "resourceslices.resource.k8s.io", "-A", true},
+		{"watch", "resourceslices.resource.k8s.io", "-A", true},
 		{"create", "clusterpolicyreports.wgpolicyk8s.io", "-A", true},
 		{"patch", "clusterpolicyreports.wgpolicyk8s.io", "-A", true},
 		{"get", "daemonsets.apps", "gpu-operator", true},
@@ -418,6 +420,8 @@ func TestShippedRBACLetsTheWebhookReadAndReportButNotWrite(t *testing.T) {
 		{"patch", "clusterpolicies.nvidia.com", "-A", false},
 		{"patch", "nvidiadrivers.nvidia.com", "-A", false},
 		{"patch", "gpuclusters.nvidia.com", "-A", false},
+		{"create", "resourceslices.resource.k8s.io", "-A", false},
+		{"delete", "resourceslices.resource.k8s.io", "-A", false},
 		{"list", "clusterpolicyreports.wgpolicyk8s.io", "-A", false},
 		{"delete", "clusterpolicyreports.wgpolicyk8s.io", "-A", false},
 	}
