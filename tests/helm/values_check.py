@@ -220,7 +220,15 @@ expect("everything: dcgm-exporter ServiceMonitor in operatorNamespace", (sm["met
 # reportFormat: the flag, and RBAC for exactly that report's resource.
 def report_rules(objs):
     return [(r["apiGroups"], r["resources"]) for r in one(objs, "ClusterRole")["rules"]
-            if r["apiGroups"] != [""] and r["apiGroups"] != ["nvidia.com"]]
+            if r["apiGroups"] not in ([""], ["nvidia.com"], ["resource.k8s.io"])]
+
+
+# The DRA driver's ResourceSlices are read, never written, whatever the report format.
+for name in ("defaults", "openreports"):
+    expect(f"{name}: ClusterRole resourceslices",
+           [(r["resources"], r["verbs"]) for r in one(sets[name], "ClusterRole")["rules"]
+            if r["apiGroups"] == ["resource.k8s.io"]],
+           [(["resourceslices"], ["list", "watch"])])
 
 
 objs = sets["openreports"]
