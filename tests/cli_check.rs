@@ -664,3 +664,63 @@ fn a_slices_file_of_something_else_is_refused_naming_it() {
         "{err}"
     );
 }
+
+fn all_daemonsets() -> String {
+    format!(
+        "{}/tests/fixtures/foreign/daemonsets.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn a_device_plugin_outside_the_operator_is_judged_where_it_runs() {
+    // lab-node-1 runs the operator's device plugin; the standalone chart's runs on every node
+    // with NFD's NVIDIA label: two plugins.
+    let o = check(&[
+        "--node",
+        &nodes("lab-node-1.yaml"),
+        "--all-daemonsets",
+        &all_daemonsets(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(
+            "existing node lab-node-1: the device plugin DaemonSet \
+             nvdp/nvdp-nvidia-device-plugin, not the GPU Operator's, already runs there beside \
+             the operator's device plugin"
+        ),
+        "{}",
+        stdout(&o)
+    );
+    // The operator's plugin and toolkit off: the foreign one stays, without a toolkit; as
+    // configured, refused. The GFD DaemonSet of the same image and the operator's own
+    // DaemonSet are never named.
+    let (_c, cfg) = temp_file("config.yaml", "rules:\n  foreign-device-plugin: deny\n");
+    let o = check(&[
+        "--config",
+        &cfg,
+        "--node",
+        &nodes("lab-node-1.yaml"),
+        "--all-daemonsets",
+        &all_daemonsets(),
+        "nvidia.com/gpu.deploy.device-plugin=false",
+        "nvidia.com/gpu.deploy.container-toolkit=false",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("Error from server (Forbidden): node lab-node-1: the device plugin DaemonSet nvdp/nvdp-nvidia-device-plugin, not the GPU Operator's, runs there without the operator's container toolkit"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("gpu-feature-discovery, not") && !out.contains("gpu-operator/"),
+        "{out}"
+    );
+    // Not given: not evaluated.
+    let o = check(&["--node", &nodes("lab-node-1.yaml")]);
+    assert!(
+        !stdout(&o).contains("foreign-device-plugin"),
+        "{}",
+        stdout(&o)
+    );
+}

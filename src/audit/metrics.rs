@@ -386,6 +386,7 @@ mod tests {
             "gpu_deploy_guard_audit_findings{rule=\"dcgm-exporter-without-dcgm\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"device-plugin-on-non-gpu-node\"} 2",
             "gpu_deploy_guard_audit_findings{rule=\"device-plugin-beside-dra-driver\"} 0",
+            "gpu_deploy_guard_audit_findings{rule=\"foreign-device-plugin\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"operand-not-running\"} 1",
             "gpu_deploy_guard_audit_findings{rule=\"nfd-labels-lost\"} 0",
             "gpu_deploy_guard_audit_findings{rule=\"pause-stuck\"} 0",

@@ -294,9 +294,11 @@ impl Context {
         // A rule on the ResourceSlices is evaluated only where they were read: the report
         // would call it passed.
         let slices_read = matches!(facts.dra_nodes, DraNodes::Known(_));
+        let plugins_read = facts.foreign_plugins.known().is_some();
         let rules = Rule::state_rules()
             .filter(|rule| policy.action(*rule) != Action::Off)
             .filter(|rule| slices_read || !rule.reads_slices())
+            .filter(|rule| plugins_read || !rule.reads_foreign_plugins())
             .collect();
         Context {
             facts,

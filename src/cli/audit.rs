@@ -79,6 +79,16 @@ pub struct AuditArgs {
         requires = "nodes"
     )]
     pub resource_slices: Option<PathBuf>,
+    /// With --nodes: the JSON of `kubectl get daemonsets -A -o json`. A DaemonSet outside the
+    /// operator's namespace that runs the NVIDIA device plugin is judged where it places its
+    /// pods. Without it that rule is not evaluated.
+    #[arg(
+        long,
+        env = "GDG_ALL_DAEMONSETS",
+        value_name = "FILE",
+        requires = "nodes"
+    )]
+    pub all_daemonsets: Option<PathBuf>,
     /// Output format.
     #[arg(short, long, env = "GDG_AUDIT_OUTPUT", value_enum, default_value_t = Format::Lines)]
     pub output: Format,
@@ -191,6 +201,13 @@ pub fn audit_files(args: &AuditArgs) -> Result<AuditReport, AuditError> {
     if let Some(path) = &args.resource_slices {
         facts.dra_nodes = read_slices(path)?;
     }
+    if let Some(path) = &args.all_daemonsets {
+        let namespace = args
+            .namespace
+            .as_ref()
+            .unwrap_or(&config.operator_namespace);
+        facts.foreign_plugins = read_foreign_plugins(path, namespace)?;
+    }
     facts.operator = version::resolve(
         args.operator_version.given(&config),
         Followed::assumed(NOT_GIVEN),
@@ -289,4 +306,14 @@ pub(crate) fn read_slices(
         eprintln!("note: {}: {note}", crate::k8s::read::display(path));
     }
     Ok(nodes)
+}
+
+/// The device plugins outside `operator_namespace` of a file of every DaemonSet.
+pub(crate) fn read_foreign_plugins(
+    path: &std::path::Path,
+    operator_namespace: &str,
+) -> Result<crate::core::foreign::ForeignPlugins, files::FileError> {
+    let all = files::read_all_daemonsets(path)?;
+    let plugins = crate::k8s::foreign::foreign_plugins(&all, operator_namespace);
+    Ok(crate::core::seen::Seen::Known(std::sync::Arc::new(plugins)))
 }

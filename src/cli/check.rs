@@ -373,6 +373,11 @@ pub struct CheckArgs {
     /// Without it that rule is not evaluated.
     #[arg(long, value_name = "FILE")]
     pub resource_slices: Option<PathBuf>,
+    /// Every DaemonSet (`kubectl get daemonsets -A -o json`): one outside the operator's
+    /// namespace that runs the NVIDIA device plugin is judged where it places its pods.
+    /// Without it that rule is not evaluated.
+    #[arg(long, value_name = "FILE")]
+    pub all_daemonsets: Option<PathBuf>,
     #[command(flatten)]
     pub operator_version: OperatorVersionArg,
     /// Output format.
@@ -435,6 +440,25 @@ pub fn run(args: CheckArgs) -> ExitCode {
     if let Some(path) = &args.resource_slices {
         match super::audit::read_slices(path) {
             Ok(nodes) => facts.dra_nodes = nodes,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if let Some(path) = &args.all_daemonsets {
+        let namespace = match &args.config {
+            Some(config) => match read::config_file(config) {
+                Ok(c) => c.operator_namespace,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            },
+            None => crate::core::policy::DEFAULT_OPERATOR_NAMESPACE.to_owned(),
+        };
+        match super::audit::read_foreign_plugins(path, &namespace) {
+            Ok(plugins) => facts.foreign_plugins = plugins,
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);

@@ -13,29 +13,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use super::seen::Seen;
+
 /// The driver name of NVIDIA's DRA driver for GPUs (k8s-dra-driver-gpu).
 pub const NVIDIA_GPU_DRIVER: &str = "gpu.nvidia.com";
 
-/// The nodes an NVIDIA GPU DRA driver publishes ResourceSlices for.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum DraNodes {
-    /// Nothing was read (`check` without `--resource-slices`): the rule is not evaluated.
-    #[default]
-    NotRead,
-    /// They could not be read (not listed yet, RBAC, past the guard's bound): why.
-    Unknown(String),
-    /// Read: these nodes have at least one slice of [`NVIDIA_GPU_DRIVER`]. Empty when the
-    /// cluster serves no `resource.k8s.io/v1` (no slice can exist).
-    Known(Arc<BTreeSet<Box<str>>>),
-}
+/// The nodes an NVIDIA GPU DRA driver publishes ResourceSlices for (`Known`: at least one
+/// slice of [`NVIDIA_GPU_DRIVER`]; empty when the cluster serves no `resource.k8s.io/v1`).
+pub type DraNodes = Seen<BTreeSet<Box<str>>>;
 
 impl DraNodes {
     /// Whether the DRA driver publishes slices for `node`: `None` when that is not known.
     pub fn has(&self, node: &str) -> Option<bool> {
-        match self {
-            DraNodes::Known(nodes) => Some(nodes.contains(node)),
-            DraNodes::NotRead | DraNodes::Unknown(_) => None,
-        }
+        self.known().map(|nodes| nodes.contains(node))
     }
 }
 
@@ -110,7 +100,11 @@ impl SliceIndex {
 
     /// The nodes with a kept slice.
     pub fn nodes(&self) -> DraNodes {
-        DraNodes::Known(Arc::new(self.nodes.values().cloned().collect()))
+        DraNodes::Known(Arc::new(self.node_set()))
+    }
+
+    pub fn node_set(&self) -> BTreeSet<Box<str>> {
+        self.nodes.values().cloned().collect()
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use crate::core::dra::DraNodes;
+use crate::core::foreign::ForeignPlugins;
 use crate::core::operands::{
     Labels, OPERANDS, OnGpuCluster, Operand, OperandSet, Stack, not_deployed,
 };
@@ -65,6 +66,8 @@ pub struct ClusterFacts {
     pub templates: Templates,
     /// The nodes NVIDIA's DRA driver publishes GPU ResourceSlices for ([`DraNodes`]).
     pub dra_nodes: DraNodes,
+    /// The device-plugin DaemonSets outside the operator's namespace ([`ForeignPlugins`]).
+    pub foreign_plugins: ForeignPlugins,
 }
 
 impl Default for ClusterFacts {
@@ -87,6 +90,7 @@ impl Default for ClusterFacts {
             gpu_clusters_unknown: None,
             templates: Templates::default(),
             dra_nodes: DraNodes::NotRead,
+            foreign_plugins: ForeignPlugins::NotRead,
         }
     }
 }
@@ -207,6 +211,7 @@ impl ClusterFacts {
             next_policy: None,
             gpu_clusters_unknown: self.gpu_clusters_unknown.clone(),
             dra_nodes: self.dra_nodes.clone(),
+            foreign_plugins: self.foreign_plugins.clone(),
             templates: Templates {
                 inputs: switches.templates.inputs.clone(),
                 ..self.templates.with_policy_tolerations(

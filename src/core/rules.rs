@@ -10,6 +10,7 @@
 mod change;
 mod dra;
 pub mod fleet;
+mod foreign;
 mod history;
 mod placement;
 pub mod pods;
@@ -43,6 +44,7 @@ pub enum Rule {
     DcgmExporterWithoutDcgm,
     DevicePluginOnNonGpuNode,
     DevicePluginBesideDraDriver,
+    ForeignDevicePlugin,
     NfdLabelsLost,
     UnknownDeployLabel,
     ValueNotTrue,
@@ -181,6 +183,14 @@ impl Rule {
     /// [`DraNodes`]: crate::core::dra::DraNodes
     pub fn reads_slices(self) -> bool {
         matches!(self, Rule::DevicePluginBesideDraDriver)
+    }
+
+    /// Judged on the device-plugin DaemonSets outside the operator's namespace
+    /// ([`ForeignPlugins`]): evaluated only where they were read.
+    ///
+    /// [`ForeignPlugins`]: crate::core::foreign::ForeignPlugins
+    pub fn reads_foreign_plugins(self) -> bool {
+        matches!(self, Rule::ForeignDevicePlugin)
     }
 
     pub fn state_rules() -> impl Iterator<Item = Rule> {

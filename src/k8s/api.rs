@@ -12,6 +12,7 @@ use super::cluster_policy;
 use super::daemonset::{DaemonSetView, learn_daemonsets};
 use super::deployment::{self, DeploymentView, Unread};
 use super::fleet::LabelFilter;
+use super::foreign::{self, AnyDaemonSetView};
 use super::gpu_cluster;
 use super::node::NodeView;
 use super::nvidia_driver;
@@ -19,6 +20,8 @@ use super::pod::PodView;
 use super::resource_slice::{self, ResourceSliceView};
 use crate::core::dra::{self, DraNodes};
 use crate::core::facts::{ClusterFacts, PolicySource, gpu_cluster_switched_off, operator_defaults};
+use crate::core::foreign::ForeignPlugins;
+use crate::core::seen::Seen;
 
 /// The field manager of every write, and so the owner of the report's fields.
 pub const FIELD_MANAGER: &str = "gpu-deploy-guard";
@@ -192,6 +195,29 @@ pub async fn dra_nodes(client: &Client) -> (DraNodes, Vec<String>) {
     }
 }
 
+/// The DaemonSets outside the operator's namespace that run the NVIDIA device plugin, from a
+/// paged list of every DaemonSet (read only for that).
+pub async fn foreign_plugins(client: &Client, namespace: &str) -> ForeignPlugins {
+    let api = Api::<AnyDaemonSetView>::all(client.clone());
+    let mut all = Vec::new();
+    let params = ListParams::default().limit(SNAPSHOT_PAGE);
+    match list_pages_with(&api, params, |d| {
+        if d.plugin.is_some() {
+            all.push(d);
+        }
+    })
+    .await
+    {
+        Ok(()) => Seen::Known(std::sync::Arc::new(foreign::foreign_plugins(
+            &all, namespace,
+        ))),
+        Err(KubeError::Api(s)) if missing_or_forbidden(&s) == Some(403) => {
+            Seen::Unknown("RBAC forbids listing daemonsets.apps in every namespace".to_owned())
+        }
+        Err(e) => Seen::Unknown(format!("listing daemonsets.apps failed: {}", brief(&e))),
+    }
+}
+
 /// Everything one audit of a live cluster reads.
 pub struct Snapshot {
     pub nodes: Vec<NodeView>,
@@ -318,8 +344,14 @@ pub async fn snapshot_keeping(
                 .collect()
         });
 
-    let (dra_nodes, notes) = dra_nodes(client).await;
+    let (dra_nodes, mut notes) = dra_nodes(client).await;
     facts.dra_nodes = dra_nodes;
+    facts.foreign_plugins = foreign_plugins(client, namespace).await;
+    if let Seen::Unknown(why) = &facts.foreign_plugins {
+        notes.push(format!(
+            "device-plugin DaemonSets outside {namespace} are not judged: {why}"
+        ));
+    }
 
     let filter = LabelFilter::new(&facts);
     let mut nodes = Vec::new();

@@ -15,6 +15,7 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 
 use super::daemonset::{DaemonSetView, RawDaemonSet};
+use super::foreign::{AnyDaemonSetView, RawAnyDaemonSet};
 use super::node::{NodeFile, NodeView};
 use super::pod::{PodView, RawPod};
 use super::read;
@@ -80,6 +81,12 @@ const DAEMONSETS: ListKind = ListKind {
     command: "kubectl get daemonsets -n gpu-operator -o json",
 };
 
+const ALL_DAEMONSETS: ListKind = ListKind {
+    what: "daemonsets",
+    item_kind: "DaemonSet",
+    list_kind: "DaemonSetList",
+    command: "kubectl get daemonsets -A -o json",
+};
 const RESOURCE_SLICES: ListKind = ListKind {
     what: "resourceslices",
     item_kind: "ResourceSlice",
@@ -113,6 +120,12 @@ struct RawSlice {
 }
 
 impl Item for RawSlice {
+    fn kind(&self) -> Option<&str> {
+        self.kind.as_deref()
+    }
+}
+
+impl Item for RawAnyDaemonSet {
     fn kind(&self) -> Option<&str> {
         self.kind.as_deref()
     }
@@ -268,6 +281,15 @@ pub fn read_nodes_and_pods(
 
 pub fn read_daemonsets(path: &Path) -> Result<Vec<DaemonSetView>, FileError> {
     read_with(path, &DAEMONSETS, |r| daemonsets_from(r, path))
+}
+
+/// Every DaemonSet of the cluster (`kubectl get daemonsets -A -o json`), read for the device
+/// plugins among them.
+pub fn read_all_daemonsets(path: &Path) -> Result<Vec<AnyDaemonSetView>, FileError> {
+    read_with(path, &ALL_DAEMONSETS, |r| {
+        let items: Vec<RawAnyDaemonSet> = parse_list(r, path, &ALL_DAEMONSETS)?;
+        Ok(items.into_iter().map(AnyDaemonSetView::from).collect())
+    })
 }
 
 /// ResourceSlices from `kubectl get resourceslices -o json`.

@@ -48,6 +48,7 @@ pub mod daemonset;
 pub mod deployment;
 pub mod document;
 pub mod fleet;
+pub mod foreign;
 pub mod gpu_cluster;
 pub mod list;
 mod meta;

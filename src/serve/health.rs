@@ -53,6 +53,7 @@ pub(super) struct Status {
     pub(super) nodes: Health,
     pub(super) deployments: Health,
     pub(super) slices: Health,
+    pub(super) plugins: Health,
 }
 
 #[derive(Copy, Clone)]
@@ -65,6 +66,7 @@ pub(super) enum Kind {
     Nodes,
     Deployments,
     ResourceSlices,
+    ForeignPlugins,
 }
 
 impl Kind {
@@ -78,6 +80,7 @@ impl Kind {
             Kind::Nodes => &mut status.nodes,
             Kind::Deployments => &mut status.deployments,
             Kind::ResourceSlices => &mut status.slices,
+            Kind::ForeignPlugins => &mut status.plugins,
         }
     }
 
@@ -92,6 +95,7 @@ impl Kind {
             Kind::Nodes => "nodes",
             Kind::Deployments => "deployments",
             Kind::ResourceSlices => "resourceslices",
+            Kind::ForeignPlugins => "daemonsets-anywhere",
         }
     }
 
@@ -108,6 +112,7 @@ impl Kind {
                 "resourceslices.resource.k8s.io of driver {}",
                 crate::core::dra::NVIDIA_GPU_DRIVER
             ),
+            Kind::ForeignPlugins => "device-plugin daemonsets.apps in every namespace".to_owned(),
         }
     }
 }

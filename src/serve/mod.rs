@@ -15,6 +15,7 @@ pub mod logs;
 pub mod metrics;
 mod nodes;
 mod parse;
+mod plugins;
 mod pool;
 pub mod readiness;
 pub mod server;

@@ -46,20 +46,28 @@ pub(super) async fn follow_slices(
             return;
         }
         lock(kept).clear();
-        let was = set_health(
-            status,
-            Kind::ResourceSlices,
-            Health::Unavailable(Unavailable::TooMany),
-        );
-        if was != Health::Unavailable(Unavailable::TooMany) {
-            tracing::warn!(
-                bound = MAX_SLICES,
-                "more ResourceSlices of NVIDIA's GPU DRA driver than the guard keeps: a request that starts the device plugin is judged as if every node had them; listing them again in 30s"
-            );
-        }
-        let _ = dirty.try_send(());
-        sleep(OVER_BOUNDS_PAUSE).await;
+        over_bounds(Kind::ResourceSlices, MAX_SLICES, status, dirty).await;
     }
+}
+
+/// A bounded kind went past its bound: it is unavailable (said once), its followers hear of
+/// it, and it is listed again after [`OVER_BOUNDS_PAUSE`].
+pub(super) async fn over_bounds(
+    kind: Kind,
+    bound: usize,
+    status: &Mutex<Status>,
+    dirty: &mpsc::Sender<()>,
+) {
+    let was = set_health(status, kind, Health::Unavailable(Unavailable::TooMany));
+    if was != Health::Unavailable(Unavailable::TooMany) {
+        tracing::warn!(
+            what = %kind.describe(""),
+            bound,
+            "more than the guard keeps: the decisions that need them say they cannot tell; listing them again in 30s"
+        );
+    }
+    let _ = dirty.try_send(());
+    sleep(OVER_BOUNDS_PAUSE).await;
 }
 
 fn lock(kept: &Mutex<SliceIndex>) -> std::sync::MutexGuard<'_, SliceIndex> {

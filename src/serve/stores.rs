@@ -12,16 +12,20 @@ use tokio::sync::mpsc;
 use super::follow::{Following, POLICY_PAGE_SIZE, follow, watcher as stream};
 use super::health::{Health, Kind, Status, Unavailable};
 use super::kept::{self, Kept};
+use super::plugins::{Plugins, follow_plugins, lock as lock_plugins};
 use super::slices::follow_slices;
 use super::watch_config::WatchConfig;
 use crate::core::dra::{DraNodes, SliceIndex};
 use crate::core::facts::{ClusterFacts, PolicySource};
+use crate::core::foreign::ForeignPlugins;
+use crate::core::seen::Seen;
 use crate::core::version;
 use crate::k8s::api::{cluster_from, cluster_policy_resource, unavailable_source};
 use crate::k8s::daemonset::DaemonSetView;
 use crate::k8s::deployment::{self, DeploymentView, Unread};
 use crate::k8s::gpu_cluster;
 use crate::k8s::nvidia_driver;
+use std::sync::Arc;
 
 pub(super) struct Stores {
     pub(super) policies: Kept,
@@ -31,6 +35,8 @@ pub(super) struct Stores {
     pub(super) deployments: Store<DeploymentView>,
     /// The ResourceSlices of NVIDIA's GPU DRA driver, by name, with their nodes.
     pub(super) slices: Mutex<SliceIndex>,
+    /// The device-plugin DaemonSets outside the operator's namespace.
+    pub(super) plugins: Mutex<Plugins>,
 }
 
 /// The writers of the reflector stores.
@@ -51,6 +57,7 @@ impl Stores {
             daemonsets,
             deployments,
             slices: Mutex::default(),
+            plugins: Mutex::default(),
         };
         let writers = Writers {
             daemonsets: ds_writer,
@@ -127,6 +134,7 @@ impl StoreWatches<'_> {
                 dirty,
             ),
             follow_slices(client, &cfg, &stores.slices, status, dirty),
+            follow_plugins(client, &cfg, namespace, &stores.plugins, status, dirty),
             async {
                 if watch_deployments {
                     follow(
@@ -152,6 +160,7 @@ pub(super) struct Healths<'a> {
     pub(super) daemonsets: &'a Health,
     pub(super) deployments: &'a Health,
     pub(super) slices: &'a Health,
+    pub(super) plugins: &'a Health,
 }
 
 /// The facts the stores give now; the operator version is the given one, else the one the
@@ -167,6 +176,7 @@ pub(super) fn current_facts(
         daemonsets,
         deployments,
         slices,
+        plugins,
     } = *healths;
     let gpu_clusters_health = gpu_clusters;
     let objects = stores.policies.values();
@@ -213,6 +223,7 @@ pub(super) fn current_facts(
         deployment::operator_version(&config.namespace, listed),
     );
     facts.dra_nodes = dra_nodes(&stores.slices, slices);
+    facts.foreign_plugins = foreign_plugins(&stores.plugins, plugins, &config.namespace);
     facts
 }
 
@@ -223,17 +234,37 @@ fn dra_nodes(kept: &Mutex<SliceIndex>, health: &Health) -> DraNodes {
         "resourceslices.resource.k8s.io of driver {}",
         crate::core::dra::NVIDIA_GPU_DRIVER
     );
+    seen(health, &what, super::slices::MAX_SLICES, || {
+        kept.lock().unwrap_or_else(|e| e.into_inner()).node_set()
+    })
+}
+
+/// The device-plugin DaemonSets outside the operator's namespace, or why they are not known.
+fn foreign_plugins(kept: &Mutex<Plugins>, health: &Health, namespace: &str) -> ForeignPlugins {
+    let what = format!("device-plugin daemonsets.apps outside {namespace}");
+    seen(health, &what, super::plugins::MAX_FOREIGN_PLUGINS, || {
+        lock_plugins(kept).values().cloned().collect()
+    })
+}
+
+/// What a bounded watched kind shows, by its health: `known()` once listed, nothing where the
+/// cluster does not serve it, and why not otherwise.
+fn seen<T: Default>(
+    health: &Health,
+    what: &str,
+    bound: usize,
+    known: impl FnOnce() -> T,
+) -> Seen<T> {
     match health {
-        Health::Synced => kept.lock().unwrap_or_else(|e| e.into_inner()).nodes(),
-        Health::Unavailable(Unavailable::NotFound) => DraNodes::Known(Default::default()),
-        Health::Starting => DraNodes::Unknown(format!("{what} are not listed yet")),
+        Health::Synced => Seen::Known(Arc::new(known())),
+        Health::Unavailable(Unavailable::NotFound) => Seen::Known(Arc::default()),
+        Health::Starting => Seen::Unknown(format!("{what} are not listed yet")),
         Health::Unavailable(Unavailable::Forbidden) => {
-            DraNodes::Unknown(format!("RBAC forbids listing {what}"))
+            Seen::Unknown(format!("RBAC forbids listing {what}"))
         }
-        Health::Unavailable(Unavailable::TooMany) => DraNodes::Unknown(format!(
-            "more {what} than the guard keeps ({})",
-            super::slices::MAX_SLICES
-        )),
+        Health::Unavailable(Unavailable::TooMany) => {
+            Seen::Unknown(format!("more {what} than the guard keeps ({bound})"))
+        }
     }
 }
 
@@ -254,12 +285,14 @@ mod tests {
     ) -> Healths<'a> {
         const NO_GPU_CLUSTERS: Health = Health::Unavailable(Unavailable::NotFound);
         const NO_SLICES: Health = Health::Unavailable(Unavailable::NotFound);
+        const NO_PLUGINS: Health = Health::Unavailable(Unavailable::NotFound);
         Healths {
             policies,
             gpu_clusters: &NO_GPU_CLUSTERS,
             daemonsets,
             deployments,
             slices: &NO_SLICES,
+            plugins: &NO_PLUGINS,
         }
     }
 
@@ -309,6 +342,7 @@ mod tests {
             daemonsets: reflector::store::<DaemonSetView>().0,
             deployments: reflector::store::<DeploymentView>().0,
             slices: Mutex::default(),
+            plugins: Mutex::default(),
         }
     }
 
@@ -361,6 +395,7 @@ mod tests {
             source: PolicySource::NotGiven,
             operator: crate::core::facts::operator_defaults().operator,
             dra_nodes: DraNodes::NotRead,
+            foreign_plugins: ForeignPlugins::NotRead,
             ..c.clone()
         };
         assert_eq!(switches, crate::core::facts::operator_defaults());

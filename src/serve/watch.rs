@@ -166,6 +166,7 @@ impl Publisher<'_> {
             let ds_health = health(status, Kind::DaemonSets);
             let deployments_health = health(status, Kind::Deployments);
             let slices_health = health(status, Kind::ResourceSlices);
+            let plugins_health = health(status, Kind::ForeignPlugins);
             let mut facts = current_facts(
                 self.stores,
                 &Healths {
@@ -174,6 +175,7 @@ impl Publisher<'_> {
                     daemonsets: &ds_health,
                     deployments: &deployments_health,
                     slices: &slices_health,
+                    plugins: &plugins_health,
                 },
                 self.config,
             );
@@ -191,6 +193,7 @@ impl Publisher<'_> {
                 (Kind::DaemonSets, &ds_health),
                 (Kind::Deployments, &deployments_health),
                 (Kind::ResourceSlices, &slices_health),
+                (Kind::ForeignPlugins, &plugins_health),
                 (Kind::Nodes, &health(status, Kind::Nodes)),
             ]
             .map(|(kind, health)| {

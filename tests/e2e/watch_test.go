@@ -236,7 +236,7 @@ func (w *gauges) operands(node string, expected, running int, operands ...string
 func (w *gauges) findings(counts map[string]int) *gauges {
 	for _, rule := range []string{"device-plugin-without-toolkit", "operand-without-toolkit",
 		"operand-without-validator", "operand-without-sandbox-validator", "operand-without-dra-driver",
-		"dcgm-exporter-without-dcgm", "device-plugin-on-non-gpu-node", "device-plugin-beside-dra-driver", "nfd-labels-lost", "operand-not-running", "toolkit-not-recreated",
+		"dcgm-exporter-without-dcgm", "device-plugin-on-non-gpu-node", "device-plugin-beside-dra-driver", "foreign-device-plugin", "nfd-labels-lost", "operand-not-running", "toolkit-not-recreated",
 		"operands-not-recreated", "pause-stuck", "driver-upgrade-stuck", "gpus-not-advertised"} {
 		w.lines = append(w.lines, fmt.Sprintf("audit_findings %s %d", rule, counts[rule]))
 	}
@@ -367,6 +367,7 @@ func reportLines(nodes map[string][]string) string {
 		"dcgm-exporter-without-dcgm":        "medium",
 		"device-plugin-on-non-gpu-node":     "low",
 		"device-plugin-beside-dra-driver":   "high",
+		"foreign-device-plugin":             "high",
 		"nfd-labels-lost":                   "medium",
 		"operand-not-running":               "medium",
 		"toolkit-not-recreated":             "high",

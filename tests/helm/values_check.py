@@ -220,7 +220,7 @@ expect("everything: dcgm-exporter ServiceMonitor in operatorNamespace", (sm["met
 # reportFormat: the flag, and RBAC for exactly that report's resource.
 def report_rules(objs):
     return [(r["apiGroups"], r["resources"]) for r in one(objs, "ClusterRole")["rules"]
-            if r["apiGroups"] not in ([""], ["nvidia.com"], ["resource.k8s.io"])]
+            if r["apiGroups"] not in ([""], ["nvidia.com"], ["resource.k8s.io"], ["apps"])]
 
 
 # The DRA driver's ResourceSlices are read, never written, whatever the report format.
@@ -229,6 +229,10 @@ for name in ("defaults", "openreports"):
            [(r["resources"], r["verbs"]) for r in one(sets[name], "ClusterRole")["rules"]
             if r["apiGroups"] == ["resource.k8s.io"]],
            [(["resourceslices"], ["list", "watch"])])
+    expect(f"{name}: ClusterRole daemonsets",
+           [(r["resources"], r["verbs"]) for r in one(sets[name], "ClusterRole")["rules"]
+            if r["apiGroups"] == ["apps"]],
+           [(["daemonsets"], ["list", "watch"])])
 
 
 objs = sets["openreports"]

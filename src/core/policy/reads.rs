@@ -16,6 +16,17 @@ pub fn reads_label(key: &str, facts: &ClusterFacts) -> bool {
     reads_label_whatever_the_facts(key)
         || facts.selectors.values().any(|sel| sel.contains_key(key))
         || affinity_keys(facts).any(|k| k == key)
+        || foreign_plugin_keys(facts).any(|k| k == key)
+}
+
+/// The label keys the placement of device-plugin DaemonSets outside the operator reads.
+fn foreign_plugin_keys(facts: &ClusterFacts) -> impl Iterator<Item = &str> {
+    facts
+        .foreign_plugins
+        .known()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p.label_keys())
 }
 
 /// The label keys the live operand DaemonSets' required node affinity reads.
@@ -56,6 +67,7 @@ pub fn selector_keys(facts: &ClusterFacts) -> std::collections::BTreeSet<String>
         .chain(drivers.flat_map(|d| d.node_selector.iter().flat_map(|s| s.keys())))
         .map(String::as_str)
         .chain(affinity_keys(facts))
+        .chain(foreign_plugin_keys(facts))
         .filter(|k| !reads_label_whatever_the_facts(k))
         .map(str::to_owned)
         .collect()

@@ -5,7 +5,7 @@ use super::{Action, Check, Kind, Rule, RuleSpec, Severity, fleet, history, pods}
 /// Every rule, in evaluation and report order. A new rule is a row here, a variant of
 /// [`Rule`] and its function (in `rules/state.rs`, `rules/change.rs`, `rules/fleet.rs` or
 /// `rules/pods.rs`).
-pub const RULES: [RuleSpec; 29] = [
+pub const RULES: [RuleSpec; 30] = [
     RuleSpec {
         rule: Rule::DevicePluginWithoutToolkit,
         id: "device-plugin-without-toolkit",
@@ -95,6 +95,16 @@ pub const RULES: [RuleSpec; 29] = [
         checks: &[Check::Node(|ctx, out| {
             ctx.device_plugin_beside_dra_driver(out)
         })],
+    },
+    RuleSpec {
+        rule: Rule::ForeignDevicePlugin,
+        id: "foreign-device-plugin",
+        kind: Kind::State,
+        default: Action::Warn,
+        severity: Severity::High,
+        pass: "no device-plugin DaemonSet outside the operator runs beside its device plugin or without its toolkit",
+        summary: "a device-plugin DaemonSet outside the operator's namespace (the standalone chart, gpu-operator#1704) runs on a node beside the operator's device plugin (two plugins register nvidia.com/gpu) or without the operator's container toolkit (GPU pods fail to start); placed by its own nodeSelector, node affinity and tolerations",
+        checks: &[Check::Node(|ctx, out| ctx.foreign_device_plugin(out))],
     },
     RuleSpec {
         rule: Rule::NfdLabelsLost,
