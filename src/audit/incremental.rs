@@ -21,8 +21,20 @@ pub struct Incremental {
     /// The last pass's time (Unix seconds), which the history rules judged ages at.
     now: u64,
     /// The findings the passes since the last [`Incremental::take_gained`] found new on a node.
-    gained: Vec<(Box<str>, Rule)>,
+    gained: Gained,
 }
+
+/// Findings new on their nodes, at most [`MAX_GAINED`] (the Events' rate limit keeps no more
+/// keys either), and how many more there were.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Gained {
+    pub list: Vec<(Box<str>, Rule)>,
+    pub over: usize,
+}
+
+/// Gained findings kept between two [`Incremental::take_gained`]: a fleet broken at once
+/// (every node gaining every rule) costs a bounded list, not nodes × rules.
+pub const MAX_GAINED: usize = 10_000;
 
 /// What one [`Incremental::update`] did.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -41,7 +53,7 @@ impl Incremental {
     /// Each node and rule the passes since the last call found broken on the node where the pass
     /// before had not (a node new to the fleet counts with all its findings), in node order. The
     /// first pass is the baseline and gains nothing.
-    pub fn take_gained(&mut self) -> Vec<(Box<str>, Rule)> {
+    pub fn take_gained(&mut self) -> Gained {
         std::mem::take(&mut self.gained)
     }
 
@@ -144,12 +156,17 @@ impl Incremental {
 }
 
 /// Adds each rule `now` finds on its node that `before` (the node's last summary, if any) did not.
-fn gained_by(before: Option<&NodeSummary>, now: &NodeSummary, gained: &mut Vec<(Box<str>, Rule)>) {
-    let start = gained.len();
+fn gained_by(before: Option<&NodeSummary>, now: &NodeSummary, gained: &mut Gained) {
+    let start = gained.list.len();
     for &(rule, ..) in now.findings.iter() {
         let known = before.is_some_and(|b| b.has(rule));
-        if !known && !gained[start..].iter().any(|(_, r)| *r == rule) {
-            gained.push((now.name.clone(), rule));
+        if known || gained.list[start..].iter().any(|(_, r)| *r == rule) {
+            continue;
+        }
+        if gained.list.len() >= MAX_GAINED {
+            gained.over += 1;
+        } else {
+            gained.list.push((now.name.clone(), rule));
         }
     }
 }
@@ -467,38 +484,38 @@ mod tests {
         inc.update(&index, &pod_index, &facts, &policy, Dirty::All, 0);
         // b runs the device plugin without the toolkit from the start: the baseline.
         assert!(rules_on(&inc, "b").contains(&("b".into(), Rule::DevicePluginWithoutToolkit)));
-        assert_eq!(inc.take_gained(), []);
+        assert_eq!(inc.take_gained().list, []);
         // The same findings again, by node and over the whole fleet: nothing gained.
         let mut dirty = Dirty::default();
         dirty.add("b");
         inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
         inc.update(&index, &pod_index, &facts, &policy, Dirty::All, 0);
-        assert_eq!(inc.take_gained(), []);
+        assert_eq!(inc.take_gained().list, []);
 
         // c gets the device plugin alone: c gains every finding it now has, once.
         assert!(index.apply(&node("c", &[("device-plugin", "true")])));
         let mut dirty = Dirty::default();
         dirty.add("c");
         inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
-        let gained = inc.take_gained();
+        let gained = inc.take_gained().list;
         assert!(gained.contains(&("c".into(), Rule::DevicePluginWithoutToolkit)));
         assert_eq!(gained, rules_on(&inc, "c"));
-        assert_eq!(inc.take_gained(), []);
+        assert_eq!(inc.take_gained().list, []);
 
         // A new node with findings, found by a pass over the whole fleet: only it gains.
         assert!(index.apply(&node("d", &[("device-plugin", "true")])));
         inc.update(&index, &pod_index, &facts, &policy, Dirty::All, 0);
-        assert_eq!(inc.take_gained(), rules_on(&inc, "d"));
+        assert_eq!(inc.take_gained().list, rules_on(&inc, "d"));
 
         // c loses its findings and gets them back: gained again.
         assert!(index.apply(&node("c", &[])));
         let mut dirty = Dirty::default();
         dirty.add("c");
         inc.update(&index, &pod_index, &facts, &policy, dirty.clone(), 0);
-        assert_eq!(inc.take_gained(), []);
+        assert_eq!(inc.take_gained().list, []);
         assert!(index.apply(&node("c", &[("device-plugin", "true")])));
         inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
-        assert_eq!(inc.take_gained(), rules_on(&inc, "c"));
+        assert_eq!(inc.take_gained().list, rules_on(&inc, "c"));
     }
 
     #[test]
@@ -513,7 +530,7 @@ mod tests {
         let mut dirty = Dirty::default();
         dirty.add("c");
         inc.update(&index, &pod_index, &facts, &policy, dirty, 0);
-        let gained = inc.take_gained();
+        let gained = inc.take_gained().list;
         assert!(!gained.is_empty(), "c has other findings");
         assert!(
             gained
@@ -534,5 +551,35 @@ mod tests {
         assert!(d.is_empty());
         d.merge(Dirty::All);
         assert_eq!(d, Dirty::All);
+    }
+
+    #[test]
+    fn gained_findings_past_the_bound_are_counted_not_kept() {
+        use crate::audit::{Basis, Level, NodeSummary};
+        use crate::core::operands::OperandSet;
+        let summary = |name: &str| NodeSummary {
+            name: name.into(),
+            gpu: true,
+            expected: OperandSet::EMPTY,
+            running: OperandSet::EMPTY,
+            with_pod: OperandSet::EMPTY,
+            not_recreated: OperandSet::EMPTY,
+            held_off: OperandSet::EMPTY,
+            findings: [
+                (Rule::DevicePluginWithoutToolkit, Level::Fail, Basis::Pods),
+                (Rule::OperandNotRunning, Level::Fail, Basis::Pods),
+            ]
+            .into(),
+        };
+        let mut gained = Gained::default();
+        for i in 0..MAX_GAINED / 2 + 10 {
+            gained_by(None, &summary(&format!("n{i}")), &mut gained);
+        }
+        assert_eq!(gained.list.len(), MAX_GAINED);
+        assert_eq!(gained.over, 20);
+        // What a node already had is not gained.
+        let mut again = Gained::default();
+        gained_by(Some(&summary("a")), &summary("a"), &mut again);
+        assert_eq!(again, Gained::default());
     }
 }

@@ -265,8 +265,15 @@ async fn pass(auditor: &mut Auditor<'_>, pods: &mut PodsIndex, passes: &mut Pass
             now,
         );
         let gained = incremental.take_gained();
+        if gained.over > 0 && config.events.is_some() {
+            tracing::warn!(
+                sent_at_most = crate::audit::incremental::MAX_GAINED,
+                left = gained.over,
+                "more findings new on their nodes in one pass than Events are made for; the report and the gauges have them all"
+            );
+        }
         if let Some(events) = &config.events {
-            offer_gained(events, gained, |name| {
+            offer_gained(events, gained.list, |name| {
                 incremental.detail(name, &state.nodes, &pods.pods, &config.policy)
             });
         }
