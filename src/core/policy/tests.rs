@@ -2394,3 +2394,66 @@ fn nfd_labels_lost_says_what_the_operator_will_do_and_what_it_did() {
         .is_empty()
     );
 }
+
+#[test]
+fn a_device_plugin_outside_the_operator_is_judged_and_an_unknown_one_said() {
+    use crate::core::foreign::ForeignPlugin;
+    use crate::core::seen::Seen;
+    let standalone = ForeignPlugin {
+        namespace: "nvdp".into(),
+        name: "nvdp-nvidia-device-plugin".into(),
+        node_selector: [("nvidia.com/gpu.present".to_owned(), "true".to_owned())].into(),
+        placement: crate::core::placement::PodPlacement::default(),
+    };
+    let old = lab_node_0();
+    let off = with(
+        &old,
+        &[
+            ("device-plugin", Some("false")),
+            ("container-toolkit", Some("false")),
+            ("gpu-feature-discovery", Some("false")),
+            ("dcgm-exporter", Some("false")),
+        ],
+    );
+    let mut facts = ClusterFacts::default();
+    // Known: beside the operator's plugin already; the request leaves it without a toolkit.
+    facts.foreign_plugins = Seen::Known(std::sync::Arc::new(vec![standalone]));
+    let v = update_with("lab-node-0", &old, &old, &facts, &Policy::default());
+    assert_eq!(
+        rules(&v),
+        [(Rule::ForeignDevicePlugin, Action::Warn, Change::Existing)]
+    );
+    let v = update_with("lab-node-0", &old, &off, &facts, &Policy::default());
+    assert_eq!(
+        rules(&v),
+        [(Rule::ForeignDevicePlugin, Action::Warn, Change::New)]
+    );
+    assert!(
+        v.findings[0].message.contains(
+            "the device plugin DaemonSet nvdp/nvdp-nvidia-device-plugin, not the GPU Operator's, \
+             runs there without the operator's container toolkit"
+        ),
+        "{}",
+        v.findings[0].message
+    );
+    // Unknown: the same request is judged as if one ran there, and says why.
+    facts.foreign_plugins = Seen::Unknown("RBAC forbids listing daemonsets.apps".into());
+    let v = update_with("lab-node-0", &old, &off, &facts, &Policy::default());
+    assert_eq!(
+        rules(&v),
+        [(Rule::ForeignDevicePlugin, Action::Warn, Change::New)]
+    );
+    assert!(
+        v.findings[0]
+            .message
+            .contains("cannot be told (RBAC forbids listing daemonsets.apps)"),
+        "{}",
+        v.findings[0].message
+    );
+    // An edit that keeps the toolkit says nothing; not read at all, nothing either.
+    let v = update_with("lab-node-0", &old, &old, &facts, &Policy::default());
+    assert!(rules(&v).is_empty(), "{:?}", rules(&v));
+    facts.foreign_plugins = Seen::NotRead;
+    let v = update_with("lab-node-0", &old, &off, &facts, &Policy::default());
+    assert!(rules(&v).is_empty(), "{:?}", rules(&v));
+}

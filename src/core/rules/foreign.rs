@@ -3,7 +3,7 @@
 
 use super::{Change, Ctx, Found, Rule};
 use crate::core::foreign::ForeignPlugin;
-use crate::core::operands::{Labels, Operand, OperandSet};
+use crate::core::operands::{Labels, Operand, OperandSet, is_gpu_node};
 use crate::core::placement::NodePlacement;
 use crate::core::seen::Seen;
 
@@ -20,8 +20,10 @@ impl Ctx<'_, '_> {
     /// `foreign-device-plugin`: a device-plugin DaemonSet outside the operator's namespace
     /// runs on the node beside the operator's device plugin, or without its container toolkit.
     pub(super) fn foreign_device_plugin(&self, out: &mut Vec<Found>) {
-        let Seen::Known(plugins) = &self.facts.foreign_plugins else {
-            return;
+        let plugins = match &self.facts.foreign_plugins {
+            Seen::NotRead => return,
+            Seen::Known(plugins) => plugins,
+            Seen::Unknown(why) => return self.foreign_plugins_unknown(why, out),
         };
         let node = self.review.node;
         let clash = |labels: &Labels, placement: &NodePlacement, set: OperandSet| {
@@ -90,6 +92,31 @@ impl Ctx<'_, '_> {
             change,
             message,
             warning,
+        });
+    }
+
+    /// The foreign plugins cannot be read: a request that takes the container toolkit off a
+    /// GPU node is judged as if one ran there, and the message says why it cannot tell.
+    fn foreign_plugins_unknown(&self, why: &str, out: &mut Vec<Found>) {
+        let toolkit_lost = self.review.old_labels.is_some()
+            && self.toolkit_provided(self.before.set)
+            && !self.toolkit_provided(self.after.set);
+        if self.assessing || !toolkit_lost || !is_gpu_node(self.review.labels) {
+            return;
+        }
+        let node = self.node();
+        out.push(Found {
+            rule: Rule::ForeignDevicePlugin,
+            change: Change::New,
+            message: format!(
+                "node {node}: this request leaves no container toolkit on the node, and whether a \
+                 device-plugin DaemonSet outside the GPU Operator runs there cannot be told \
+                 ({why}); such a plugin would advertise GPUs that pods cannot open. Retry once \
+                 the guard reads the DaemonSets."
+            ),
+            warning: format!(
+                "{node}: cannot tell whether a device plugin outside the operator runs here ({why})"
+            ),
         });
     }
 }
