@@ -2415,9 +2415,11 @@ fn a_device_plugin_outside_the_operator_is_judged_and_an_unknown_one_said() {
             ("dcgm-exporter", Some("false")),
         ],
     );
-    let mut facts = ClusterFacts::default();
     // Known: beside the operator's plugin already; the request leaves it without a toolkit.
-    facts.foreign_plugins = Seen::Known(std::sync::Arc::new(vec![standalone]));
+    let mut facts = ClusterFacts {
+        foreign_plugins: Seen::Known(std::sync::Arc::new(vec![standalone])),
+        ..ClusterFacts::default()
+    };
     let v = update_with("lab-node-0", &old, &old, &facts, &Policy::default());
     assert_eq!(
         rules(&v),
