@@ -19,7 +19,7 @@ use super::seen::Seen;
 pub const NVIDIA_GPU_DRIVER: &str = "gpu.nvidia.com";
 
 /// The nodes an NVIDIA GPU DRA driver publishes ResourceSlices for (`Known`: at least one
-/// slice of [`NVIDIA_GPU_DRIVER`]; empty when the cluster serves no `resource.k8s.io/v1`).
+/// slice of [`NVIDIA_GPU_DRIVER`]; empty when the cluster serves no `resource.k8s.io` group).
 pub type DraNodes = Seen<BTreeSet<Box<str>>>;
 
 impl DraNodes {

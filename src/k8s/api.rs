@@ -164,11 +164,20 @@ async fn list_objects(client: &Client, resource: &ApiResource) -> Option<Vec<Val
     )
 }
 
-/// The nodes NVIDIA's GPU DRA driver publishes ResourceSlices for, listed in pages narrowed
-/// to its driver by a field selector, and what of the slices was not read. A cluster that
-/// serves no `resource.k8s.io/v1` has none; RBAC that forbids the list leaves them unknown.
+/// The nodes NVIDIA's GPU DRA driver publishes ResourceSlices for, listed (at the version the
+/// cluster serves) in pages narrowed to its driver by a field selector, and what of the slices
+/// was not read. A cluster that serves no `resource.k8s.io` has none; RBAC that forbids the list
+/// leaves them unknown.
 pub async fn dra_nodes(client: &Client) -> (DraNodes, Vec<String>) {
-    let api = Api::<ResourceSliceView>::all(client.clone());
+    let ar = match resource_slice::served(client).await {
+        Ok(Some(ar)) => ar,
+        Ok(None) => return (DraNodes::Known(Default::default()), Vec::new()),
+        Err(e) => {
+            let why = format!("discovering resource.k8s.io failed: {}", brief(&e));
+            return (DraNodes::Unknown(why.clone()), vec![why]);
+        }
+    };
+    let api = Api::<ResourceSliceView>::all_with(client.clone(), &ar);
     let params = ListParams::default()
         .fields(&resource_slice::field_selector())
         .limit(SNAPSHOT_PAGE);

@@ -20,7 +20,9 @@ use crate::k8s::resource_slice::{self, ResourceSliceView};
 /// and pool). About 150 bytes each: 3 MB at the bound.
 pub(super) const MAX_SLICES: usize = 20_000;
 
-/// Follows the slices into `kept` until the watch ends.
+/// Follows the slices into `kept` until the watch ends, at the version the cluster serves
+/// best: discovered first, and again every [`DISCOVERY_PAUSE`] while the cluster serves none
+/// (DRA off: no slice can exist) or discovery fails (they stay unknown).
 pub(super) async fn follow_slices(
     client: &kube::Client,
     cfg: &watcher::Config,
@@ -28,7 +30,6 @@ pub(super) async fn follow_slices(
     status: &Mutex<Status>,
     dirty: &mpsc::Sender<()>,
 ) {
-    let api = Api::<ResourceSliceView>::all(client.clone());
     let cfg = cfg.clone().fields(&resource_slice::field_selector());
     let mut index = SlicesIndex {
         kept,
@@ -36,10 +37,38 @@ pub(super) async fn follow_slices(
         bound: MAX_SLICES,
         dirty,
     };
+    let mut said = None;
     loop {
+        let ar = match resource_slice::served(client).await {
+            Ok(Some(ar)) => ar,
+            outcome => {
+                let (health, why) = match outcome {
+                    Ok(_) => (
+                        Health::Unavailable(Unavailable::NotFound),
+                        "the cluster serves no resource.k8s.io: no ResourceSlice can exist"
+                            .to_owned(),
+                    ),
+                    Err(e) => (
+                        Health::Starting,
+                        format!("discovering resource.k8s.io failed: {e}"),
+                    ),
+                };
+                if said.as_ref() != Some(&why) {
+                    tracing::info!(%why, "ResourceSlices; looking again in {DISCOVERY_PAUSE:?}");
+                    said = Some(why);
+                }
+                if set_health(status, Kind::ResourceSlices, health.clone()) != health {
+                    let _ = dirty.try_send(());
+                }
+                sleep(DISCOVERY_PAUSE).await;
+                continue;
+            }
+        };
+        tracing::info!(version = %ar.api_version, "following ResourceSlices");
+        let api = Api::<ResourceSliceView>::all_with(client.clone(), &ar);
         let watch = Watch::new(Kind::ResourceSlices, "", status);
         if watch
-            .drive(stream(api.clone(), cfg.clone()), &mut index)
+            .drive(stream(api, cfg.clone()), &mut index)
             .await
             .is_ok()
         {
@@ -49,6 +78,10 @@ pub(super) async fn follow_slices(
         over_bounds(Kind::ResourceSlices, MAX_SLICES, status, dirty).await;
     }
 }
+
+/// How long a cluster without `resource.k8s.io` (or whose discovery failed) waits before the
+/// guard looks for ResourceSlices again.
+const DISCOVERY_PAUSE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A bounded kind went past its bound: it is unavailable (said once), its followers hear of
 /// it, and it is listed again after [`OVER_BOUNDS_PAUSE`].

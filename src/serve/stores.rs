@@ -228,7 +228,7 @@ pub(super) fn current_facts(
 }
 
 /// The nodes with a ResourceSlice of NVIDIA's GPU DRA driver, or why that is not known. A
-/// cluster that serves no `resource.k8s.io/v1` has none.
+/// cluster that serves no `resource.k8s.io` group has none.
 fn dra_nodes(kept: &Mutex<SliceIndex>, health: &Health) -> DraNodes {
     let what = format!(
         "resourceslices.resource.k8s.io of driver {}",
@@ -347,7 +347,7 @@ mod tests {
     }
 
     /// The slices' health decides what the rule may read: known nodes once listed, none where
-    /// the cluster serves no resource.k8s.io/v1, and why not otherwise.
+    /// the cluster does not serve it, and why not otherwise.
     #[test]
     fn the_dra_nodes_follow_the_slices_health() {
         use crate::core::dra::SliceRef;
@@ -389,7 +389,7 @@ mod tests {
             &healths(&Health::Starting, &Health::Starting, &Health::Starting),
             &config,
         );
-        // The healths give no slices (no resource.k8s.io/v1): none is known.
+        // The healths give no slices (no resource.k8s.io served): none is known.
         assert_eq!(c.dra_nodes, DraNodes::Known(Default::default()));
         let switches = ClusterFacts {
             source: PolicySource::NotGiven,
