@@ -230,10 +230,7 @@ pub(super) fn current_facts(
 /// The nodes with a ResourceSlice of NVIDIA's GPU DRA driver, or why that is not known. A
 /// cluster that serves no `resource.k8s.io` group has none.
 fn dra_nodes(kept: &Mutex<SliceIndex>, health: &Health) -> DraNodes {
-    let what = format!(
-        "resourceslices.resource.k8s.io of driver {}",
-        crate::core::dra::NVIDIA_GPU_DRIVER
-    );
+    let what = Kind::ResourceSlices.describe("");
     seen(health, &what, super::slices::MAX_SLICES, || {
         kept.lock().unwrap_or_else(|e| e.into_inner()).node_set()
     })

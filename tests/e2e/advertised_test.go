@@ -3,8 +3,6 @@ package e2e
 import (
 	"strings"
 	"testing"
-
-	"gpu-deploy-guard/tests/e2e/framework"
 )
 
 // TestGpusNotAdvertisedAreReported: lab-node-1's device plugin runs (kwok
@@ -26,25 +24,15 @@ func TestGpusNotAdvertisedAreReported(t *testing.T) {
 	installWatchedCRDs(t)
 	g := startWatchingGuard(t, "--report")
 
-	waitFinding := func(what, line, prefix string) {
+	wait := func(what, line, prefix string) {
 		t.Helper()
-		framework.WaitFor(t, watchFollow, what, func() (bool, string) {
-			r, err := readPolicyReport()
-			if err != nil {
-				return false, err.Error()
-			}
-			if !strings.Contains(r.text, line) {
-				return false, r.text
-			}
-			msg := r.messages["lab-node-1/gpus-not-advertised"]
-			return strings.HasPrefix(msg, prefix), msg
-		})
+		waitFinding(t, what, line, "lab-node-1/gpus-not-advertised", prefix)
 	}
 	status(t, `{"status":{"capacity":{"nvidia.com/gpu":"8"},"allocatable":{"nvidia.com/gpu":"8"}}}`)
-	waitFinding("8 GPUs advertised", "lab-node-1 gpus-not-advertised pass medium", "")
+	wait("8 GPUs advertised", "lab-node-1 gpus-not-advertised pass medium", "")
 
 	status(t, `{"status":{"allocatable":{"nvidia.com/gpu":"0"}}}`)
-	waitFinding("0 of 8 GPUs allocatable", "lab-node-1 gpus-not-advertised warn medium status",
+	wait("0 of 8 GPUs allocatable", "lab-node-1 gpus-not-advertised warn medium status",
 		"node lab-node-1 runs the NVIDIA device plugin (pod nvidia-device-plugin-daemonset-")
 	r, err := readPolicyReport()
 	if err != nil {
@@ -60,10 +48,10 @@ func TestGpusNotAdvertisedAreReported(t *testing.T) {
 	// A plugin that never registered: no GPU resource listed at all, while
 	// GPU feature discovery counts 4 GPUs.
 	status(t, `{"status":{"capacity":{"nvidia.com/gpu":null},"allocatable":{"nvidia.com/gpu":null}}}`)
-	waitFinding("GFD's count back to nothing listed", "lab-node-1 gpus-not-advertised pass medium", "")
+	wait("GFD's count back to nothing listed", "lab-node-1 gpus-not-advertised pass medium", "")
 	gfd := kubectl("label", "node", "lab-node-1", "nvidia.com/gpu.count=4")
 	expectResult(t, "GFD counts 4 GPUs", gfd, 0, "node/lab-node-1 labeled\n", "")
-	waitFinding("never registered, GFD counts 4", "lab-node-1 gpus-not-advertised warn medium status",
+	wait("never registered, GFD counts 4", "lab-node-1 gpus-not-advertised warn medium status",
 		"node lab-node-1 runs the NVIDIA device plugin (pod nvidia-device-plugin-daemonset-")
 	r, err = readPolicyReport()
 	if err != nil {
@@ -75,7 +63,7 @@ func TestGpusNotAdvertisedAreReported(t *testing.T) {
 
 	// The plugin registers its GPUs: nothing to report.
 	status(t, `{"status":{"capacity":{"nvidia.com/gpu":"4"},"allocatable":{"nvidia.com/gpu":"4"}}}`)
-	waitFinding("4 GPUs advertised", "lab-node-1 gpus-not-advertised pass medium", "")
+	wait("4 GPUs advertised", "lab-node-1 gpus-not-advertised pass medium", "")
 }
 
 // status patches lab-node-1's status as its kubelet would.

@@ -67,17 +67,7 @@ func TestDevicePluginBesideTheDRADriver(t *testing.T) {
 
 	waitDRA := func(what, line string) policyReport {
 		t.Helper()
-		var last policyReport
-		framework.WaitFor(t, watchFollow, what, func() (bool, string) {
-			r, err := readPolicyReport()
-			if err != nil {
-				return false, err.Error()
-			}
-			last = r
-			return strings.Contains(r.text, line) &&
-				strings.Contains(r.text, "lab-node-0 device-plugin-beside-dra-driver pass high"), r.text
-		})
-		return last
+		return waitReportLines(t, what, line, "lab-node-0 device-plugin-beside-dra-driver pass high")
 	}
 	r := waitDRA("the audit finds the device plugin beside the DRA driver",
 		"lab-node-1 device-plugin-beside-dra-driver warn high labels")

@@ -82,25 +82,7 @@ func TestForeignDevicePluginIsJudgedWhereItRuns(t *testing.T) {
 		t.Fatalf("kubectl apply of the standalone device plugin: %s", got)
 	}
 
-	waitReport := func(what string, lines ...string) policyReport {
-		t.Helper()
-		var last policyReport
-		framework.WaitFor(t, watchFollow, what, func() (bool, string) {
-			r, err := readPolicyReport()
-			if err != nil {
-				return false, err.Error()
-			}
-			last = r
-			for _, l := range lines {
-				if !strings.Contains(r.text, l) {
-					return false, r.text
-				}
-			}
-			return true, ""
-		})
-		return last
-	}
-	r := waitReport("both NVIDIA nodes with two device plugins",
+	r := waitReportLines(t, "both NVIDIA nodes with two device plugins",
 		"lab-node-0 foreign-device-plugin warn high labels", "lab-node-1 foreign-device-plugin warn high labels")
 	if strings.Contains(r.text, "lab-node-2 foreign-device-plugin") {
 		t.Errorf("lab-node-2 (no NVIDIA PCI label) is judged:\n%s", r.text)
@@ -133,6 +115,6 @@ func TestForeignDevicePluginIsJudgedWhereItRuns(t *testing.T) {
 	// The standalone plugin goes: nothing to report.
 	expectResult(t, "kubectl delete daemonset", kubectl("-n", "nvdp", "delete", "daemonset", "nvdp-nvidia-device-plugin"), 0,
 		"daemonset.apps \"nvdp-nvidia-device-plugin\" deleted\n", "")
-	waitReport("the findings gone with the DaemonSet",
+	waitReportLines(t, "the findings gone with the DaemonSet",
 		"lab-node-0 foreign-device-plugin pass high", "lab-node-1 foreign-device-plugin pass high")
 }

@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"strings"
 	"testing"
-
-	"gpu-deploy-guard/tests/e2e/framework"
 )
 
 // nfdMasterSA writes NFD's labels.
@@ -24,25 +21,15 @@ func TestNFDLabelsLostAreReported(t *testing.T) {
 	g := startWatchingGuard(t, "--report")
 	const pci = nfdNvidiaPCI
 
-	waitFinding := func(what, line, prefix string) {
+	wait := func(what, line, prefix string) {
 		t.Helper()
-		framework.WaitFor(t, watchFollow, what, func() (bool, string) {
-			r, err := readPolicyReport()
-			if err != nil {
-				return false, err.Error()
-			}
-			if !strings.Contains(r.text, line) {
-				return false, r.text
-			}
-			msg := r.messages["lab-node-1/nfd-labels-lost"]
-			return strings.HasPrefix(msg, prefix), msg
-		})
+		waitFinding(t, what, line, "lab-node-1/nfd-labels-lost", prefix)
 	}
-	waitFinding("the audit of the lab", "lab-node-1 nfd-labels-lost pass medium", "")
+	wait("the audit of the lab", "lab-node-1 nfd-labels-lost pass medium", "")
 
 	got := kubectl("--as="+nfdMasterSA, "label", "node", "lab-node-1", pci+"-")
 	expectResult(t, "NFD drops the NVIDIA PCI label", got, 0, "node/lab-node-1 unlabeled\n", "")
-	waitFinding("nfd-labels-lost, before the operator's pass", "lab-node-1 nfd-labels-lost warn medium labels",
+	wait("nfd-labels-lost, before the operator's pass", "lab-node-1 nfd-labels-lost warn medium labels",
 		"node lab-node-1: NFD labels no NVIDIA PCI device on it any more (none of "+pci)
 	if n := findingsOf(t, g, "nfd-labels-lost"); n != 1 {
 		t.Errorf("audit_findings{rule=nfd-labels-lost} = %v, want 1", n)
@@ -56,12 +43,12 @@ func TestNFDLabelsLostAreReported(t *testing.T) {
 	if got := kubectlAsOperator(pass...); got.code != 0 {
 		t.Fatalf("the operator's labelling pass: %s", got)
 	}
-	waitFinding("nfd-labels-lost, after the operator's pass", "lab-node-1 nfd-labels-lost warn medium labels",
+	wait("nfd-labels-lost, after the operator's pass", "lab-node-1 nfd-labels-lost warn medium labels",
 		"node lab-node-1: nvidia.com/gpu.present=false and no NFD NVIDIA PCI label (")
 
 	// NFD's label comes back: nothing is lost any more (the operator then
 	// labels the node again).
 	got = kubectl("--as="+nfdMasterSA, "label", "node", "lab-node-1", pci+"=true")
 	expectResult(t, "NFD labels the device again", got, 0, "node/lab-node-1 labeled\n", "")
-	waitFinding("nfd-labels-lost gone", "lab-node-1 nfd-labels-lost pass medium", "")
+	wait("nfd-labels-lost gone", "lab-node-1 nfd-labels-lost pass medium", "")
 }

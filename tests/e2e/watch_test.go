@@ -354,6 +354,44 @@ func readPolicyReport() (policyReport, error) {
 	return out, nil
 }
 
+// waitReportLines polls the ClusterPolicyReport until its text has every one
+// of lines, and returns it.
+func waitReportLines(t *testing.T, what string, lines ...string) policyReport {
+	t.Helper()
+	var last policyReport
+	framework.WaitFor(t, watchFollow, what, func() (bool, string) {
+		r, err := readPolicyReport()
+		if err != nil {
+			return false, err.Error()
+		}
+		last = r
+		for _, l := range lines {
+			if !strings.Contains(r.text, l) {
+				return false, r.text
+			}
+		}
+		return true, ""
+	})
+	return last
+}
+
+// waitFinding polls the ClusterPolicyReport until its text has line and the
+// message of key ("node/rule") starts with prefix.
+func waitFinding(t *testing.T, what, line, key, prefix string) {
+	t.Helper()
+	framework.WaitFor(t, watchFollow, what, func() (bool, string) {
+		r, err := readPolicyReport()
+		if err != nil {
+			return false, err.Error()
+		}
+		if !strings.Contains(r.text, line) {
+			return false, r.text
+		}
+		msg := r.messages[key]
+		return strings.HasPrefix(msg, prefix), msg
+	})
+}
+
 // reportLines builds the expected policyReport text: every rule of the
 // audit for each node (pass unless listed in notPass as "rule result
 // [basis]"), then the summary counted from them.
